@@ -1,0 +1,130 @@
+"""One small registry per component kind, plus entry-point plugin discovery.
+
+    from dspark_lightning.registry import register, create, names
+
+    @register("seq_head", "my_head")
+    class MyHead(SeqHead): ...
+
+    create("seq_head", "my_head", geometry, rank=128)
+
+Third-party packages expose a module (or a callable) under the entry-point group
+``dspark_lightning.plugins``; importing it is expected to call :func:`register`.
+A plugin that fails to load is reported as a warning, never fatal.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+KINDS = ("backbone", "seq_head", "conf_head", "drafter", "scheduler", "verifier", "prompt_source")
+ENTRY_POINT_GROUP = "dspark_lightning.plugins"
+
+# kind -> name -> object (a class or a factory function)
+_REGISTRY: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
+_BUILTINS_LOADED = False
+_PLUGINS_LOADED = False
+plugin_errors: dict[str, str] = {}
+
+
+class RegistryError(KeyError):
+    """Unknown kind or name, or a name registered twice by different objects."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; we want it plain
+        return str(self.args[0]) if self.args else ""
+
+
+def _check_kind(kind: str) -> dict[str, Any]:
+    if kind not in _REGISTRY:
+        raise RegistryError(f"unknown registry kind {kind!r}; kinds are: {', '.join(KINDS)}")
+    return _REGISTRY[kind]
+
+
+def register(kind: str, name: str) -> Callable[[Any], Any]:
+    """Decorator: register a class or factory under ``kind/name``.
+
+    Registering the same object twice is a no-op (module reloads); a name taken by a
+    different object is an error.
+    """
+    table = _check_kind(kind)
+
+    def deco(obj: Any) -> Any:
+        old = table.get(name)
+        if old is not None and _qualname(old) != _qualname(obj):
+            raise RegistryError(
+                f"{kind} name {name!r} is already registered to {_qualname(old)}; cannot register {_qualname(obj)}"
+            )
+        table[name] = obj
+        obj.registry_name = name  # lets exported configs record the name
+        return obj
+
+    return deco
+
+
+def _qualname(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+def _ensure_loaded() -> None:
+    global _BUILTINS_LOADED
+    if not _BUILTINS_LOADED:
+        _BUILTINS_LOADED = True
+        # Importing these modules runs their @register decorators.
+        importlib.import_module("dspark_lightning.drafters")
+        importlib.import_module("dspark_lightning.data.sources")
+        load_plugins()
+
+
+def load_plugins(force: bool = False) -> dict[str, str]:
+    """Import every entry point of group ``dspark_lightning.plugins``.
+
+    Returns a dict ``{entry point name: error}`` for plugins that failed to load (also logged).
+    """
+    global _PLUGINS_LOADED
+    if _PLUGINS_LOADED and not force:
+        return dict(plugin_errors)
+    _PLUGINS_LOADED = True
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+            if callable(obj) and not isinstance(obj, type):
+                obj()
+        except Exception as exc:  # a broken plugin must not break the framework
+            plugin_errors[ep.name] = f"{type(exc).__name__}: {exc}"
+            log.warning("dspark_lightning plugin %r failed to load: %s", ep.name, plugin_errors[ep.name])
+    return dict(plugin_errors)
+
+
+def get(kind: str, name: str) -> Any:
+    """The registered object for ``kind/name``; an unknown name lists the available ones."""
+    _ensure_loaded()
+    table = _check_kind(kind)
+    if name not in table:
+        avail = ", ".join(sorted(table)) or "(none registered)"
+        raise RegistryError(f"unknown {kind} {name!r}; available: {avail}")
+    return table[name]
+
+
+def create(kind: str, name: str, *args: Any, **kwargs: Any) -> Any:
+    """Instantiate (or call) the object registered under ``kind/name``."""
+    return get(kind, name)(*args, **kwargs)
+
+
+def names(kind: str) -> list[str]:
+    """Sorted registered names of one kind."""
+    _ensure_loaded()
+    return sorted(_check_kind(kind))
+
+
+def name_of(obj_or_cls: Any) -> str:
+    """The registered name of a component class or instance."""
+    cls = obj_or_cls if isinstance(obj_or_cls, type) else type(obj_or_cls)
+    name = cls.__dict__.get("registry_name")
+    if name is None:
+        raise RegistryError(f"{_qualname(cls)} is not registered; decorate it with @register(kind, name)")
+    return name

@@ -1,0 +1,100 @@
+"""Frozen target language models (any HF causal LM) and the embedded offline defaults."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .chat import ChatFormat, encode_conversation, render_prompt
+from .embedded import MASK_TOKENS, cache_root, embedded_names, embedded_path
+from .target import Target, TargetGeometry, TargetOutput, check_layer_ids, default_layer_ids
+
+__all__ = [
+    "ChatFormat",
+    "Target",
+    "TargetGeometry",
+    "TargetOutput",
+    "cache_root",
+    "check_layer_ids",
+    "default_layer_ids",
+    "default_mask_token_id",
+    "embedded_names",
+    "encode_conversation",
+    "load_target",
+    "render_prompt",
+    "resolve_target_path",
+]
+
+_CACHE: dict[tuple, Target] = {}
+
+
+def resolve_target_path(name_or_path: str) -> Path | str:
+    """An embedded name, a local HF directory, or a hub id already in the offline HF cache."""
+    if name_or_path in embedded_names():
+        return embedded_path(name_or_path)
+    p = Path(name_or_path).expanduser()
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise FileNotFoundError(f"target directory {p} has no config.json (not a Hugging Face model directory)")
+        return p
+    looks_like_hub_id = name_or_path.count("/") == 1 and not name_or_path.startswith((".", "/", "~"))
+    if looks_like_hub_id:
+        from huggingface_hub import try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(name_or_path, "config.json"), str):
+            return name_or_path
+    raise FileNotFoundError(
+        f"target {name_or_path!r} not found: it is neither an embedded target ({', '.join(embedded_names())}) "
+        "nor a local Hugging Face model directory nor a model in the offline HF cache"
+    )
+
+
+def load_target(
+    target: str | os.PathLike | Any,
+    layer_ids: list[int] | None = None,
+    chat: ChatFormat | None = None,
+    dtype: torch.dtype = torch.float32,
+    tokenizer: Any = None,
+) -> Target:
+    """Load a frozen :class:`Target`.
+
+    ``target`` is an embedded name (``smollm2-135m-instruct``, ``tiny-debug``), a local HF model
+    directory, a hub id present in the offline cache, an already-loaded HF causal LM (pass its
+    ``tokenizer``), or a :class:`Target` (returned as is). Loads are memoised per process.
+    """
+    if isinstance(target, Target):
+        return target
+    chat = chat or ChatFormat()
+    if isinstance(target, torch.nn.Module):
+        if tokenizer is None:
+            raise ValueError("load_target(model) needs tokenizer=... for an already-loaded model")
+        return Target(target, tokenizer, getattr(target.config, "name_or_path", "model"), layer_ids, chat)
+    name = str(target)
+    key = (name, tuple(layer_ids) if layer_ids is not None else None, chat, dtype)
+    if key not in _CACHE:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = resolve_target_path(name)
+        kw = {"local_files_only": True}
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
+        tok = tokenizer or AutoTokenizer.from_pretrained(path, **kw)
+        _CACHE[key] = Target(model, tok, name, layer_ids, chat)
+    return _CACHE[key]
+
+
+def default_mask_token_id(target: Target) -> int:
+    """A token id that never occurs in templated data (SPEC §3.1): a known unused special token."""
+    tok = target.tokenizer
+    token = MASK_TOKENS.get(target.name)
+    if token is not None:
+        return int(tok.convert_tokens_to_ids(token))
+    used = {tok.eos_token_id, tok.bos_token_id, tok.pad_token_id}
+    extra = [t for t in getattr(tok, "additional_special_tokens", []) or []]
+    for t in reversed(extra):
+        tid = tok.convert_tokens_to_ids(t)
+        if tid not in used:
+            return int(tid)
+    return int(target.geometry.vocab_size - 1)
