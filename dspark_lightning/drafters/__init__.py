@@ -1,0 +1,98 @@
+"""Drafters composed from registered parts, and the registered drafter recipes (``dspark``, ``dflash``).
+
+Python composes by name::
+
+    from dspark_lightning import create, load_target
+    target = load_target("tiny-debug")
+    drafter = create("drafter", "dspark", target, block_size=7,
+                     backbone={"name": "dense", "num_layers": 2}, seq_head="rnn")
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from ..registry import create, register
+from .backbones import DenseBackbone
+from .drafter import CONVENTION, DraftOutput, Drafter
+from .heads import ConfidenceHead, GatedMarkovHead, RNNHead, SeqHead, VanillaMarkovHead
+
+__all__ = [
+    "CONVENTION",
+    "ConfidenceHead",
+    "DenseBackbone",
+    "DraftOutput",
+    "Drafter",
+    "GatedMarkovHead",
+    "RNNHead",
+    "SeqHead",
+    "VanillaMarkovHead",
+    "build_part",
+    "compose",
+]
+
+Spec = str | dict[str, Any] | None
+
+
+def build_part(kind: str, spec: Spec, *args: Any) -> nn.Module | None:
+    """Instantiate a registered part from ``"name"``, ``{"name": ..., **args}`` or ``{"name", "args"}``."""
+    if spec is None:
+        return None
+    if isinstance(spec, str):
+        return create(kind, spec, *args)
+    spec = dict(spec)
+    name = spec.pop("name")
+    kwargs = spec.pop("args", None) or spec
+    return create(kind, name, *args, **kwargs)
+
+
+def compose(
+    target: Any,
+    backbone: nn.Module,
+    seq_head: nn.Module | None,
+    conf_head: nn.Module | None,
+    block_size: int,
+    mask_token_id: int | None = None,
+) -> Drafter:
+    """Wire parts to a target: shared frozen embedding / LM head, geometry, mask token."""
+    from ..targets import default_mask_token_id
+
+    return Drafter(
+        backbone,
+        seq_head,
+        conf_head,
+        geometry=target.geometry,
+        embed=target.embed_tokens,
+        lm_head=target.lm_head,
+        block_size=block_size,
+        mask_token_id=default_mask_token_id(target) if mask_token_id is None else mask_token_id,
+    )
+
+
+def _build(target: Any, block_size: int, backbone: Spec, seq_head: Spec, conf_head: Spec, mask_token_id) -> Drafter:
+    g = target.geometry
+    bb = build_part("backbone", backbone, g)
+    sh = build_part("seq_head", seq_head, g)
+    ch = build_part("conf_head", conf_head, g, getattr(sh, "token_dim", 0))
+    return compose(target, bb, sh, ch, block_size, mask_token_id)
+
+
+@register("drafter", "dspark")
+def dspark(
+    target: Any,
+    block_size: int = 7,
+    backbone: Spec = "dense",
+    seq_head: Spec = "vanilla",
+    conf_head: Spec = "linear",
+    mask_token_id: int | None = None,
+) -> Drafter:
+    """DSpark: parallel backbone + sequential head + confidence head."""
+    return _build(target, block_size, backbone, seq_head, conf_head, mask_token_id)
+
+
+@register("drafter", "dflash")
+def dflash(target: Any, block_size: int = 7, backbone: Spec = "dense", mask_token_id: int | None = None) -> Drafter:
+    """DFlash baseline: the same backbone, no sequential head, no confidence head."""
+    return _build(target, block_size, backbone, None, None, mask_token_id)

@@ -1,0 +1,3 @@
+from .dense import DecoderLayer, DenseBackbone
+
+__all__ = ["DecoderLayer", "DenseBackbone"]

@@ -1,0 +1,123 @@
+"""The drafter: composition of a backbone, an optional sequential head and an optional confidence head.
+
+    Drafter(backbone=DenseBackbone(g, num_layers=2), seq_head=VanillaMarkovHead(g), conf_head=ConfidenceHead(g, 256),
+            geometry=g, embed=target.embed_tokens, lm_head=target.lm_head, block_size=7, mask_token_id=16)
+
+The token embedding and LM head are the target's own modules, shared and frozen: they are held
+by reference (not registered as sub-modules), so they are neither trained, nor saved, nor
+counted in the drafter's parameters. With no sequential and no confidence head the same class
+is the DFlash baseline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..modules import block_attention_mask
+from ..registry import name_of
+from ..targets import TargetGeometry
+
+# Block layout (SPEC §3.3): the anchor slot is the first prediction; γ inputs give γ drafts.
+CONVENTION = "shifted"
+
+
+@dataclass
+class DraftOutput:
+    logits: torch.Tensor  # (B, A, γ, V) final draft logits z_k = U_k + B_k
+    conf_logits: torch.Tensor | None  # (B, A, γ) raw confidence logits, or None without a confidence head
+    hidden: torch.Tensor  # (B, A, γ, d) backbone outputs h_k
+
+
+class Drafter(nn.Module):
+    def __init__(
+        self,
+        backbone: nn.Module,
+        seq_head: nn.Module | None = None,
+        conf_head: nn.Module | None = None,
+        *,
+        geometry: TargetGeometry,
+        embed: nn.Embedding,
+        lm_head: nn.Linear,
+        block_size: int = 7,
+        mask_token_id: int,
+    ) -> None:
+        super().__init__()
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if conf_head is not None and getattr(conf_head, "token_dim", 0) not in (0, getattr(seq_head, "token_dim", 0)):
+            raise ValueError("conf_head.token_dim must be 0 or the sequential head's token_dim")
+        for name, mod in (("embedding", embed), ("lm_head", lm_head)):
+            shape = tuple(mod.weight.shape)
+            if shape != (geometry.vocab_size, geometry.hidden_size):
+                raise ValueError(
+                    f"target {name} has shape {shape}, expected (vocab, hidden) = "
+                    f"({geometry.vocab_size}, {geometry.hidden_size})"
+                )
+        self.backbone, self.seq_head, self.conf_head = backbone, seq_head, conf_head
+        self.geometry = geometry
+        self.block_size = block_size
+        self.mask_token_id = int(mask_token_id)
+        self.convention = CONVENTION
+        self._shared = (embed, lm_head)  # a tuple attribute is not a registered sub-module
+
+    @property
+    def embed(self) -> nn.Embedding:
+        return self._shared[0]
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        return self._shared[1]
+
+    def config(self) -> dict[str, Any]:
+        """Everything needed to rebuild this drafter from the registry (see export.py)."""
+
+        def part(m: nn.Module | None) -> dict[str, Any] | None:
+            return None if m is None else {"name": name_of(m), "args": dict(getattr(m, "hparams", {}))}
+
+        return {
+            "convention": self.convention,
+            "block_size": self.block_size,
+            "mask_token_id": self.mask_token_id,
+            "geometry": self.geometry.to_dict(),
+            "backbone": part(self.backbone),
+            "seq_head": part(self.seq_head),
+            "conf_head": part(self.conf_head),
+        }
+
+    # --- training forward ------------------------------------------------------------------
+    def forward(
+        self,
+        context: torch.Tensor,  # (B, S, n*d) raw tapped target features
+        input_ids: torch.Tensor,  # (B, S)
+        anchors: torch.Tensor,  # (B, A) anchor positions (sorted; dummies anywhere valid)
+        valid: torch.Tensor,  # (B, A) bool
+    ) -> DraftOutput:
+        """Teacher-forced forward over A packed anchor blocks per sequence (SPEC §3.4-3.5)."""
+        B, S = input_ids.shape
+        A, g = anchors.shape[1], self.block_size
+        device = input_ids.device
+        offs = torch.arange(g, device=device)
+        # Block inputs [x_a, M x (γ-1)] and teacher-forced previous tokens [x_a, x_{a+1} .. x_{a+γ-1}].
+        gather = (anchors[:, :, None] + offs).clamp(max=S - 1)  # (B, A, γ)
+        prev = torch.gather(input_ids, 1, gather.view(B, -1)).view(B, A, g)  # (B, A, γ)
+        blk_ids = torch.full_like(prev, self.mask_token_id)
+        blk_ids[:, :, 0] = prev[:, :, 0]
+        x = self.embed(blk_ids).view(B, A * g, -1)  # (B, A*γ, d)
+        positions = (anchors[:, :, None] + offs).view(B, A * g)  # (B, A*γ)
+        fused = self.backbone.fuse(context)  # (B, S, d)
+        ctx_pos = torch.arange(S, device=device).expand(B, S)
+        ctx_kv = self.backbone.context_kv(fused, ctx_pos)
+        mask = block_attention_mask(anchors, valid, S, g, getattr(self.backbone, "sliding_window", None))
+        h = self.backbone(x, positions, ctx_kv, mask).view(B * A, g, -1)  # (B*A, γ, d)
+        logits = self.lm_head(h)  # (B*A, γ, V) base logits U_k
+        prev = prev.view(B * A, g)
+        feat = None
+        if self.seq_head is not None:
+            bias, feat = self.seq_head.teacher_forced(h, prev)
+            logits = logits + bias
+        conf = None if self.conf_head is None else self.conf_head(h, feat).view(B, A, g)
+        return DraftOutput(logits=logits.view(B, A, g, -1), conf_logits=conf, hidden=h.view(B, A, g, -1))

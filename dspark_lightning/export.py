@@ -1,0 +1,104 @@
+"""Save / load a drafter as a directory: config.json + model.safetensors (+ calibration.json later).
+
+The directory records the block convention, the target name, its layer ids and chat format, the
+registered names and hyperparameters of every part, and a SHA-256 of the weights. Loading
+rebuilds the parts through the registry (no pickles) and refuses a mismatched target.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .drafters import CONVENTION, Drafter, build_part, compose
+
+FORMAT_VERSION = 1
+
+
+class DrafterLoadError(ValueError):
+    """An exported drafter that cannot be used with the given target."""
+
+
+def weights_sha256(state: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for k in sorted(state):
+        t = state[k].detach().cpu().contiguous()
+        h.update(k.encode())
+        h.update(str(t.dtype).encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def save_drafter(
+    drafter: Drafter, path: str | Path, target: Any, extra: dict[str, Any] | None = None, overwrite: bool = False
+) -> Path:
+    """Write ``path/config.json`` and ``path/model.safetensors``. Refuses a non-empty directory unless ``overwrite``."""
+    path = Path(path)
+    if path.exists() and any(path.iterdir()) and not overwrite:
+        raise FileExistsError(f"export directory {path} is not empty; refusing to overwrite it")
+    path.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items()}
+    cfg = {
+        "format_version": FORMAT_VERSION,
+        "target": target.describe(),
+        **drafter.config(),
+        "weights_sha256": weights_sha256(state),
+        **(extra or {}),
+    }
+    save_file(state, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    return path
+
+
+def read_config(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    f = path / "config.json"
+    if not f.is_file():
+        raise FileNotFoundError(f"{path} is not an exported drafter directory (no config.json)")
+    return json.loads(f.read_text())
+
+
+def check_compatible(cfg: dict[str, Any], target: Any, where: str) -> None:
+    """One-line errors for a drafter whose geometry does not match the target."""
+    g, tg = cfg["geometry"], target.geometry
+    for key in ("hidden_size", "vocab_size"):
+        if g[key] != getattr(tg, key):
+            raise DrafterLoadError(
+                f"{where}: drafter {key}={g[key]} does not match target {target.name!r} {key}={getattr(tg, key)}"
+            )
+    if list(g["layer_ids"]) != list(tg.layer_ids):
+        raise DrafterLoadError(
+            f"{where}: drafter was trained on target layers {g['layer_ids']}, target taps {list(tg.layer_ids)}"
+        )
+    if cfg.get("convention", CONVENTION) != CONVENTION:
+        raise DrafterLoadError(f"{where}: block convention {cfg.get('convention')!r}, this runtime uses {CONVENTION!r}")
+
+
+def load_drafter(path: str | Path, target: Any = None, map_location: str | torch.device = "cpu") -> Drafter:
+    """Rebuild an exported drafter. ``target`` defaults to the one recorded in config.json."""
+    from .targets import ChatFormat, TargetGeometry, load_target
+
+    path = Path(path)
+    cfg = read_config(path)
+    if cfg.get("format_version") != FORMAT_VERSION:
+        raise DrafterLoadError(f"{path}: unsupported format_version {cfg.get('format_version')}")
+    tmeta = cfg["target"]
+    if target is None:
+        target = load_target(tmeta["name"], layer_ids=tmeta["geometry"]["layer_ids"], chat=ChatFormat(**tmeta["chat"]))
+    check_compatible(cfg, target, str(path))
+    g: TargetGeometry = target.geometry
+    bb = build_part("backbone", cfg["backbone"], g)
+    sh = build_part("seq_head", cfg["seq_head"], g)
+    ch = build_part("conf_head", cfg["conf_head"], g, getattr(sh, "token_dim", 0)) if cfg["conf_head"] else None
+    drafter = compose(target, bb, sh, ch, cfg["block_size"], cfg["mask_token_id"])
+    state = load_file(str(path / "model.safetensors"), device=str(map_location))
+    if weights_sha256(state) != cfg["weights_sha256"]:
+        raise DrafterLoadError(f"{path}/model.safetensors does not match the weights hash in config.json")
+    drafter.load_state_dict(state, strict=True)
+    drafter.source_dir = str(path)
+    return drafter.eval()

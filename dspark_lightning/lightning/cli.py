@@ -1,0 +1,77 @@
+"""The ``dspark-lightning`` console script (LightningCLI + jsonargparse).
+
+    dspark-lightning fit --config recipes/smollm2_dspark.yaml
+    dspark-lightning validate --config recipes/tiny_debug.yaml --ckpt_path ...
+
+``fit`` validates once before training (τ̂ at step 0), trains, and exports the drafter directory
+(config.json + model.safetensors) into ``<log_dir>/drafter`` or ``--export_dir``. Bad input gives
+a one-line error and exit code 2.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from argparse import ArgumentError
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded at run time
+
+from lightning.pytorch.cli import LightningCLI  # noqa: E402
+
+from ..data.cache import CacheError  # noqa: E402
+from ..export import DrafterLoadError, save_drafter  # noqa: E402
+from ..registry import RegistryError  # noqa: E402
+from .datamodule import DSparkDataModule  # noqa: E402
+from .module import DSparkModule  # noqa: E402
+
+USER_ERRORS = (ArgumentError, RegistryError, FileNotFoundError, FileExistsError, CacheError, DrafterLoadError, ValueError)
+
+
+class DSparkCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.link_arguments("data.target", "model.target")
+        parser.link_arguments("data.layer_ids", "model.layer_ids")
+        parser.link_arguments("data.system_prompt", "model.system_prompt")
+        parser.add_argument("--validate_before_fit", type=bool, default=True, help="validate once at step 0 (τ̂ start)")
+        parser.add_argument("--export_dir", type=str | None, default=None, help="exported drafter dir (default: <log_dir>/drafter)")
+
+    def _export_dir(self) -> Path:
+        cfg = self.config[self.subcommand]
+        return Path(cfg.export_dir) if cfg.export_dir else Path(self.trainer.log_dir or ".") / "drafter"
+
+    def before_fit(self) -> None:
+        out = self._export_dir()
+        if out.exists() and any(out.iterdir()):
+            raise FileExistsError(f"export directory {out} is not empty; refusing to overwrite it (choose --export_dir)")
+        self.datamodule.check()
+        if self.config[self.subcommand].validate_before_fit:
+            self.trainer.validate(self.model, datamodule=self.datamodule, verbose=False)
+
+    def after_fit(self) -> None:
+        if self.trainer.is_global_zero:
+            path = save_drafter(self.model.drafter, self._export_dir(), self.model.target)
+            print(f"[dspark-lightning] exported drafter -> {path}", flush=True)
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return " ".join(lines) if lines else type(exc).__name__
+
+
+def main(args: list[str] | None = None) -> None:
+    try:
+        DSparkCLI(
+            DSparkModule,
+            DSparkDataModule,
+            parser_kwargs={"exit_on_error": False},
+            save_config_kwargs={"overwrite": False},
+            args=args,
+        )
+    except USER_ERRORS as exc:
+        print(f"dspark-lightning: error: {_one_line(exc)}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

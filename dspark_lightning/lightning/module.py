@@ -1,0 +1,197 @@
+"""DSparkModule: trains a drafter against a frozen target (the only LightningModule)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import lightning as L
+import torch
+from torch import nn
+
+from ..data.features import features_for_batch
+from ..drafters import compose
+from ..losses import dspark_loss, expected_tau, position_weights, supervision_mask
+from ..targets import ChatFormat, Target, TargetGeometry, load_target
+from .metrics import PositionAcceptance
+
+DOMAINS = ("math", "code", "chat", "other")
+
+
+@dataclass
+class LossConfig:
+    """Loss weights (SPEC §4): L = ce_weight·CE + l1_weight·L1 + conf_weight·BCE."""
+
+    ce_weight: float = 0.1
+    """weight of the cross-entropy to the data token"""
+    l1_weight: float = 0.9
+    """weight of the full L1 distance to the target distribution"""
+    conf_weight: float = 1.0
+    """weight of the confidence BCE against the detached analytic acceptance"""
+    decay: float | None = 4.0
+    """position weights w_k = exp(-(k-1)/decay); null = uniform"""
+
+
+@dataclass
+class OptimConfig:
+    """AdamW with linear warmup then cosine decay to 0 (SPEC §4)."""
+
+    lr: float = 6e-4
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    warmup_fraction: float = 0.04
+    """fraction of the total optimizer steps spent in linear warmup"""
+
+
+class DSparkModule(L.LightningModule):
+    """A drafter composed from injected parts, trained against a frozen target.
+
+    Args:
+        backbone: builds the backbone from the target geometry (recipe: class_path + init_args).
+        seq_head: builds the sequential head (null = none, e.g. the DFlash baseline).
+        conf_head: builds the confidence head from (geometry, token_dim) (null = none).
+        block_size: γ, drafts per block.
+        target: embedded target name or HF model path (linked from ``data.target``).
+        layer_ids: tapped target layers (linked from ``data.layer_ids``; null = the SPEC §3.2 rule).
+        system_prompt: chat format system prompt (linked from ``data.system_prompt``).
+        mask_token_id: token id for mask slots (null = the target's default unused special token).
+        loss: loss weights and position decay.
+        optim: optimizer and schedule.
+    """
+
+    def __init__(
+        self,
+        backbone: Callable[[TargetGeometry], nn.Module],
+        seq_head: Callable[[TargetGeometry], nn.Module] | None = None,
+        conf_head: Callable[[TargetGeometry, int], nn.Module] | None = None,
+        block_size: int = 7,
+        target: str = "tiny-debug",
+        layer_ids: list[int] | None = None,
+        system_prompt: str | None = None,
+        mask_token_id: int | None = None,
+        loss: LossConfig | None = None,
+        optim: OptimConfig | None = None,
+    ) -> None:
+        super().__init__()
+        self.loss_cfg = loss or LossConfig()
+        self.optim_cfg = optim or OptimConfig()
+        tgt = load_target(target, layer_ids=layer_ids, chat=ChatFormat(system_prompt=system_prompt))
+        self.__dict__["_target"] = tgt  # not a sub-module: never trained, saved or wrapped by DDP
+        g = tgt.geometry
+        sh = seq_head(g) if seq_head is not None else None
+        ch = conf_head(g, getattr(sh, "token_dim", 0)) if conf_head is not None else None
+        self.drafter = compose(tgt, backbone(g), sh, ch, block_size, mask_token_id)
+        self.block_size = block_size
+        self.register_buffer("pos_w", position_weights(block_size, self.loss_cfg.decay), persistent=False)
+        self.val_acc = PositionAcceptance(block_size, DOMAINS)
+        self.save_hyperparameters({"loss": asdict(self.loss_cfg), "optim": asdict(self.optim_cfg),
+                                   "target": tgt.describe(), "drafter": self.drafter.config()})
+
+    @property
+    def target(self) -> Target:
+        return self.__dict__["_target"]
+
+    # --- one shared step ---------------------------------------------------------------------
+    def _step(self, batch: dict) -> tuple:
+        tgt = self.target.to(self.device)
+        ids, anchors, valid = batch["input_ids"], batch["anchors"], batch["valid"]
+        if "context" in batch:  # cached features
+            context, hidden = batch["context"], batch["hidden"]
+        else:  # online: frozen target forward, no grad, rounded like the cache
+            context, hidden = features_for_batch(tgt, ids, batch["attention_mask"], self.trainer.datamodule.feature_dtype)
+        B, S = ids.shape
+        g = self.block_size
+        out = self.drafter(context, ids, anchors, valid)
+        v = supervision_mask(anchors, valid, batch["loss_mask"], g)  # (B, A, γ)
+        k = torch.arange(g, device=ids.device)
+        lab_idx = (anchors[:, :, None] + k + 1).clamp(max=S - 1)  # label x_{a+k}
+        labels = torch.gather(ids, 1, lab_idx.flatten(1)).view_as(lab_idx)
+        hid_idx = (anchors[:, :, None] + k).clamp(max=S - 1).flatten(1)  # target hidden at a+k-1 predicts x_{a+k}
+        rows = torch.gather(hidden, 1, hid_idx[..., None].expand(-1, -1, hidden.shape[-1]))
+        with torch.no_grad():
+            t_logits = None if self.loss_cfg.l1_weight == 0 and out.conf_logits is None else tgt.logits(rows)
+        c = self.loss_cfg
+        terms = dspark_loss(
+            out.logits.flatten(0, 1),
+            None if t_logits is None else t_logits.view(B * anchors.shape[1], g, -1),
+            labels.flatten(0, 1),
+            v.flatten(0, 1),
+            self.pos_w,
+            None if out.conf_logits is None else out.conf_logits.flatten(0, 1),
+            c.ce_weight,
+            c.l1_weight,
+            c.conf_weight,
+        )
+        return terms, v, B
+
+    def _log_terms(self, prefix: str, terms, v: torch.Tensor, B: int) -> None:
+        on_step = prefix == "train"
+        kw = {"on_step": on_step, "on_epoch": not on_step, "batch_size": B, "sync_dist": not on_step}
+        self.log(f"{prefix}/loss", terms.total, prog_bar=True, **kw)
+        self.log(f"{prefix}/ce", terms.ce, **kw)
+        self.log(f"{prefix}/l1", terms.l1, **kw)
+        self.log(f"{prefix}/conf_bce", terms.conf, **kw)
+        vm = v.flatten(0, 1)
+        n = vm.sum().clamp_min(1)
+        self.log(f"{prefix}/acc_mean", (terms.acc * vm).sum() / n, prog_bar=on_step, **kw)
+        if terms.conf_prob is not None:
+            err = terms.conf_prob - terms.acc
+            self.log(f"{prefix}/conf_abs_err", (err.abs() * vm).sum() / n, **kw)
+            self.log(f"{prefix}/conf_bias", (err * vm).sum() / n, **kw)
+
+    def on_train_epoch_start(self) -> None:
+        dm = getattr(self.trainer, "datamodule", None)
+        if hasattr(dm, "set_epoch"):
+            dm.set_epoch(self.current_epoch)
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        terms, v, B = self._step(batch)
+        self._log_terms("train", terms, v, B)
+        self.log("train/tokens", float(batch["attention_mask"].sum()), on_step=True, reduce_fx="sum", batch_size=B)
+        return terms.total
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        terms, v, B = self._step(batch)
+        self._log_terms("val", terms, v, B)
+        A = batch["anchors"].shape[1]
+        domains = [d for d in batch.get("domains", ["other"] * B) for _ in range(A)]
+        self.val_acc.update(terms.acc, v.flatten(0, 1), domains)
+
+    test_step = validation_step
+
+    def _log_acceptance(self, prefix: str) -> None:
+        num, den = self.val_acc.compute()  # (D+1, γ) with the last row = all domains
+        names = [*DOMAINS, "all"]
+        for i, dom in enumerate(names):
+            if den[i, 0] == 0:
+                continue
+            acc = num[i] / den[i].clamp_min(1)
+            self.log(f"{prefix}/tau_hat" + ("" if dom == "all" else f"_{dom}"), expected_tau(acc), prog_bar=dom == "all")
+            if dom == "all":
+                for k in range(self.block_size):
+                    self.log(f"{prefix}/acc_pos{k + 1}", acc[k])
+        self.val_acc.reset()
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_acceptance("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_acceptance("test")
+
+    # --- optimisation ------------------------------------------------------------------------
+    def configure_optimizers(self):
+        o = self.optim_cfg
+        params = [p for p in self.drafter.parameters() if p.requires_grad]
+        opt = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warm = max(1, int(o.warmup_fraction * total))
+
+        def factor(step: int) -> float:
+            if step < warm:
+                return (step + 1) / warm
+            return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -1,0 +1,103 @@
+"""Config-free building blocks: RMSNorm, RoPE, SwiGLU, and attention with injected context K/V.
+
+Flat typed arguments only; no registry, no recipe knowledge.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary tables for integer ``positions`` (B, L) -> cos, sin (B, 1, L, head_dim) (HF rotate-half layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    freqs = positions.float()[..., None] * inv_freq  # (B, L, head_dim/2)
+    emb = torch.cat([freqs, freqs], dim=-1)  # (B, L, head_dim)
+    return emb.cos()[:, None].to(dtype), emb.sin()[:, None].to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, H, L, Dh) rotated by cos/sin (B, 1, L, Dh)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden, bias=False)
+        self.up_proj = nn.Linear(dim, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class InjectedAttention(nn.Module):
+    """Attention whose queries come from the block and whose keys/values are [context; block].
+
+    SPEC §3.2: K = [W_k C; W_k h], V = [W_v C; W_v h] with the same W_k/W_v for both; per-head
+    q_norm/k_norm (Qwen3) on every query and key; GQA; scale head_dim^-1/2.
+    """
+
+    def __init__(
+        self, dim: int, num_heads: int, num_kv_heads: int, head_dim: int, qk_norm: bool = True, eps: float = 1e-6
+    ) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.q_proj = nn.Linear(dim, num_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(dim, num_kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(dim, num_kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(num_heads * head_dim, dim, bias=False)
+        self.q_norm = RMSNorm(head_dim, eps) if qk_norm else nn.Identity()
+        self.k_norm = RMSNorm(head_dim, eps) if qk_norm else nn.Identity()
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        B, L, _ = x.shape
+        return x.view(B, L, n, self.head_dim).transpose(1, 2)  # (B, n, L, Dh)
+
+    def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys (normed, rotated) and values of x (B, L, d) -> (B, Hkv, L, Dh) each. Context K/V can be cached."""
+        k = apply_rope(self.k_norm(self._heads(self.k_proj(x), self.num_kv_heads)), cos, sin)
+        v = self._heads(self.v_proj(x), self.num_kv_heads)
+        return k, v
+
+    def forward(
+        self,
+        h: torch.Tensor,  # (B, L, d) normed block states
+        cos: torch.Tensor,  # (B, 1, L, Dh) block positions
+        sin: torch.Tensor,
+        ctx_k: torch.Tensor,  # (B, Hkv, S, Dh) context keys (already rotated)
+        ctx_v: torch.Tensor,  # (B, Hkv, S, Dh)
+        mask: torch.Tensor,  # (B, L, S+L) bool, True = may attend
+    ) -> torch.Tensor:
+        q = apply_rope(self.q_norm(self._heads(self.q_proj(h), self.num_heads)), cos, sin)  # (B, H, L, Dh)
+        k_blk, v_blk = self.kv(h, cos, sin)
+        k = torch.cat([ctx_k, k_blk], dim=2)  # (B, Hkv, S+L, Dh)
+        v = torch.cat([ctx_v, v_blk], dim=2)
+        rep = self.num_heads // self.num_kv_heads
+        if rep > 1:
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        live = mask.any(-1, keepdim=True)  # (B, L, 1) rows with at least one key (dummy rows have none)
+        safe = mask | ~live  # avoid NaN softmax on fully masked rows; their output is zeroed below
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe[:, None])  # (B, H, L, Dh)
+        out = out.transpose(1, 2).reshape(h.shape[0], h.shape[1], -1) * live
+        return self.o_proj(out)
