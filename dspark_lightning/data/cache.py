@@ -1,0 +1,329 @@
+"""The target-feature cache: webdataset tar shards of safetensors members plus ``index.json`` (SPEC §4, pitfall 17).
+
+Layout of a cache directory::
+
+    index.json          {"format", "version", "meta", "shards": [{"name", "num_samples", "bytes", "sha256"}], "totals"}
+    shard-000000.tar    members "{00000000..}.safetensors": input_ids int32 (S,), loss_mask uint8 (S,),
+    shard-000001.tar    context (S, n*d) and hidden (S, d) in the feature dtype; safetensors metadata
+    ...                 {"sample": '{"domain": ..., "id": ...}'}
+
+No pickles anywhere. Caches are written to a temp directory and renamed into place, so a cache directory either is
+complete or does not exist; an existing one is never overwritten unless asked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import shutil
+import struct
+import tarfile
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from .features import feature_dtype_name, resolve_feature_dtype
+
+FORMAT = "dspark-feature-cache"
+VERSION = 1
+INDEX = "index.json"
+REQUIRED_META = ("target", "layer_ids", "hidden_size", "n_tapped", "feature_dtype")
+
+
+class CacheError(RuntimeError):
+    """A feature cache is missing, corrupt, or was built for another target / feature dtype."""
+
+
+# --- size estimate -------------------------------------------------------------------------------------------------
+def estimate_cache_bytes(num_tokens: int, hidden_size: int, n_tapped: int, bytes_per_value: int = 2) -> int:
+    """S·(5 + b·d·(n+1)) bytes: int32 id + uint8 mask, then n tapped layers plus the final hidden per token.
+
+    Excludes the index and the per-sample tar/safetensors headers (~1-2 KB per sample)."""
+    return int(num_tokens) * (5 + bytes_per_value * hidden_size * (n_tapped + 1))
+
+
+def format_bytes(n: float) -> str:
+    """Decimal units, as in the SPEC's "~38 TB": ``format_bytes(38_000_000_000_000) == "38.0 TB"``."""
+    units = ("B", "KB", "MB", "GB", "TB", "PB")
+    i = 0
+    while abs(n) >= 1000 and i < len(units) - 1:
+        n /= 1000
+        i += 1
+    unit = units[i]
+    return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+
+
+def describe_estimate(
+    num_tokens: int, target: Any, feature_dtype: str = "bfloat16", num_samples: int | None = None
+) -> str:
+    """One line to print before writing a cache: tokens, bytes per token and the total."""
+    g = target.geometry
+    b = resolve_feature_dtype(feature_dtype).itemsize
+    per_tok = estimate_cache_bytes(1, g.hidden_size, g.n_tapped, b)
+    total = estimate_cache_bytes(num_tokens, g.hidden_size, g.n_tapped, b)
+    samples = f" in {num_samples:,} samples" if num_samples is not None else ""
+    return (
+        f"feature cache estimate: {num_tokens:,} tokens{samples} x {per_tok:,} B/token = {format_bytes(total)} "
+        f"({target.name}, d={g.hidden_size}, n={g.n_tapped}, {feature_dtype_name(feature_dtype)}; "
+        "plus ~1-2 KB per sample of headers)"
+    )
+
+
+def cache_meta(target: Any, feature_dtype: str = "bfloat16", **extra: Any) -> dict[str, Any]:
+    """The standard ``meta`` of a cache built from ``target`` (also a good ``expect`` for :class:`FeatureCache`)."""
+    g = target.geometry
+    return {
+        "target": target.name,
+        "layer_ids": list(g.layer_ids),
+        "hidden_size": g.hidden_size,
+        "n_tapped": g.n_tapped,
+        "feature_dtype": feature_dtype_name(feature_dtype),
+        "chat": target.chat.to_dict(),
+        "geometry": g.to_dict(),
+        **extra,
+    }
+
+
+# --- writing -------------------------------------------------------------------------------------------------------
+class _HashingFile:
+    """Write-only file wrapper that counts bytes and computes the sha256 of what goes to disk."""
+
+    def __init__(self, path: Path):
+        self.f = open(path, "wb")  # noqa: SIM115
+        self.sha = hashlib.sha256()
+        self.bytes = 0
+
+    def write(self, data: bytes) -> int:
+        self.sha.update(data)
+        self.bytes += len(data)
+        return self.f.write(data)
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def _encode_sample(s: dict, meta: dict, dtype: torch.dtype) -> tuple[bytes, int]:
+    from safetensors.torch import save
+
+    ids = torch.as_tensor(s["input_ids"]).to(torch.int32).reshape(-1)  # (S,)
+    mask = torch.as_tensor(s["loss_mask"]).to(torch.uint8).reshape(-1)  # (S,)
+    ctx, hid = s["context"], s["hidden"]
+    S, d, n = ids.numel(), meta["hidden_size"], meta["n_tapped"]
+    if mask.numel() != S or tuple(ctx.shape) != (S, n * d) or tuple(hid.shape) != (S, d):
+        raise ValueError(
+            f"sample {s['id']!r}: shapes ids {S}, mask {mask.numel()}, context {tuple(ctx.shape)}, hidden "
+            f"{tuple(hid.shape)} do not match (S, n*d={n * d}) / (S, d={d})"
+        )
+    if ctx.dtype != dtype or hid.dtype != dtype:
+        raise ValueError(f"sample {s['id']!r}: features are {ctx.dtype}/{hid.dtype}, the cache holds {dtype}")
+    tensors = {"input_ids": ids, "loss_mask": mask, "context": ctx.contiguous().cpu(), "hidden": hid.contiguous().cpu()}
+    # one metadata key: safetensors serialises its metadata map in random order, which would break reproducible shards
+    sample = json.dumps({"id": str(s["id"]), "domain": str(s.get("domain", ""))}, sort_keys=True)
+    return save(tensors, metadata={"sample": sample}), S
+
+
+def write_cache(
+    samples: Iterable[dict],
+    out_dir: str | Path,
+    meta: dict,
+    *,
+    shard_max_samples: int = 256,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> Path:
+    """Write feature samples (as yielded by :func:`extract_features`) to a new cache directory; returns its path.
+
+    ``meta`` must hold at least :data:`REQUIRED_META` (see :func:`cache_meta`). Fails on duplicate ids and on an
+    empty input. Refuses an existing non-empty ``out_dir`` unless ``overwrite``; the old cache is replaced only
+    after the new one is complete.
+    """
+    from tqdm.auto import tqdm
+    from webdataset import TarWriter
+
+    out = Path(out_dir)
+    missing = [k for k in REQUIRED_META if k not in meta]
+    if missing:
+        raise ValueError(f"cache meta lacks {missing}; build it with cache_meta(target, feature_dtype)")
+    meta = json.loads(json.dumps(meta))  # JSON-normalised copy (tuples -> lists), as it will be read back
+    dtype = resolve_feature_dtype(meta["feature_dtype"])
+    if out.exists() and not overwrite and not (out.is_dir() and not any(out.iterdir())):
+        raise FileExistsError(f"feature cache {out} already exists; delete it or pass overwrite=True")
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out} exists and is not a directory")
+    if shard_max_samples < 1:
+        raise ValueError(f"shard_max_samples must be >= 1, got {shard_max_samples}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
+    shards: list[dict] = []
+    seen: set[str] = set()
+    tokens = 0
+    writer = fh = None
+    bar = tqdm(unit="sample", desc=f"writing {out.name}", disable=not progress)
+    try:
+
+        def close_shard() -> None:
+            writer.close()
+            fh.close()
+            shards[-1].update(bytes=fh.bytes, sha256=fh.sha.hexdigest())
+
+        for i, s in enumerate(samples):
+            sid = str(s["id"])
+            if sid in seen:
+                raise ValueError(f"duplicate sample id {sid!r}")
+            seen.add(sid)
+            if writer is None or shards[-1]["num_samples"] >= shard_max_samples:
+                if writer is not None:
+                    close_shard()
+                shards.append({"name": f"shard-{len(shards):06d}.tar", "num_samples": 0})
+                fh = _HashingFile(tmp / shards[-1]["name"])
+                writer = TarWriter(fh, encoder=False, mtime=0, user="", group="", mode=0o444)  # reproducible
+            data, S = _encode_sample(s, meta, dtype)
+            writer.write({"__key__": f"{i:08d}", "safetensors": data})
+            shards[-1]["num_samples"] += 1
+            tokens += S
+            bar.update(1)
+        bar.close()
+        if writer is None:
+            raise ValueError(f"write_cache got no samples for {out}")
+        close_shard()
+        totals = {"samples": len(seen), "tokens": tokens, "bytes": sum(s["bytes"] for s in shards)}
+        index = {"format": FORMAT, "version": VERSION, "meta": meta, "shards": shards, "totals": totals}
+        (tmp / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+        old = None
+        if out.exists():
+            if any(out.iterdir()):
+                if not overwrite:  # appeared while we were writing
+                    raise FileExistsError(f"feature cache {out} already exists; delete it or pass overwrite=True")
+                old = out.rename(Path(tempfile.mkdtemp(prefix=out.name + ".old-", dir=out.parent)) / "cache")
+            else:
+                out.rmdir()
+        try:
+            tmp.rename(out)
+        except BaseException:
+            if old is not None:  # put the previous cache back
+                old.rename(out)
+            raise
+        if old is not None:
+            shutil.rmtree(old.parent, ignore_errors=True)
+    except BaseException:
+        if writer is not None:
+            with contextlib.suppress(Exception):
+                writer.close()  # idempotent; else the tar stream flushes into a closed file when collected
+            fh.close()
+        bar.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+# --- reading -------------------------------------------------------------------------------------------------------
+def _sha256(path: Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _sample_metadata(data: bytes) -> dict[str, str]:
+    """``{"id", "domain"}`` from the ``sample`` entry of a safetensors header."""
+    (n,) = struct.unpack("<Q", data[:8])
+    md = json.loads(data[8 : 8 + n]).get("__metadata__") or {}
+    return json.loads(md.get("sample", "{}"))
+
+
+class FeatureCache(Dataset):
+    """A validated, map-style dataset over a feature cache (DistributedSampler-friendly).
+
+    On open: ``index.json`` exists and has this format; every key of ``expect`` equals the cached meta; every shard
+    exists with the recorded size, sha256 (unless ``verify_checksums=False``) and member count. Any failure raises
+    :class:`CacheError` naming the key or shard file. Samples are read **lazily**: only (shard, offset, size) per
+    sample is kept, and each ``__getitem__`` reads one member (no open handles, so DataLoader workers fork safely).
+
+    Items: ``{"id", "domain", "input_ids" int64 (S,), "loss_mask" int64 (S,), "context" float32 (S, n*d),
+    "hidden" float32 (S, d)}``.
+    """
+
+    def __init__(self, cache_dir: str | Path, expect: dict | None = None, *, verify_checksums: bool = True):
+        self.dir = Path(cache_dir)
+        path = self.dir / INDEX
+        if not path.is_file():
+            raise CacheError(f"feature cache {self.dir} has no {INDEX} (not a cache, or its write never finished)")
+        try:
+            self.index = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise CacheError(f"feature cache {path} is unreadable: {e}") from e
+        if self.index.get("format") != FORMAT or self.index.get("version") != VERSION:
+            raise CacheError(
+                f"feature cache {path}: format {self.index.get('format')!r} v{self.index.get('version')}, "
+                f"expected {FORMAT!r} v{VERSION}"
+            )
+        self.meta: dict[str, Any] = self.index["meta"]
+        for key, want in json.loads(json.dumps(expect or {})).items():
+            if key not in self.meta:
+                raise CacheError(f"feature cache {self.dir}: meta has no {key!r} (expected {want!r})")
+            if self.meta[key] != want:
+                raise CacheError(
+                    f"feature cache {self.dir}: {key} differs: cache has {self.meta[key]!r}, expected {want!r}"
+                )
+        self._shards = [self.dir / s["name"] for s in self.index["shards"]]
+        self._entries: list[tuple[int, int, int]] = []  # (shard, data offset, size)
+        for k, s in enumerate(self.index["shards"]):
+            self._entries += [(k, off, size) for off, size in self._check_shard(self._shards[k], s, verify_checksums)]
+        if len(self._entries) != self.index["totals"]["samples"]:
+            raise CacheError(
+                f"feature cache {self.dir}: {len(self._entries)} samples, index says {self.index['totals']['samples']}"
+            )
+        self.dtype = resolve_feature_dtype(self.meta["feature_dtype"])
+
+    @staticmethod
+    def _check_shard(path: Path, rec: dict, verify: bool) -> list[tuple[int, int]]:
+        """Validate one shard; returns (data offset, size) of each member."""
+        if not path.is_file():
+            raise CacheError(f"feature cache shard {path} is missing")
+        size = path.stat().st_size
+        if size != rec["bytes"]:
+            raise CacheError(f"feature cache shard {path} has {size} bytes, index says {rec['bytes']} (truncated?)")
+        if verify and _sha256(path) != rec["sha256"]:
+            raise CacheError(f"feature cache shard {path} is corrupt (sha256 mismatch)")
+        try:
+            with tarfile.open(path, "r:") as tf:
+                members = [m for m in tf if m.isfile()]
+        except (tarfile.TarError, EOFError, OSError) as e:
+            raise CacheError(f"feature cache shard {path} is not a readable tar: {e}") from e
+        if len(members) != rec["num_samples"] or not all(m.name.endswith(".safetensors") for m in members):
+            raise CacheError(f"feature cache shard {path}: {len(members)} members, index says {rec['num_samples']}")
+        return [(m.offset_data, m.size) for m in members]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.index["totals"]["tokens"])
+
+    def read_raw(self, i: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """Sample ``i`` as stored: tensors in their cached dtypes and ``{"id", "domain"}``."""
+        from safetensors.torch import load
+
+        k, offset, size = self._entries[i]
+        with open(self._shards[k], "rb") as f:
+            f.seek(offset)
+            data = f.read(size)
+        return load(data), _sample_metadata(data)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        t, md = self.read_raw(i)
+        return {
+            "id": md.get("id", ""),
+            "domain": md.get("domain", ""),
+            "input_ids": t["input_ids"].long(),  # (S,)
+            "loss_mask": t["loss_mask"].long(),  # (S,)
+            "context": t["context"].float(),  # (S, n*d)
+            "hidden": t["hidden"].float(),  # (S, d)
+        }

@@ -1,0 +1,218 @@
+"""Target features for drafter training: tokenisation, the online path and batched extraction (SPEC §4).
+
+Two sources give identical batches: **online** (:func:`features_for_batch` runs the frozen target inside a training
+step) and a **cache** (:func:`extract_features` feeds :func:`dspark_lightning.data.cache.write_cache`). Both round
+the target outputs to the same ``feature_dtype`` through the same function, so a cached sample equals the online
+features of the same batch bit for bit (and differs from any other batching only by fp32 noise before rounding).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+FEATURE_DTYPES: dict[str, torch.dtype] = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+}
+
+
+def resolve_feature_dtype(feature_dtype: str | torch.dtype) -> torch.dtype:
+    """``"bfloat16"`` / ``torch.bfloat16`` -> ``torch.bfloat16``; anything outside :data:`FEATURE_DTYPES` fails."""
+    if isinstance(feature_dtype, torch.dtype):
+        if feature_dtype not in FEATURE_DTYPES.values():
+            raise ValueError(f"unsupported feature dtype {feature_dtype}; use one of {sorted(FEATURE_DTYPES)}")
+        return feature_dtype
+    if feature_dtype not in FEATURE_DTYPES:
+        raise ValueError(f"unsupported feature dtype {feature_dtype!r}; use one of {sorted(FEATURE_DTYPES)}")
+    return FEATURE_DTYPES[feature_dtype]
+
+
+def feature_dtype_name(feature_dtype: str | torch.dtype) -> str:
+    dt = resolve_feature_dtype(feature_dtype)
+    return next(k for k, v in FEATURE_DTYPES.items() if v == dt)
+
+
+def tokenize_conversations(
+    target: Any, conversations: list[dict], max_length: int, min_supervised: int = 14
+) -> list[dict]:
+    """Render rows ``{"id", "domain", "turns"}`` with the target's chat format (SPEC §4).
+
+    Truncates to ``max_length`` tokens and drops rows with fewer than ``min_supervised`` loss-mask tokens after
+    truncation. Fails on empty input, duplicate ids (rows are keyed by id, pitfall 19) and when every row is dropped.
+    Returns ``{"id", "domain", "input_ids": list[int], "loss_mask": list[int]}`` in input order.
+    """
+    if not conversations:
+        raise ValueError("tokenize_conversations got no conversations")
+    if max_length < 2:
+        raise ValueError(f"max_length must be >= 2, got {max_length}")
+    out, seen, dropped = [], set(), 0
+    for row in conversations:
+        sid = str(row["id"])
+        if sid in seen:
+            raise ValueError(f"duplicate conversation id {sid!r}; rows must be keyed by a unique id")
+        seen.add(sid)
+        ids, mask = target.encode_conversation(row["turns"])
+        ids, mask = ids[:max_length], mask[:max_length]
+        if sum(mask) < min_supervised:
+            dropped += 1
+            continue
+        out.append({"id": sid, "domain": str(row.get("domain", "")), "input_ids": list(ids), "loss_mask": list(mask)})
+    if dropped:
+        log.info(
+            "dropped %d of %d conversations with < %d supervised tokens", dropped, len(conversations), min_supervised
+        )
+    if not out:
+        raise ValueError(
+            f"all {len(conversations)} conversations have fewer than {min_supervised} supervised tokens "
+            f"after truncation to {max_length}"
+        )
+    return out
+
+
+def _target_device(target: Any) -> torch.device:
+    p = next(iter(target.parameters()), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+@torch.no_grad()
+def features_for_batch(
+    target: Any,
+    input_ids: torch.Tensor,  # (B, S)
+    attention_mask: torch.Tensor | None,  # (B, S) 1 = real token, right padding
+    feature_dtype: str | torch.dtype = "bfloat16",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The online feature path: one frozen-target forward, rounded to ``feature_dtype`` and returned as float32.
+
+    Returns ``(context (B, S, n*d), hidden (B, S, d))`` on the target's device. Padded positions hold garbage and
+    must be masked by the caller. An all-ones mask is treated as no mask so that both spellings run the same kernels.
+    The target runs in its own dtype (fp32 unless loaded otherwise) and outputs are upcast to fp32 before rounding.
+    """
+    dt = resolve_feature_dtype(feature_dtype)
+    dev = _target_device(target)
+    input_ids = input_ids.to(dev)
+    if attention_mask is not None:
+        attention_mask = attention_mask.to(dev)
+        if bool(attention_mask.all()):
+            attention_mask = None
+    out = target(input_ids, attention_mask=attention_mask)
+    context = out.context.float().to(dt).float()  # (B, S, n*d)
+    hidden = out.hidden.float().to(dt).float()  # (B, S, d)
+    return context, hidden
+
+
+@dataclass
+class ExtractionStats:
+    """Counters of one extraction run; ``seconds`` is target compute time (excludes the consumer's time)."""
+
+    samples: int = 0
+    tokens: int = 0
+    padded_tokens: int = 0  # tokens actually run, padding included
+    batches: int = 0
+    seconds: float = 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def length_sorted_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Index batches, longest first, each with ``len(batch) * max_len <= batch_tokens`` (a lone longer sample is
+    its own batch). Ties keep input order, so the batching is deterministic."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    batches: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        # sorted descending: the first index of a batch has its max length
+        if cur and (len(cur) + 1) * lengths[cur[0]] > batch_tokens:
+            batches.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+class FeatureStream(Iterator[dict]):
+    """Iterator over extracted samples (see :func:`extract_features`) with live :attr:`stats`."""
+
+    def __init__(self, target: Any, tokenized: list[dict], feature_dtype: str, batch_tokens: int, progress: bool):
+        if not tokenized:
+            raise ValueError("extract_features got no samples")
+        if any(len(r["input_ids"]) == 0 for r in tokenized):
+            raise ValueError("extract_features got an empty sample")
+        self.target = target
+        self.tokenized = tokenized
+        self.feature_dtype = resolve_feature_dtype(feature_dtype)
+        self.batch_tokens = batch_tokens
+        self.progress = progress
+        self.stats = ExtractionStats()
+        self._gen = self._run()
+
+    def __next__(self) -> dict:
+        return next(self._gen)
+
+    def _run(self) -> Iterator[dict]:
+        from tqdm.auto import tqdm
+
+        lengths = [len(r["input_ids"]) for r in self.tokenized]
+        pad_id = getattr(self.target.tokenizer, "pad_token_id", None) or 0
+        bar = tqdm(total=sum(lengths), unit="tok", unit_scale=True, desc="target features", disable=not self.progress)
+        try:
+            for idx in length_sorted_batches(lengths, self.batch_tokens):
+                rows = [self.tokenized[i] for i in idx]
+                S = max(lengths[i] for i in idx)
+                ids = torch.full((len(rows), S), pad_id, dtype=torch.long)  # (B, S) right padded
+                attn = torch.zeros((len(rows), S), dtype=torch.long)  # (B, S)
+                for b, r in enumerate(rows):
+                    ids[b, : len(r["input_ids"])] = torch.tensor(r["input_ids"], dtype=torch.long)
+                    attn[b, : len(r["input_ids"])] = 1
+                t0 = time.perf_counter()
+                context, hidden = features_for_batch(self.target, ids, attn, self.feature_dtype)
+                context = context.to(self.feature_dtype).cpu()  # exact: values are already rounded
+                hidden = hidden.to(self.feature_dtype).cpu()
+                self.stats.seconds += time.perf_counter() - t0
+                n_tok = int(attn.sum())
+                self.stats.batches += 1
+                self.stats.tokens += n_tok
+                self.stats.padded_tokens += ids.numel()
+                bar.update(n_tok)
+                for b, r in enumerate(rows):
+                    L = len(r["input_ids"])
+                    self.stats.samples += 1
+                    yield {
+                        "id": r["id"],
+                        "domain": r.get("domain", ""),
+                        "input_ids": torch.tensor(r["input_ids"], dtype=torch.int32),  # (S,)
+                        "loss_mask": torch.tensor(r["loss_mask"], dtype=torch.uint8),  # (S,)
+                        "context": context[b, :L].clone(),  # (S, n*d)
+                        "hidden": hidden[b, :L].clone(),  # (S, d)
+                    }
+        finally:
+            bar.close()
+
+
+def extract_features(
+    target: Any,
+    tokenized: list[dict],
+    *,
+    feature_dtype: str = "bfloat16",
+    batch_tokens: int = 4096,
+    progress: bool = True,
+) -> FeatureStream:
+    """Run the frozen target over ``tokenized`` rows and yield one feature sample per row.
+
+    Rows are batched longest first (right padding + attention mask, at most ``batch_tokens`` padded tokens per batch)
+    and yielded in that batch order, each carrying its own ``id``: ``{"id", "domain", "input_ids" int32 (S,),
+    "loss_mask" uint8 (S,), "context" (S, n*d), "hidden" (S, d)}`` with features in ``feature_dtype`` on the CPU.
+    The returned iterator's ``.stats`` (:class:`ExtractionStats`) holds tokens and compute seconds.
+    """
+    return FeatureStream(target, tokenized, feature_dtype, batch_tokens, progress)

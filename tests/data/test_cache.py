@@ -1,0 +1,189 @@
+"""The feature cache: size estimate, write/read round trip, online parity and corruption checks (tiny-debug, CPU)."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+
+import pytest
+import torch
+from torch.utils.data import DistributedSampler
+
+from dspark_lightning.data.cache import (
+    CacheError,
+    FeatureCache,
+    cache_meta,
+    describe_estimate,
+    estimate_cache_bytes,
+    format_bytes,
+    write_cache,
+)
+from dspark_lightning.data.features import extract_features, features_for_batch, tokenize_conversations
+from dspark_lightning.targets import load_target
+
+
+def conversations(n: int = 7) -> list[dict]:
+    rows = []
+    for i in range(n):
+        turns = [
+            {"role": "user", "content": f"question {i} " + "x" * (5 * i)},
+            {"role": "assistant", "content": f"answer number {i}: " + "y" * (11 * i)},
+        ]
+        rows.append({"id": f"row/{i}.v1", "domain": "chat" if i % 2 else "math", "turns": turns})  # ids with / and .
+    return rows
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_target("tiny-debug")
+
+
+@pytest.fixture(scope="module")
+def samples(target):
+    """bf16 features extracted one sample per batch, the same composition as a batch-size-1 online step."""
+    tok = tokenize_conversations(target, conversations(), max_length=128)
+    return list(extract_features(target, tok, feature_dtype="bfloat16", batch_tokens=1, progress=False))
+
+
+@pytest.fixture
+def cache_dir(tmp_path, target, samples):
+    return write_cache(
+        samples, tmp_path / "cache", cache_meta(target, "bfloat16", dataset="unit"), shard_max_samples=3, progress=False
+    )
+
+
+def test_estimate_formula():
+    # Qwen3-4B: d = 2560, n = 5 -> 5 + 2*2560*6 = 30,725 B/token (int32 id + uint8 mask + bf16 features).
+    # SPEC §4 quotes 30,726 because the reference also stores an unused uint8 attention mask (+1 B/token).
+    assert estimate_cache_bytes(1, 2560, 5) == 30_725
+    assert estimate_cache_bytes(1, 2560, 5) + 1 == 30_726
+    # "~38 TB" is about 1.24 B tokens
+    assert format_bytes(estimate_cache_bytes(1_240_000_000, 2560, 5)) == "38.1 TB"
+    assert estimate_cache_bytes(1000, 64, 5) == 1000 * (5 + 2 * 64 * 6)
+    assert estimate_cache_bytes(10, 64, 5, bytes_per_value=4) == 10 * (5 + 4 * 64 * 6)
+    assert format_bytes(999) == "999 B" and format_bytes(1500) == "1.5 KB" and format_bytes(2.5e6) == "2.5 MB"
+
+
+def test_describe_estimate(target):
+    line = describe_estimate(1000, target, "bfloat16", num_samples=10)
+    assert "1,000 tokens" in line and "773 B/token" in line and "773.0 KB" in line and "tiny-debug" in line
+    assert "1,541 B/token" in describe_estimate(1000, target, "float32")  # 5 + 4*64*6
+
+
+def test_round_trip_is_exact(cache_dir, target, samples):
+    index = json.loads((cache_dir / "index.json").read_text())
+    assert [s["num_samples"] for s in index["shards"]] == [3, 3, 1]
+    assert [s["name"] for s in index["shards"]] == ["shard-000000.tar", "shard-000001.tar", "shard-000002.tar"]
+    assert index["totals"]["samples"] == len(samples)
+    assert index["totals"]["tokens"] == sum(len(s["input_ids"]) for s in samples)
+    assert index["totals"]["bytes"] == sum((cache_dir / s["name"]).stat().st_size for s in index["shards"])
+    meta = index["meta"]
+    assert meta["target"] == "tiny-debug" and meta["layer_ids"] == [1, 2, 3, 4, 5] and meta["dataset"] == "unit"
+    assert meta["hidden_size"] == 64 and meta["n_tapped"] == 5 and meta["feature_dtype"] == "bfloat16"
+    assert meta["chat"] == target.chat.to_dict()
+    assert not list(cache_dir.parent.glob("*.tmp-*"))  # the temp dir was renamed, nothing left behind
+
+    ds = FeatureCache(cache_dir, expect=cache_meta(target, "bfloat16"))
+    assert len(ds) == len(samples) and ds.num_tokens == index["totals"]["tokens"]
+    for i, s in enumerate(samples):
+        item = ds[i]
+        assert item["id"] == s["id"] and item["domain"] == s["domain"]
+        assert item["input_ids"].dtype == torch.int64 and torch.equal(item["input_ids"], s["input_ids"].long())
+        assert torch.equal(item["loss_mask"], s["loss_mask"].long())
+        assert item["context"].dtype == torch.float32 and torch.equal(item["context"], s["context"].float())
+        assert torch.equal(item["hidden"], s["hidden"].float())
+        raw, md = ds.read_raw(i)
+        assert raw["context"].dtype == torch.bfloat16 and raw["input_ids"].dtype == torch.int32
+        assert md == {"id": s["id"], "domain": s["domain"]}
+
+
+def test_shards_hold_only_safetensors(cache_dir):
+    with tarfile.open(cache_dir / "shard-000000.tar") as tf:
+        names = tf.getnames()
+    assert names == ["00000000.safetensors", "00000001.safetensors", "00000002.safetensors"]
+
+
+def test_online_path_equals_cached_sample(cache_dir, target):
+    ds = FeatureCache(cache_dir, expect=cache_meta(target, "bfloat16"))
+    for i in range(len(ds)):
+        item = ds[i]
+        ctx, hid = features_for_batch(target, item["input_ids"][None], None, "bfloat16")
+        assert torch.equal(ctx[0], item["context"]) and torch.equal(hid[0], item["hidden"])
+
+
+def test_distributed_sampler(cache_dir):
+    ds = FeatureCache(cache_dir)
+    parts = [list(DistributedSampler(ds, num_replicas=2, rank=r, shuffle=True, seed=1)) for r in range(2)]
+    assert set(parts[0]) | set(parts[1]) == set(range(len(ds)))
+
+
+def test_truncated_shard(cache_dir):
+    shard = cache_dir / "shard-000001.tar"
+    shard.write_bytes(shard.read_bytes()[:-700])
+    with pytest.raises(CacheError, match="shard-000001.tar"):
+        FeatureCache(cache_dir)
+
+
+def test_flipped_byte(cache_dir):
+    shard = cache_dir / "shard-000002.tar"
+    data = bytearray(shard.read_bytes())
+    data[1000] ^= 0x01
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CacheError, match=r"shard-000002.tar.*sha256"):
+        FeatureCache(cache_dir)
+
+
+def test_missing_shard_and_index(cache_dir):
+    (cache_dir / "shard-000000.tar").unlink()
+    with pytest.raises(CacheError, match=r"shard-000000.tar is missing"):
+        FeatureCache(cache_dir)
+    (cache_dir / "index.json").unlink()
+    with pytest.raises(CacheError, match="index.json"):
+        FeatureCache(cache_dir)
+
+
+def test_meta_mismatch(cache_dir, target):
+    expect = cache_meta(target, "bfloat16")
+    with pytest.raises(CacheError, match=r"layer_ids differs: cache has \[1, 2, 3, 4, 5\], expected \[1, 3, 5\]"):
+        FeatureCache(cache_dir, expect={**expect, "layer_ids": (1, 3, 5)})
+    with pytest.raises(CacheError, match="feature_dtype differs"):
+        FeatureCache(cache_dir, expect={"feature_dtype": "float32"})
+    with pytest.raises(CacheError, match="target differs"):
+        FeatureCache(cache_dir, expect={"target": "Qwen/Qwen3-4B"})
+    with pytest.raises(CacheError, match="no 'max_length'"):
+        FeatureCache(cache_dir, expect={"max_length": 4096})
+
+
+def test_existing_cache_is_not_overwritten(cache_dir, target, samples):
+    index = cache_dir / "index.json"
+    before = index.read_bytes()
+    stat = index.stat()
+    meta = cache_meta(target, "bfloat16", dataset="other")
+    with pytest.raises(FileExistsError, match=str(cache_dir)):
+        write_cache(samples[:2], cache_dir, meta, progress=False)
+    assert index.read_bytes() == before and index.stat().st_mtime_ns == stat.st_mtime_ns
+    assert sorted(p.name for p in cache_dir.parent.iterdir()) == ["cache"]  # no temp dirs left
+    write_cache(samples[:2], cache_dir, meta, overwrite=True, progress=False)
+    ds = FeatureCache(cache_dir, expect={"dataset": "other"})
+    assert len(ds) == 2
+    assert sorted(p.name for p in cache_dir.parent.iterdir()) == ["cache"]
+
+
+def test_write_rejects_bad_input(tmp_path, target, samples):
+    meta = cache_meta(target, "bfloat16")
+    with pytest.raises(ValueError, match="no samples"):
+        write_cache([], tmp_path / "empty", meta, progress=False)
+    with pytest.raises(ValueError, match="duplicate sample id"):
+        write_cache(samples[:2] + samples[:1], tmp_path / "dup", meta, progress=False)
+    with pytest.raises(ValueError, match="the cache holds torch.float32"):
+        write_cache(samples[:1], tmp_path / "dtype", cache_meta(target, "float32"), progress=False)
+    with pytest.raises(ValueError, match="cache meta lacks"):
+        write_cache(samples[:1], tmp_path / "meta", {"target": "x"}, progress=False)
+    assert list(tmp_path.iterdir()) == []  # failed writes leave nothing behind
+
+
+def test_writes_are_reproducible(tmp_path, target, samples):
+    meta = cache_meta(target, "bfloat16")
+    a = json.loads((write_cache(samples, tmp_path / "a", meta, progress=False) / "index.json").read_text())
+    b = json.loads((write_cache(samples, tmp_path / "b", meta, progress=False) / "index.json").read_text())
+    assert a == b

@@ -1,0 +1,62 @@
+from types import SimpleNamespace
+
+import pytest
+
+from dspark_lightning import registry
+from dspark_lightning.registry import RegistryError, create, names, register
+
+
+def test_every_kind_exists_and_builtins_are_registered():
+    assert set(registry.KINDS) == {"backbone", "seq_head", "conf_head", "drafter", "scheduler", "verifier", "prompt_source"}
+    assert {"vanilla", "gated", "rnn"} <= set(names("seq_head"))
+    assert "dense" in names("backbone")
+    assert {"dspark", "dflash"} <= set(names("drafter"))
+    assert {"gsm_symbolic", "humaneval", "mtbench", "sharegpt", "jsonl"} <= set(names("prompt_source"))
+
+
+def test_unknown_name_lists_available_names():
+    with pytest.raises(RegistryError) as e:
+        create("seq_head", "does-not-exist")
+    msg = str(e.value)
+    assert "does-not-exist" in msg and "vanilla" in msg and "rnn" in msg
+
+
+def test_unknown_kind_is_an_error():
+    with pytest.raises(RegistryError, match="kinds are"):
+        names("nope")
+
+
+def test_same_name_different_object_is_an_error_same_object_is_not():
+    class A:
+        pass
+
+    class B:
+        pass
+
+    register("verifier", "_test_dup")(A)
+    register("verifier", "_test_dup")(A)  # idempotent
+    with pytest.raises(RegistryError, match="already registered"):
+        register("verifier", "_test_dup")(B)
+    registry._REGISTRY["verifier"].pop("_test_dup")
+
+
+def test_entry_point_plugins_are_loaded_and_failures_reported(monkeypatch):
+    loaded = []
+
+    def good():
+        @register("scheduler", "_plugin_sched")
+        class S:
+            pass
+
+        loaded.append(S)
+
+    def bad():
+        raise ImportError("missing dependency xyz")
+
+    eps = [SimpleNamespace(name="good", load=lambda: good), SimpleNamespace(name="bad", load=lambda: bad)]
+    monkeypatch.setattr(registry, "entry_points", lambda group: eps if group == registry.ENTRY_POINT_GROUP else [])
+    errors = registry.load_plugins(force=True)
+    assert loaded and "_plugin_sched" in names("scheduler")
+    assert "bad" in errors and "xyz" in errors["bad"]  # reported, not fatal
+    registry._REGISTRY["scheduler"].pop("_plugin_sched")
+    registry.plugin_errors.clear()

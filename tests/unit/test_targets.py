@@ -1,0 +1,42 @@
+import pytest
+import torch
+
+from dspark_lightning.targets import check_layer_ids, default_layer_ids
+
+
+@pytest.mark.parametrize(
+    "layers,expected",
+    [(24, [1, 6, 11, 16, 21]), (30, [1, 8, 14, 20, 27]), (36, [1, 9, 17, 25, 33]), (40, [1, 10, 19, 28, 37])],
+)
+def test_layer_rule(layers, expected):
+    assert default_layer_ids(layers) == expected
+
+
+def test_tapping_the_final_layer_is_rejected():
+    with pytest.raises(ValueError, match="last layer"):
+        check_layer_ids([1, 29], 30)
+
+
+def test_tapped_features_are_raw_layer_outputs(tiny_target):
+    """Hooks give raw decoder-layer outputs: HF hidden_states[l+1] (pitfall 3), and the final-norm hidden."""
+    ids = torch.randint(0, 256, (1, 12))
+    out = tiny_target(ids)
+    hf = tiny_target.model(ids, output_hidden_states=True)
+    d = tiny_target.geometry.hidden_size
+    for i, lid in enumerate(tiny_target.geometry.layer_ids):
+        assert torch.allclose(out.context[..., i * d : (i + 1) * d], hf.hidden_states[lid + 1], atol=1e-6)
+    assert torch.allclose(tiny_target.logits(out.hidden), hf.logits, atol=1e-5)
+
+
+def test_conversation_loss_mask_covers_assistant_spans_with_end_of_turn(tiny_target):
+    turns = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "yo"},
+        {"role": "user", "content": "ok"},
+        {"role": "assistant", "content": "bye"},
+    ]
+    ids, mask = tiny_target.encode_conversation(turns)
+    tok = tiny_target.tokenizer
+    spans = tok.decode([i for i, m in zip(ids, mask) if m])
+    assert spans == "yo<|im_end|>bye<|im_end|>"
+    assert len(ids) == len(mask)
