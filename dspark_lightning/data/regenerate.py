@@ -1,0 +1,299 @@
+"""Response regeneration by the target (SPEC §4 "Data"), as DSpark/EAGLE training data is made.
+
+Every user turn is answered in order from the regenerated history, rendered with the target's
+shared :class:`~dspark_lightning.targets.ChatFormat` (pitfall 5). Output is JSONL, one row per
+conversation, appended and flushed per batch and keyed by id, so a resume skips finished ids and
+never duplicates a row (pitfall 19). Row schema::
+
+    {"id": str, "domain": str, "source": str,
+     "turns": [{"role": "user", "content": ...}, {"role": "assistant", "content": ...}, ...],
+     "gen": {<settings>, "new_tokens": [int per assistant turn], "stopped": [bool per assistant turn]},
+     "meta": {...}}  # only when the prompt record has meta
+
+Sampling is per row: temperature, top-k and top-p filtering, then a Gumbel-max draw from a
+generator seeded by (seed, id, turn) inside HF ``generate`` (greedy on the perturbed scores). A
+row's response therefore does not depend on which other rows share its batch, and a resume
+reproduces the same text (up to float effects of padding).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .sources import PromptRecord
+
+log = logging.getLogger(__name__)
+_ROLES = ("user", "assistant", "system")
+
+
+class _PerRowSampler:
+    """A logits processor: filter like HF's warpers, then add per-row Gumbel noise (argmax = a sample)."""
+
+    def __init__(self, seeds: list[int], temperature: float, top_p: float, top_k: int | None) -> None:
+        self.seeds, self.temperature, self.top_p, self.top_k = seeds, temperature, top_p, top_k
+        self.gens: list[torch.Generator] | None = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores = scores.float() / self.temperature
+        if self.top_k is not None and self.top_k < scores.shape[-1]:
+            kth = torch.topk(scores, self.top_k, dim=-1).values[:, -1:]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        if self.top_p < 1.0:
+            sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+            probs = sorted_scores.softmax(dim=-1)
+            drop_sorted = probs.cumsum(dim=-1) - probs >= self.top_p  # the top token is always kept
+            scores = scores.masked_fill(drop_sorted.scatter(-1, order, drop_sorted), float("-inf"))
+        if self.gens is None:
+            self.gens = [torch.Generator(device=scores.device).manual_seed(s) for s in self.seeds]
+        exp = torch.stack(
+            [torch.empty(scores.shape[-1], device=scores.device).exponential_(generator=g) for g in self.gens]
+        )
+        return scores - exp.log()  # argmax(logits + Gumbel) ~ softmax(logits)
+
+
+def _row_seed(seed: int, record_id: str, turn: int) -> int:
+    digest = hashlib.sha256(f"regen:{seed}:{record_id}:{turn}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") & (2**63 - 1)
+
+
+def _sample(
+    target: Any, prompts: list[list[int]], seeds: list[int], cfg: dict[str, Any]
+) -> list[tuple[str, int, bool]]:
+    """Left-padded batched ``generate``; returns (response text, generated tokens, stopped) per prompt."""
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    tok, stop = target.tokenizer, set(target.stop_token_ids)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else target.eos_token_id
+    device = next(target.model.parameters()).device
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    # Greedy over our perturbed scores; neutralise processors a checkpoint's generation_config.json could add.
+    gc = GenerationConfig(
+        max_new_tokens=cfg["max_new_tokens"],
+        do_sample=False,
+        num_beams=1,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        eos_token_id=sorted(stop),
+        pad_token_id=pad,
+    )
+    procs = LogitsProcessorList()
+    if cfg["temperature"] > 0:
+        procs.append(_PerRowSampler(seeds, cfg["temperature"], cfg["top_p"], cfg["top_k"]))
+    out = target.model.generate(input_ids=ids, attention_mask=mask, generation_config=gc, logits_processor=procs)
+    results = []
+    for row in out[:, width:].tolist():
+        cut = next((j for j, t in enumerate(row) if t in stop), None)
+        body = row if cut is None else row[:cut]
+        text = tok.decode(body, skip_special_tokens=True).strip()
+        results.append((text, len(body) + (cut is not None), cut is not None))
+    return results
+
+
+def _answer_batch(target: Any, recs: list[PromptRecord], cfg: dict[str, Any]) -> tuple[list[dict], int, int]:
+    """Regenerate every turn of a batch; returns (rows, generated tokens, rows dropped for an empty response)."""
+    limit = cfg["max_turns"]
+    turns = [r.turns if limit is None else r.turns[:limit] for r in recs]
+    history: list[list[dict[str, str]]] = [[] for _ in recs]
+    n_tok: list[list[int]] = [[] for _ in recs]
+    stopped: list[list[bool]] = [[] for _ in recs]
+    alive, total = set(range(len(recs))), 0
+    for t in range(max(len(x) for x in turns)):
+        idx = [i for i in sorted(alive) if t < len(turns[i])]
+        if not idx:
+            break
+        for i in idx:
+            history[i].append({"role": "user", "content": turns[i][t]})
+        prompts = [target.render_prompt(history[i]) for i in idx]
+        seeds = [_row_seed(cfg["seed"], recs[i].id, t) for i in idx]
+        for i, (text, n, stop) in zip(idx, _sample(target, prompts, seeds, cfg), strict=True):
+            total += n
+            if not text:
+                alive.discard(i)
+                continue
+            history[i].append({"role": "assistant", "content": text})
+            n_tok[i].append(n)
+            stopped[i].append(stop)
+    rows = []
+    for i in sorted(alive):
+        r = recs[i]
+        row = {
+            "id": r.id,
+            "domain": r.domain,
+            "source": r.source,
+            "turns": history[i],
+            "gen": {**cfg, "new_tokens": n_tok[i], "stopped": stopped[i]},
+        }
+        if r.meta:
+            row["meta"] = r.meta
+        rows.append(row)
+    return rows, total, len(recs) - len(rows)
+
+
+def _scan_rows(path: Path) -> tuple[list[tuple[int, dict]], int | None]:
+    """Parse a JSONL file of rows; returns (rows with line numbers, byte offset of a truncated last line or None).
+
+    A malformed complete line raises ``ValueError("<file>:<line>: ...")``; only an unterminated, unparseable final
+    line (a crash mid-write) is reported as truncated.
+    """
+    rows: list[tuple[int, dict]] = []
+    offset, truncated_at = 0, None
+    with open(path, "rb") as f:
+        for lineno, line in enumerate(f, 1):
+            start, offset = offset, offset + len(line)
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                if not isinstance(row, dict) or not isinstance(row.get("id"), str):
+                    raise ValueError('expected a JSON object with a string "id"')
+            except ValueError as exc:
+                if not line.endswith(b"\n"):
+                    truncated_at = start
+                    break
+                raise ValueError(f"{path}:{lineno}: malformed row: {exc}") from None
+            rows.append((lineno, row))
+    return rows, truncated_at
+
+
+def _prepare_resume(path: Path, cfg: dict[str, Any]) -> set[str]:
+    """Ids already in ``path``; cuts a truncated last line and checks the settings match."""
+    if not path.exists() or path.stat().st_size == 0:
+        return set()
+    rows, truncated_at = _scan_rows(path)
+    if truncated_at is not None:
+        log.warning("%s: dropping a truncated last line (interrupted write) before resuming", path)
+        with open(path, "r+b") as f:
+            f.truncate(truncated_at)
+    else:
+        with open(path, "r+b") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":  # a complete last row without its newline
+                f.write(b"\n")
+    for lineno, row in rows:
+        old = {k: row.get("gen", {}).get(k) for k in cfg}
+        if old != cfg:
+            diff = {k: (old[k], cfg[k]) for k in cfg if old[k] != cfg[k]}
+            raise ValueError(
+                f"{path}:{lineno}: row was generated with different settings {diff} (old, new); "
+                "resume with the same settings or write to a new file"
+            )
+    return {row["id"] for _, row in rows}
+
+
+def regenerate(
+    target: Any,
+    prompts: Iterable[PromptRecord],
+    out_path: str | os.PathLike,
+    *,
+    batch_size: int = 8,
+    max_new_tokens: int = 256,
+    temperature: float = 0.2,
+    top_p: float = 0.9,
+    top_k: int | None = None,
+    seed: int = 42,
+    max_turns: int | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Answer every user turn of ``prompts`` with ``target`` and append rows to ``out_path`` (resumable).
+
+    ``temperature=0`` is greedy. Rows with an empty response at any turn are dropped. Returns stats:
+    ``written``, ``skipped`` (already in the file), ``dropped_empty``, ``tokens``, ``seconds``, ``tokens_per_s``.
+    """
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("regenerate: no prompts given")
+    ids = [r.id for r in prompts]
+    if len(set(ids)) != len(ids):
+        seen: set[str] = set()
+        dup = sorted({i for i in ids if i in seen or seen.add(i)})
+        raise ValueError(f"regenerate: duplicate prompt ids {dup[:5]} (rows are keyed by id)")
+    bad_k = (top_k is not None and top_k < 1) or (max_turns is not None and max_turns < 1)
+    if batch_size < 1 or max_new_tokens < 1 or temperature < 0 or not 0 < top_p <= 1 or bad_k:
+        raise ValueError(
+            "regenerate: need batch_size >= 1, max_new_tokens >= 1, temperature >= 0, 0 < top_p <= 1, "
+            "top_k and max_turns None or >= 1"
+        )
+    cfg = {
+        "temperature": float(temperature),
+        "top_p": float(top_p),
+        "top_k": top_k,
+        "max_new_tokens": max_new_tokens,
+        "seed": seed,
+        "max_turns": max_turns,
+        "target": target.name,
+        "chat": target.chat.to_dict(),
+    }
+    path = Path(out_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    done = _prepare_resume(path, cfg)
+    todo = [r for r in prompts if r.id not in done]
+    stats = {"written": 0, "skipped": len(prompts) - len(todo), "dropped_empty": 0, "tokens": 0}
+
+    from tqdm.auto import tqdm
+
+    start = time.perf_counter()
+    bar = tqdm(total=len(prompts), initial=stats["skipped"], unit="conv", desc="regenerate", disable=not progress)
+    with open(path, "a", encoding="utf-8") as f:
+        for b in range(0, len(todo), batch_size):
+            rows, n_tok, dropped = _answer_batch(target, todo[b : b + batch_size], cfg)
+            f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
+            f.flush()
+            os.fsync(f.fileno())
+            stats["written"] += len(rows)
+            stats["dropped_empty"] += dropped
+            stats["tokens"] += n_tok
+            bar.update(len(rows) + dropped)
+            bar.set_postfix(tok_s=f"{stats['tokens'] / max(time.perf_counter() - start, 1e-9):.1f}")
+    bar.close()
+    stats["seconds"] = time.perf_counter() - start
+    stats["tokens_per_s"] = stats["tokens"] / stats["seconds"] if stats["seconds"] > 0 else 0.0
+    if stats["dropped_empty"]:
+        log.warning("regenerate: dropped %d conversations with an empty response", stats["dropped_empty"])
+    return stats
+
+
+def load_conversations(path: str | os.PathLike) -> list[dict]:
+    """Read regenerated rows for training; raises on a missing/empty file, a malformed line or a duplicate id.
+
+    A truncated final line (an interrupted write) is skipped with a warning.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"conversation file {path} does not exist")
+    rows, truncated_at = _scan_rows(path)
+    if truncated_at is not None:
+        msg = f"{path}: ignoring a truncated last line at byte {truncated_at} (interrupted write; a resume removes it)"
+        warnings.warn(msg, stacklevel=2)
+        log.warning(msg)
+    seen: dict[str, int] = {}
+    for lineno, row in rows:
+        turns = row.get("turns")
+        ok = (
+            isinstance(turns, list)
+            and turns
+            and all(
+                isinstance(m, dict) and m.get("role") in _ROLES and isinstance(m.get("content"), str) for m in turns
+            )
+        )
+        if not ok or not any(m["role"] == "assistant" for m in turns):
+            raise ValueError(
+                f'{path}:{lineno}: "turns" must be a list of {{"role", "content"}} messages with an assistant turn'
+            )
+        if row["id"] in seen:
+            raise ValueError(f"{path}:{lineno}: id {row['id']!r} already on line {seen[row['id']]}")
+        seen[row["id"]] = lineno
+    if not rows:
+        raise ValueError(f"{path}: no conversations (the file is empty)")
+    return [row for _, row in rows]

