@@ -82,4 +82,3 @@ def dspark_loss(
 def expected_tau(acc_per_position: torch.Tensor) -> float:
     """τ̂ = 1 + Σ_k Π_{i<=k} acc_i from per-position (conditional) acceptances (γ,)."""
     return 1.0 + float(torch.cumprod(acc_per_position.double(), 0).sum())
-

@@ -104,7 +104,8 @@ def prepare(
         _log(f"regenerating {len(prompts[split])} {split} responses with {target.name} -> {paths.responses(split)}")
         t0 = time.perf_counter()
         st = regenerate(target, prompts[split], paths.responses(split), seed=seed, **asdict(regen))
-        stats[f"regenerate_{split}"] = {**st, "wall_s": time.perf_counter() - t0}
+        if st["written"]:  # a fully resumed stage keeps the statistics of the run that did the work
+            stats[f"regenerate_{split}"] = {**st, "wall_s": time.perf_counter() - t0}
     if features == "cached":
         for split in SPLITS:
             out = paths.cache(split)

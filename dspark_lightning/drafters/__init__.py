@@ -16,7 +16,7 @@ from torch import nn
 
 from ..registry import create, register
 from .backbones import DenseBackbone
-from .drafter import CONVENTION, DraftOutput, Drafter
+from .drafter import CONVENTION, Drafter, DraftOutput
 from .heads import ConfidenceHead, GatedMarkovHead, RNNHead, SeqHead, VanillaMarkovHead
 
 __all__ = [

@@ -25,7 +25,15 @@ from ..registry import RegistryError  # noqa: E402
 from .datamodule import DSparkDataModule  # noqa: E402
 from .module import DSparkModule  # noqa: E402
 
-USER_ERRORS = (ArgumentError, RegistryError, FileNotFoundError, FileExistsError, CacheError, DrafterLoadError, ValueError)
+USER_ERRORS = (
+    ArgumentError,
+    RegistryError,
+    FileNotFoundError,
+    FileExistsError,
+    CacheError,
+    DrafterLoadError,
+    ValueError,
+)
 
 
 class DSparkCLI(LightningCLI):
@@ -34,7 +42,9 @@ class DSparkCLI(LightningCLI):
         parser.link_arguments("data.layer_ids", "model.layer_ids")
         parser.link_arguments("data.system_prompt", "model.system_prompt")
         parser.add_argument("--validate_before_fit", type=bool, default=True, help="validate once at step 0 (τ̂ start)")
-        parser.add_argument("--export_dir", type=str | None, default=None, help="exported drafter dir (default: <log_dir>/drafter)")
+        parser.add_argument(
+            "--export_dir", type=str | None, default=None, help="exported drafter dir (default: <log_dir>/drafter)"
+        )
 
     def _export_dir(self) -> Path:
         cfg = self.config[self.subcommand]
@@ -43,14 +53,17 @@ class DSparkCLI(LightningCLI):
     def before_fit(self) -> None:
         out = self._export_dir()
         if out.exists() and any(out.iterdir()):
-            raise FileExistsError(f"export directory {out} is not empty; refusing to overwrite it (choose --export_dir)")
+            raise FileExistsError(
+                f"export directory {out} is not empty; refusing to overwrite it (choose --export_dir)"
+            )
         self.datamodule.check()
         if self.config[self.subcommand].validate_before_fit:
             self.trainer.validate(self.model, datamodule=self.datamodule, verbose=False)
 
     def after_fit(self) -> None:
+        out = self._export_dir()  # trainer.log_dir is a collective under DDP: every rank calls it
         if self.trainer.is_global_zero:
-            path = save_drafter(self.model.drafter, self._export_dir(), self.model.target)
+            path = save_drafter(self.model.drafter, out, self.model.target)
             print(f"[dspark-lightning] exported drafter -> {path}", flush=True)
 
 

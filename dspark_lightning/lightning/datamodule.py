@@ -77,7 +77,9 @@ class DSparkDataModule(L.LightningDataModule):
 
     @property
     def target(self):
-        return load_target(self.target_name, layer_ids=self.layer_ids, chat=ChatFormat(system_prompt=self.system_prompt))
+        return load_target(
+            self.target_name, layer_ids=self.layer_ids, chat=ChatFormat(system_prompt=self.system_prompt)
+        )
 
     def _split_kwargs(self) -> dict[str, Any]:
         return {
@@ -115,7 +117,9 @@ class DSparkDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         for split in ("train", "heldout"):
             if split not in self.datasets:
-                self.datasets[split] = open_split(self.target, self.sources, self.work_dir, split, **self._split_kwargs())
+                self.datasets[split] = open_split(
+                    self.target, self.sources, self.work_dir, split, **self._split_kwargs()
+                )
 
     def set_epoch(self, epoch: int) -> None:
         """Re-seed training anchors per epoch (called by the module at each epoch start)."""

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
+import resource
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -86,8 +90,14 @@ class DSparkModule(L.LightningModule):
         self.block_size = block_size
         self.register_buffer("pos_w", position_weights(block_size, self.loss_cfg.decay), persistent=False)
         self.val_acc = PositionAcceptance(block_size, DOMAINS)
-        self.save_hyperparameters({"loss": asdict(self.loss_cfg), "optim": asdict(self.optim_cfg),
-                                   "target": tgt.describe(), "drafter": self.drafter.config()})
+        self.save_hyperparameters(
+            {
+                "loss": asdict(self.loss_cfg),
+                "optim": asdict(self.optim_cfg),
+                "target": tgt.describe(),
+                "drafter": self.drafter.config(),
+            }
+        )
 
     @property
     def target(self) -> Target:
@@ -100,7 +110,9 @@ class DSparkModule(L.LightningModule):
         if "context" in batch:  # cached features
             context, hidden = batch["context"], batch["hidden"]
         else:  # online: frozen target forward, no grad, rounded like the cache
-            context, hidden = features_for_batch(tgt, ids, batch["attention_mask"], self.trainer.datamodule.feature_dtype)
+            context, hidden = features_for_batch(
+                tgt, ids, batch["attention_mask"], self.trainer.datamodule.feature_dtype
+            )
         B, S = ids.shape
         g = self.block_size
         out = self.drafter(context, ids, anchors, valid)
@@ -141,6 +153,27 @@ class DSparkModule(L.LightningModule):
             self.log(f"{prefix}/conf_abs_err", (err.abs() * vm).sum() / n, **kw)
             self.log(f"{prefix}/conf_bias", (err * vm).sum() / n, **kw)
 
+    def on_train_start(self) -> None:
+        self._fit_t0, self._fit_tokens, self._fit_rows = time.perf_counter(), 0, 0
+
+    def on_train_end(self) -> None:
+        """Write fit_stats.json (wall time, throughput, peak RSS) next to the logs, for docs/benchmarks.md."""
+        log_dir = self.trainer.log_dir  # a collective under DDP: every rank must call it
+        if not self.trainer.is_global_zero or not hasattr(self, "_fit_t0"):
+            return
+        wall = time.perf_counter() - self._fit_t0
+        stats = {
+            "steps": int(self.global_step),
+            "wall_s": wall,
+            "tokens": self._fit_tokens,
+            "tokens_per_s": self._fit_tokens / wall if wall > 0 else 0.0,
+            "block_rows_per_s": self._fit_rows / wall if wall > 0 else 0.0,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }
+        out = Path(log_dir or ".") / "fit_stats.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(stats, indent=2) + "\n")
+
     def on_train_epoch_start(self) -> None:
         dm = getattr(self.trainer, "datamodule", None)
         if hasattr(dm, "set_epoch"):
@@ -149,7 +182,8 @@ class DSparkModule(L.LightningModule):
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
         terms, v, B = self._step(batch)
         self._log_terms("train", terms, v, B)
-        self.log("train/tokens", float(batch["attention_mask"].sum()), on_step=True, reduce_fx="sum", batch_size=B)
+        self._fit_tokens += int(batch["attention_mask"].sum())  # this rank's tokens
+        self._fit_rows += int(batch["valid"].sum()) * self.block_size
         return terms.total
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
@@ -168,7 +202,9 @@ class DSparkModule(L.LightningModule):
             if den[i, 0] == 0:
                 continue
             acc = num[i] / den[i].clamp_min(1)
-            self.log(f"{prefix}/tau_hat" + ("" if dom == "all" else f"_{dom}"), expected_tau(acc), prog_bar=dom == "all")
+            self.log(
+                f"{prefix}/tau_hat" + ("" if dom == "all" else f"_{dom}"), expected_tau(acc), prog_bar=dom == "all"
+            )
             if dom == "all":
                 for k in range(self.block_size):
                     self.log(f"{prefix}/acc_pos{k + 1}", acc[k])

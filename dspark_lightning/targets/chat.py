@@ -66,7 +66,7 @@ def encode_conversation(
         upto = _ids(tokenizer, msgs[: i + 1], False, fmt)
         if ids[: len(upto)] != upto or upto[: len(prefix)] != prefix:
             raise ValueError(
-                "the chat template is not prefix-stable (rendering a shorter conversation does not give a prefix of the "
+                "the chat template is not prefix-stable (a shorter conversation does not render to a prefix of the "
                 "longer one); cannot locate assistant spans for the loss mask"
             )
         span_end = len(upto)

@@ -110,8 +110,9 @@ class Target(nn.Module):
         self.tokenizer = tokenizer
         self.name = name
         cfg = model.config
-        ids = check_layer_ids(layer_ids if layer_ids is not None else default_layer_ids(cfg.num_hidden_layers),
-                              cfg.num_hidden_layers)
+        ids = check_layer_ids(
+            layer_ids if layer_ids is not None else default_layer_ids(cfg.num_hidden_layers), cfg.num_hidden_layers
+        )
         self.geometry = TargetGeometry.from_config(cfg, ids)
         self.chat = chat or ChatFormat()
         self._captured: dict[int, torch.Tensor] = {}
@@ -178,7 +179,9 @@ class Target(nn.Module):
         )
         context = torch.cat([self._captured[lid] for lid in self.geometry.layer_ids], dim=-1)  # (B, S, n*d)
         self._captured.clear()
-        return TargetOutput(context=context, hidden=out.last_hidden_state, past_key_values=getattr(out, "past_key_values", None))
+        return TargetOutput(
+            context=context, hidden=out.last_hidden_state, past_key_values=getattr(out, "past_key_values", None)
+        )
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Target logits through its own lm_head: (..., d) -> (..., V)."""

@@ -12,8 +12,13 @@ HEADS = [*names("seq_head"), None]
 
 def _drafter(target, backbone, seq_head, block_size=4):
     return create(
-        "drafter", "dspark", target, block_size=block_size,
-        backbone={"name": backbone, "num_layers": 2}, seq_head=seq_head, conf_head="linear",
+        "drafter",
+        "dspark",
+        target,
+        block_size=block_size,
+        backbone={"name": backbone, "num_layers": 2},
+        seq_head=seq_head,
+        conf_head="linear",
     )
 
 
@@ -48,15 +53,17 @@ def test_training_mask_matches_hand_written():
     # S = 5 context, γ = 2, anchors 1 and 3 valid, one dummy block.
     m = block_attention_mask(torch.tensor([[1, 3, 0]]), torch.tensor([[True, True, False]]), 5, 2)
     T, F = True, False
-    expected = torch.tensor([
-        # ctx 0..4          | block0 | block1 | dummy
-        [T, F, F, F, F,      T, T,    F, F,    F, F],
-        [T, F, F, F, F,      T, T,    F, F,    F, F],
-        [T, T, T, F, F,      F, F,    T, T,    F, F],
-        [T, T, T, F, F,      F, F,    T, T,    F, F],
-        [F, F, F, F, F,      F, F,    F, F,    F, F],
-        [F, F, F, F, F,      F, F,    F, F,    F, F],
-    ])
+    expected = torch.tensor(
+        [
+            # ctx 0..4          | block0 | block1 | dummy
+            [T, F, F, F, F, T, T, F, F, F, F],
+            [T, F, F, F, F, T, T, F, F, F, F],
+            [T, T, T, F, F, F, F, T, T, F, F],
+            [T, T, T, F, F, F, F, T, T, F, F],
+            [F, F, F, F, F, F, F, F, F, F, F],
+            [F, F, F, F, F, F, F, F, F, F, F],
+        ]
+    )
     assert torch.equal(m[0], expected)
     w = block_attention_mask(torch.tensor([[4]]), torch.tensor([[True]]), 5, 1, window=2)
     assert w[0, 0, :5].tolist() == [F, F, T, T, F]  # t < a and t >= a - W

@@ -7,7 +7,15 @@ from dspark_lightning.registry import RegistryError, create, names, register
 
 
 def test_every_kind_exists_and_builtins_are_registered():
-    assert set(registry.KINDS) == {"backbone", "seq_head", "conf_head", "drafter", "scheduler", "verifier", "prompt_source"}
+    assert set(registry.KINDS) == {
+        "backbone",
+        "seq_head",
+        "conf_head",
+        "drafter",
+        "scheduler",
+        "verifier",
+        "prompt_source",
+    }
     assert {"vanilla", "gated", "rnn"} <= set(names("seq_head"))
     assert "dense" in names("backbone")
     assert {"dspark", "dflash"} <= set(names("drafter"))

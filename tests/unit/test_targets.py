@@ -37,6 +37,6 @@ def test_conversation_loss_mask_covers_assistant_spans_with_end_of_turn(tiny_tar
     ]
     ids, mask = tiny_target.encode_conversation(turns)
     tok = tiny_target.tokenizer
-    spans = tok.decode([i for i, m in zip(ids, mask) if m])
+    spans = tok.decode([i for i, m in zip(ids, mask, strict=True) if m])
     assert spans == "yo<|im_end|>bye<|im_end|>"
     assert len(ids) == len(mask)

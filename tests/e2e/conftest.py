@@ -1,0 +1,42 @@
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "recipes" / "tiny_debug.yaml")
+
+
+def run_main(args, capsys):
+    """Run the console script in-process; returns (exit code, stdout, stderr)."""
+    from dspark_lightning.lightning.cli import main
+
+    code = 0
+    try:
+        main(args)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    """Regenerated tiny-debug responses, made once and copied into each test's working directory."""
+    import yaml
+
+    from dspark_lightning.data.prepare import RegenConfig
+    from dspark_lightning.lightning.datamodule import DSparkDataModule
+
+    cfg = yaml.safe_load(Path(TINY).read_text())["data"]
+    work = tmp_path_factory.mktemp("tiny_data") / "data"
+    DSparkDataModule(**{**cfg, "work_dir": str(work), "regen": RegenConfig(**cfg["regen"])}).prepare_data()
+    return work
+
+
+@pytest.fixture
+def workdir(tmp_path, tiny_data, monkeypatch):
+    """A fresh cwd whose outputs/tiny_debug/data already holds the regenerated responses."""
+    shutil.copytree(tiny_data, tmp_path / "outputs" / "tiny_debug" / "data")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
