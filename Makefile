@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup run test test-fast lint
+.PHONY: setup run test test-fast lint bench
 
 $(VENV)/.setup-done: pyproject.toml scripts/setup.sh plugins/dspark_example_head/pyproject.toml
 	bash scripts/setup.sh
@@ -21,3 +21,9 @@ test-fast: setup
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+# The embedded-default run, timed (peak RSS, wall), then its tables for docs/benchmarks.md.
+bench: setup
+	rm -rf outputs/smollm2_dspark && mkdir -p outputs/smollm2_dspark
+	/usr/bin/time -v -o outputs/smollm2_dspark/time.log $(VENV)/bin/dspark-lightning fit --config recipes/smollm2_dspark.yaml
+	$(PY) scripts/bench_report.py outputs/smollm2_dspark --time-log outputs/smollm2_dspark/time.log
