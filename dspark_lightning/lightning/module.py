@@ -122,8 +122,11 @@ class DSparkModule(L.LightningModule):
         labels = torch.gather(ids, 1, lab_idx.flatten(1)).view_as(lab_idx)
         hid_idx = (anchors[:, :, None] + k).clamp(max=S - 1).flatten(1)  # target hidden at a+k-1 predicts x_{a+k}
         rows = torch.gather(hidden, 1, hid_idx[..., None].expand(-1, -1, hidden.shape[-1]))
+        # Target logits are skipped only when training needs none (CE-only, no confidence head); validation always
+        # computes them so the analytic acceptance is comparable across drafters.
+        need = self.loss_cfg.l1_weight > 0 or out.conf_logits is not None or not self.training
         with torch.no_grad():
-            t_logits = None if self.loss_cfg.l1_weight == 0 and out.conf_logits is None else tgt.logits(rows)
+            t_logits = tgt.logits(rows) if need else None
         c = self.loss_cfg
         terms = dspark_loss(
             out.logits.flatten(0, 1),

@@ -40,3 +40,15 @@ def test_conversation_loss_mask_covers_assistant_spans_with_end_of_turn(tiny_tar
     spans = tok.decode([i for i, m in zip(ids, mask, strict=True) if m])
     assert spans == "yo<|im_end|>bye<|im_end|>"
     assert len(ids) == len(mask)
+
+
+def test_kv_cache_prefill_then_step_equals_full_forward(tiny_target):
+    """The target's KV cache: prefill, then one more token, equals one forward over the whole sequence."""
+    ids = torch.randint(0, 256, (1, 10))
+    full = tiny_target(ids)
+    cache = tiny_target.new_cache()
+    pre = tiny_target(ids[:, :9], past_key_values=cache, use_cache=True)
+    step = tiny_target(ids[:, 9:], past_key_values=pre.past_key_values, use_cache=True)
+    assert pre.past_key_values.get_seq_length() == 10
+    torch.testing.assert_close(step.hidden[:, 0], full.hidden[:, 9], rtol=0, atol=1e-5)
+    torch.testing.assert_close(step.context[:, 0], full.context[:, 9], rtol=0, atol=1e-5)
