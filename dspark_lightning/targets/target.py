@@ -179,9 +179,7 @@ class Target(nn.Module):
         )
         context = torch.cat([self._captured[lid] for lid in self.geometry.layer_ids], dim=-1)  # (B, S, n*d)
         self._captured.clear()
-        return TargetOutput(
-            context=context, hidden=out.last_hidden_state, past_key_values=out.cache
-        )
+        return TargetOutput(context=context, hidden=out.last_hidden_state, past_key_values=out.cache)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Target logits through its own lm_head: (..., d) -> (..., V)."""
