@@ -90,18 +90,22 @@ class DSparkModule(L.LightningModule):
         self.block_size = block_size
         self.register_buffer("pos_w", position_weights(block_size, self.loss_cfg.decay), persistent=False)
         self.val_acc = PositionAcceptance(block_size, DOMAINS)
-        self.save_hyperparameters(
-            {
-                "loss": asdict(self.loss_cfg),
-                "optim": asdict(self.optim_cfg),
-                "target": tgt.describe(),
-                "drafter": self.drafter.config(),
-            }
-        )
 
     @property
     def target(self) -> Target:
         return self.__dict__["_target"]
+
+    def describe(self) -> dict:
+        return {
+            "loss": asdict(self.loss_cfg),
+            "optim": asdict(self.optim_cfg),
+            "target": self.target.describe(),
+            "drafter": self.drafter.config(),
+        }
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        # Not as hyper_parameters: LightningCLI re-parses those as init args on --ckpt_path (config.yaml has them).
+        checkpoint["dspark"] = self.describe()
 
     # --- one shared step ---------------------------------------------------------------------
     def _step(self, batch: dict) -> tuple:

@@ -71,3 +71,16 @@ def test_every_recipe_parses_and_instantiates(recipe, tmp_path, monkeypatch):
     cli = DSparkCLI(DSparkModule, DSparkDataModule, run=False, args=["--config", recipe])
     assert cli.model.drafter.block_size == cli.config.model.block_size
     assert sum(p.numel() for p in cli.model.drafter.parameters()) > 0
+
+
+def test_validate_and_test_from_a_checkpoint(workdir, capsys):
+    from .conftest import run_main
+
+    code, _, err = run_main(["fit", "--config", TINY, "--trainer.max_steps=4", "--validate_before_fit=false"], capsys)
+    assert code == 0, err[-2000:]
+    ckpt = next((workdir / "outputs/tiny_debug/tb/version_0/checkpoints").glob("*.ckpt"))
+    assert torch.load(ckpt, weights_only=False)["dspark"]["drafter"]["block_size"] == 4
+    for sub in ("validate", "test"):
+        code, out, err = run_main([sub, "--config", TINY, f"--ckpt_path={ckpt}"], capsys)
+        assert code == 0, err[-2000:]
+        assert f"{'val' if sub == 'validate' else 'test'}/tau_hat" in out
