@@ -7,6 +7,7 @@ import tarfile
 
 import pytest
 import torch
+from data_rows import conversations as _rows
 from torch.utils.data import DistributedSampler
 
 from dspark_lightning.data.cache import (
@@ -19,23 +20,10 @@ from dspark_lightning.data.cache import (
     write_cache,
 )
 from dspark_lightning.data.features import extract_features, features_for_batch, tokenize_conversations
-from dspark_lightning.targets import load_target
 
 
 def conversations(n: int = 7) -> list[dict]:
-    rows = []
-    for i in range(n):
-        turns = [
-            {"role": "user", "content": f"question {i} " + "x" * (5 * i)},
-            {"role": "assistant", "content": f"answer number {i}: " + "y" * (11 * i)},
-        ]
-        rows.append({"id": f"row/{i}.v1", "domain": "chat" if i % 2 else "math", "turns": turns})  # ids with / and .
-    return rows
-
-
-@pytest.fixture(scope="module")
-def target():
-    return load_target("tiny-debug")
+    return _rows(n, multi_turn=False, id_fmt="row/{i}.v1")  # ids with / and . (tar keys must not use them)
 
 
 @pytest.fixture(scope="module")

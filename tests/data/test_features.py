@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from data_rows import conversations
 
 from dspark_lightning.data.features import (
     FEATURE_DTYPES,
@@ -12,26 +13,6 @@ from dspark_lightning.data.features import (
     length_sorted_batches,
     tokenize_conversations,
 )
-from dspark_lightning.targets import load_target
-
-
-def conversations(n: int = 7) -> list[dict]:
-    """Rows of varied length (byte-level tokenizer: one token per character)."""
-    rows = []
-    for i in range(n):
-        turns = [
-            {"role": "user", "content": f"question {i} " + "x" * (5 * i)},
-            {"role": "assistant", "content": f"answer number {i}: " + "y" * (11 * i)},
-        ]
-        if i % 3 == 2:
-            turns += [{"role": "user", "content": "more?"}, {"role": "assistant", "content": "z" * (20 + i)}]
-        rows.append({"id": f"row-{i}", "domain": "chat" if i % 2 else "math", "turns": turns})
-    return rows
-
-
-@pytest.fixture(scope="module")
-def target():
-    return load_target("tiny-debug")
 
 
 @pytest.fixture(scope="module")

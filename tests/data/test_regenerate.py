@@ -11,15 +11,9 @@ import torch
 from dspark_lightning.data import regenerate as regen_mod
 from dspark_lightning.data.regenerate import _PerRowSampler, load_conversations, regenerate
 from dspark_lightning.data.sources import PromptRecord
-from dspark_lightning.targets import load_target
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 FAST = {"max_new_tokens": 6, "progress": False}
-
-
-@pytest.fixture(scope="module")
-def target():
-    return load_target("tiny-debug")
 
 
 def _prompts(n: int = 5) -> list[PromptRecord]:
