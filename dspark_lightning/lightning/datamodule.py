@@ -100,19 +100,7 @@ class DSparkDataModule(L.LightningDataModule):
         if self._prepared:  # validate-before-fit and fit both call this
             return
         self._prepared = True
-        prepare(
-            self.target,
-            self.sources,
-            self.work_dir,
-            heldout_fraction=self.heldout_fraction,
-            split_seed=self.split_seed,
-            regen=self.regen,
-            max_length=self.max_length,
-            min_supervised=self.min_supervised,
-            features=self.features,
-            feature_dtype=self.feature_dtype,
-            seed=self.seed,
-        )
+        prepare(self.target, self.sources, self.work_dir, regen=self.regen, seed=self.seed, **self._split_kwargs())
 
     def setup(self, stage: str | None = None) -> None:
         for split in ("train", "heldout"):

@@ -92,8 +92,7 @@ def default_mask_token_id(target: Target) -> int:
     if token is not None:
         return int(tok.convert_tokens_to_ids(token))
     used = {tok.eos_token_id, tok.bos_token_id, tok.pad_token_id}
-    extra = [t for t in getattr(tok, "additional_special_tokens", []) or []]
-    for t in reversed(extra):
+    for t in reversed(getattr(tok, "additional_special_tokens", None) or []):
         tid = tok.convert_tokens_to_ids(t)
         if tid not in used:
             return int(tid)

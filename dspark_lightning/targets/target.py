@@ -122,9 +122,13 @@ class Target(nn.Module):
 
     # --- structure -------------------------------------------------------------------------
     @property
+    def decoder(self) -> nn.Module:
+        """The base decoder stack (HF ``model.model``), without the LM head."""
+        return self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.model
+
+    @property
     def decoder_layers(self) -> nn.ModuleList:
-        base = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.model
-        return base.layers
+        return self.decoder.layers
 
     @property
     def embed_tokens(self) -> nn.Embedding:
@@ -169,8 +173,7 @@ class Target(nn.Module):
         use_cache: bool = False,
     ) -> TargetOutput:
         self._captured.clear()
-        base = self.model.get_decoder() if hasattr(self.model, "get_decoder") else self.model.model
-        out = base(
+        out = self.decoder(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
