@@ -77,6 +77,8 @@ def _ensure_loaded() -> None:
         # Importing these modules runs their @register decorators.
         importlib.import_module("dspark_lightning.drafters")
         importlib.import_module("dspark_lightning.data.sources")
+        importlib.import_module("dspark_lightning.infer.schedulers")
+        importlib.import_module("dspark_lightning.infer.verify")
         load_plugins()
 
 

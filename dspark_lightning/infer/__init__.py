@@ -1,0 +1,52 @@
+"""Inference runtime: lossless, batched, scheduled speculative decoding. Never imports lightning.
+
+from dspark_lightning.infer import decode
+"""
+
+from .accept import Acceptance, accept
+from .decode import DecodeResult, decode, encode_prompt
+from .draft import BlockProposer, Proposal, make_proposer
+from .engine import Engine, Request
+from .sampling import SamplingParams, probs, sample
+from .schedulers import (
+    AsyncHardwareAwareScheduler,
+    HardwareAwareScheduler,
+    Scheduler,
+    StaticScheduler,
+    ThresholdScheduler,
+    build_scheduler,
+    prefix_schedule,
+)
+from .sps import SPSTable, load_or_profile, profile_sps
+from .stats import DecodeStats, RoundLog, summarize
+from .verify import HFVerifier
+
+__all__ = [
+    "Acceptance",
+    "AsyncHardwareAwareScheduler",
+    "BlockProposer",
+    "DecodeResult",
+    "DecodeStats",
+    "Engine",
+    "HFVerifier",
+    "HardwareAwareScheduler",
+    "Proposal",
+    "Request",
+    "RoundLog",
+    "SPSTable",
+    "SamplingParams",
+    "Scheduler",
+    "StaticScheduler",
+    "ThresholdScheduler",
+    "accept",
+    "build_scheduler",
+    "decode",
+    "encode_prompt",
+    "load_or_profile",
+    "make_proposer",
+    "prefix_schedule",
+    "probs",
+    "profile_sps",
+    "sample",
+    "summarize",
+]

@@ -19,6 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded at run tim
 
 from lightning.pytorch.cli import LightningCLI  # noqa: E402
 
+from ..cli import one_line_error  # noqa: E402
 from ..data.cache import CacheError  # noqa: E402
 from ..export import DrafterLoadError, save_drafter  # noqa: E402
 from ..registry import RegistryError  # noqa: E402
@@ -73,11 +74,6 @@ class DSparkCLI(LightningCLI):
             print(f"[dspark-lightning] exported drafter -> {path}", flush=True)
 
 
-def _one_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return " ".join(lines) if lines else type(exc).__name__
-
-
 def main(args: list[str] | None = None) -> None:
     try:
         DSparkCLI(
@@ -88,7 +84,7 @@ def main(args: list[str] | None = None) -> None:
             args=args,
         )
     except USER_ERRORS as exc:
-        print(f"dspark-lightning: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"dspark-lightning: error: {one_line_error(exc)}", file=sys.stderr)
         sys.exit(2)
 
 

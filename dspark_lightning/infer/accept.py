@@ -1,0 +1,63 @@
+"""Step 4 of a round: lossless acceptance (SPEC §1), vectorised over requests.
+
+Glossary (vLLM's rejection sampler):
+- accepted tokens: the longest draft prefix x_1..x_m that passes u_k < p_t,k(x_k) / q_k(x_k);
+- recovered token: drawn from norm(max(0, p_t,k* - q_k*)) at the first rejection k*;
+- bonus token: drawn from p_t,l+1 when all l verified drafts are accepted.
+Greedy (T -> 0): accept iff x_k = argmax p_t,k; the recovered or bonus token is argmax p_t.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .sampling import SamplingParams, sample
+
+RESIDUAL_GUARD = 1e-8
+
+
+@dataclass
+class Acceptance:
+    accepted: torch.Tensor  # (R,) m_r, accepted drafts (before any stop-token cut)
+    next_token: torch.Tensor  # (R,) recovered (m_r < l_r) or bonus (m_r = l_r) token
+
+
+def accept(
+    drafts: torch.Tensor,  # (R, γ) draft tokens x_1..x_γ
+    q: torch.Tensor,  # (R, γ, V) fp32 draft laws the drafts were sampled from
+    p: torch.Tensor,  # (R, W, V) fp32 target laws p_t,1..p_t,W with W >= max(l) + 1
+    lengths: torch.Tensor,  # (R,) verification lengths l_r
+    params: SamplingParams,
+    generator: torch.Generator | None = None,
+) -> Acceptance:
+    R, g = drafts.shape
+    W = p.shape[1]
+    lmax = int(lengths.max()) if R else 0
+    if W < lmax + 1:
+        raise ValueError(f"target laws cover {W} positions, verification needs {lmax + 1}")
+    k = min(g, W - 1)
+    x = drafts[:, :k]  # (R, k)
+    in_block = torch.arange(k, device=drafts.device) < lengths[:, None]  # (R, k)
+    if params.greedy:
+        ok = x == p[:, :k].argmax(-1)
+    else:
+        u = torch.rand(R, k, generator=generator, device=drafts.device)
+        pt = p[:, :k].gather(-1, x[..., None]).squeeze(-1)  # (R, k) p_t,k(x_k)
+        qd = q[:, :k].gather(-1, x[..., None]).squeeze(-1)  # (R, k) q_k(x_k)
+        ok = u * qd < pt  # u < p/q without dividing (q(x_k) > 0 for a sampled x_k)
+    m = (ok & in_block).long().cumprod(-1).sum(-1)  # (R,) leading run of accepts
+    rows = torch.arange(R, device=drafts.device)
+    p_next = p[rows, m]  # (R, V) law at the first unaccepted position
+    rejected = m < lengths
+    if params.greedy:
+        return Acceptance(m, p_next.argmax(-1))
+    law = p_next.clone()
+    if bool(rejected.any()):
+        q_next = q[rows, m.clamp(max=g - 1)]
+        resid = (p_next - q_next).clamp(min=0)
+        mass = resid.sum(-1, keepdim=True)
+        use_resid = rejected[:, None] & (mass > RESIDUAL_GUARD)  # residual guard: fall back to p_t
+        law = torch.where(use_resid, resid / mass.clamp(min=RESIDUAL_GUARD), law)
+    return Acceptance(m, sample(law, params, generator))

@@ -1,0 +1,144 @@
+"""``dspark-lightning decode`` and ``dspark-lightning profile`` (no Lightning import).
+
+dspark-lightning decode --target smollm2-135m-instruct --drafter outputs/.../drafter --prompt "What is 17*23?"
+dspark-lightning decode --target tiny-debug --prompts prompts.jsonl --json_out results.json
+dspark-lightning profile --target smollm2-135m-instruct --out sps.json --plot sps.png
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from jsonargparse import ArgumentParser
+
+from .sampling import GREEDY_EPS
+
+
+def decode_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="dspark-lightning decode", description="Lossless speculative decoding with a drafter.")
+    p.add_argument("--target", type=str, default="smollm2-135m-instruct", help="embedded name or HF model directory")
+    p.add_argument("--drafter", type=str | None, default=None, help="exported drafter directory (none: plain)")
+    p.add_argument("--prompt", type=str, action="append", default=[], help="a prompt (repeatable)")
+    p.add_argument("--prompts", type=str | None, default=None, help='JSONL file, one {"turns": [...]} per line')
+    p.add_argument("--limit", type=int | None, default=None, help="use the first N prompts of --prompts")
+    p.add_argument("--max_new_tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top_k", type=int | None, default=None)
+    p.add_argument("--top_p", type=float | None, default=None)
+    p.add_argument(
+        "--scheduler",
+        type=str,
+        default="hardware_aware",
+        help="static | threshold | hardware_aware | async_hardware_aware",
+    )
+    p.add_argument("--gamma", type=int | None, default=None, help="static: drafts verified per round")
+    p.add_argument("--threshold", type=float, default=0.5, help="threshold: survival threshold")
+    p.add_argument("--sps", type=str | None, default=None, help="SPS table JSON (default: cached profile)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch_size", type=int | None, default=None, help="concurrent requests (default: all)")
+    p.add_argument("--layout", type=str, default="padded", help="padded | flat")
+    p.add_argument("--no_chat", type=bool, default=False, help="do not apply the chat template")
+    p.add_argument("--stop", type=str, action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--json_out", type=str | None, default=None, help="write texts, token ids and stats here")
+    return p
+
+
+def profile_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="dspark-lightning profile", description="Measure the target's SPS(B) on this machine.")
+    p.add_argument("--target", type=str, default="smollm2-135m-instruct")
+    p.add_argument("--out", type=str | None, default=None, help="table JSON (default: the per-device cache)")
+    p.add_argument("--plot", type=str | None, default=None, help="also write a PNG of the curve")
+    p.add_argument("--max_tokens", type=int | None, default=None, help="largest B profiled (default 256)")
+    p.add_argument("--context_len", type=int, default=512, help="cached context tokens during the timed forward")
+    p.add_argument("--repeats", type=int, default=5)
+    return p
+
+
+def scheduler_spec(a) -> dict:
+    if a.scheduler == "static":
+        return {"name": "static", "gamma": a.gamma}
+    if a.scheduler == "threshold":
+        return {"name": "threshold", "threshold": a.threshold}
+    return {"name": a.scheduler, "sps": a.sps} if a.sps else {"name": a.scheduler}
+
+
+def read_prompts(path: str, limit: int | None) -> list[str]:
+    from ..data.sources import JsonlPrompts
+
+    prompts = [rec.turns[0] for rec in JsonlPrompts(path=path).records()]
+    return prompts[:limit] if limit is not None else prompts
+
+
+class _Streamer:
+    """Prints one request's text as it is committed (decoding the whole output each time keeps UTF-8 whole)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tok, self.ids, self.shown = tokenizer, [], 0
+
+    def __call__(self, _index: int, new: list[int]) -> None:
+        self.ids.extend(new)
+        text = self.tok.decode(self.ids, skip_special_tokens=True)
+        if not text.endswith("\ufffd"):
+            sys.stdout.write(text[self.shown :])
+            sys.stdout.flush()
+            self.shown = len(text)
+
+
+def run_decode(argv: list[str]) -> None:
+    from .. import load_target
+    from .decode import decode, resolve
+
+    a = decode_parser().parse_args(argv)
+    prompts = list(a.prompt) + (read_prompts(a.prompts, a.limit) if a.prompts else [])
+    if not prompts:
+        raise ValueError("give --prompt TEXT or --prompts FILE.jsonl")
+    target, drafter = resolve(load_target(a.target), a.drafter)
+    stream = len(prompts) == 1
+    res = decode(
+        target,
+        drafter,
+        prompts,
+        max_new_tokens=a.max_new_tokens,
+        temperature=a.temperature,
+        top_k=a.top_k,
+        top_p=a.top_p,
+        scheduler=scheduler_spec(a),
+        seed=a.seed,
+        chat=not a.no_chat,
+        stop=a.stop or None,
+        batch_size=a.batch_size,
+        layout=a.layout,
+        on_commit=_Streamer(target.tokenizer) if stream else None,
+        progress=not stream,
+    )
+    if stream:
+        print()
+    else:
+        for i, text in enumerate(res.texts):
+            print(f"--- [{i}] {res.finish_reasons[i]} ---\n{text}")
+    mode = "greedy" if a.temperature < GREEDY_EPS else f"T={a.temperature}"
+    who = f"drafter {a.drafter}, scheduler {a.scheduler}" if drafter is not None else "plain decoding"
+    print(f"[dspark-lightning] {who}, {mode}: {res.stats.summary()}", file=sys.stderr)
+    if a.json_out:
+        out = {"texts": res.texts, "token_ids": res.token_ids, "finish_reasons": res.finish_reasons}
+        out |= {"stats": res.stats.to_dict(), "requests": res.requests}
+        Path(a.json_out).write_text(json.dumps(out, indent=2) + "\n")
+
+
+def run_profile(argv: list[str]) -> None:
+    from .. import load_target
+    from .sps import default_path, profile_sps
+
+    a = profile_parser().parse_args(argv)
+    target = load_target(a.target)
+    table = profile_sps(target, max_tokens=a.max_tokens, context_len=a.context_len, repeats=a.repeats)
+    path = table.save(a.out or default_path(target, a.context_len))
+    print(f"[dspark-lightning] SPS table -> {path}")
+    for b, raw, s in zip(table.tokens, table.raw_sps, table.sps, strict=True):
+        print(f"  B={b:4d}  {1000 / raw:8.2f} ms  SPS {raw:8.2f} (smoothed {s:8.2f})")
+    if a.plot:
+        from ..plots import plot_sps
+
+        print(f"[dspark-lightning] plot -> {plot_sps(table, a.plot)}")

@@ -1,0 +1,213 @@
+"""``decode()``: lossless speculative decoding of many prompts with a DSpark (or any) drafter.
+
+from dspark_lightning import load_target, load_drafter
+from dspark_lightning.infer import decode
+
+target = load_target("smollm2-135m-instruct")
+drafter = load_drafter("outputs/smollm2_dspark/tb/version_0/drafter")   # or None: plain decoding
+result = decode(target, drafter, ["What is 17*23?"], max_new_tokens=256, temperature=0.0,
+                scheduler="hardware_aware", seed=0)
+result.texts, result.token_ids, result.stats.tau
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .draft import make_proposer
+from .engine import Engine
+from .sampling import SamplingParams
+from .stats import DecodeStats, summarize
+
+Prompt = str | list[int] | list[dict[str, str]] | torch.Tensor
+
+
+@dataclass
+class DecodeResult:
+    texts: list[str]  # decoded outputs (cut before a stop string; special tokens skipped)
+    token_ids: list[list[int]]  # generated ids (a final stop token included)
+    finish_reasons: list[str]  # "stop" | "stop_string" | "length"
+    stats: DecodeStats
+    requests: list[dict[str, Any]]  # per request: prompt/output tokens, rounds, tau, ttft_s, decode_s
+
+
+def encode_prompt(target, prompt: Prompt, chat: bool = True) -> list[int]:
+    """A string (chat template applied unless ``chat=False``), a list of turns, or token ids -> ids."""
+    if isinstance(prompt, torch.Tensor):
+        ids = [int(t) for t in prompt.reshape(-1)]
+    elif isinstance(prompt, str):
+        if chat:
+            ids = target.render_prompt([{"role": "user", "content": prompt}])
+        else:
+            ids = list(target.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+    elif isinstance(prompt, list | tuple) and prompt and isinstance(prompt[0], dict):
+        ids = target.render_prompt(list(prompt))
+    elif isinstance(prompt, list | tuple):
+        ids = [int(t) for t in prompt]
+    else:
+        raise TypeError(f"a prompt must be a string, a list of turns or token ids, got {type(prompt).__name__}")
+    if not ids:
+        raise ValueError("empty prompt")
+    V = target.geometry.vocab_size
+    bad = [t for t in ids if not 0 <= t < V]
+    if bad:
+        raise ValueError(f"prompt token ids {bad[:5]} are outside the target vocabulary [0, {V})")
+    return ids
+
+
+def resolve(target, drafter):
+    from .. import load_drafter, load_target
+
+    if isinstance(target, str | os.PathLike):
+        target = load_target(target)
+    if isinstance(drafter, str | os.PathLike):
+        drafter = load_drafter(Path(drafter), target)
+    return target, drafter
+
+
+def decode(
+    target,
+    drafter=None,
+    prompts: list[Prompt] | Prompt = (),
+    *,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    scheduler: Any = "static",
+    seed: int = 0,
+    chat: bool = True,
+    stop: list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    batch_size: int | None = None,
+    layout: str = "padded",
+    calibrated: bool = True,
+    verifier: str = "hf",
+    on_commit=None,
+    progress: bool = False,
+) -> DecodeResult:
+    """Decode ``prompts`` with the target's exact sampling law, drafting with ``drafter`` (None = plain).
+
+    Args:
+        target: a :class:`~dspark_lightning.targets.Target`, an embedded name or an HF model directory.
+        drafter: a drafter, an exported drafter directory, or None for plain decoding.
+        prompts: strings, lists of chat turns, or token-id lists (one prompt may be passed bare).
+        max_new_tokens: generated tokens per request (the last round may overshoot; outputs are trimmed).
+        temperature, top_k, top_p: the sampling law, applied identically to draft and target (T=0: greedy).
+        scheduler: ``static`` | ``threshold`` | ``hardware_aware`` | ``async_hardware_aware``, a
+            ``{"name": ..., **kwargs}`` dict, or a scheduler object.
+        seed: seeds the drafting and acceptance RNG streams.
+        chat: apply the target's chat template to string prompts.
+        stop: stop strings; the text is cut before them.
+        stop_token_ids: tokens that end a request (default: the target's EOS / end-of-turn ids).
+        batch_size: requests decoded together (default: all); more prompts join as others finish.
+        layout: target/drafter cache layout, ``padded`` or ``flat`` (see :mod:`.kvcache`).
+        calibrated: apply the drafter's STS confidence temperatures when it has them.
+        verifier: registered verifier name (``hf``).
+        on_commit: ``fn(prompt_index, new_token_ids)`` after every round (streaming).
+        progress: show a progress bar over finished requests.
+    """
+    t_start = time.perf_counter()
+    target, drafter = resolve(target, drafter)
+    single = isinstance(prompts, str | torch.Tensor) or (
+        isinstance(prompts, list | tuple) and prompts and (isinstance(prompts[0], int | dict))
+    )
+    prompt_list = [prompts] if single else list(prompts)
+    if not prompt_list:
+        raise ValueError("decode() needs at least one prompt")
+    encoded = [encode_prompt(target, p, chat) for p in prompt_list]
+    params = SamplingParams(temperature, top_k, top_p)
+    temps = getattr(drafter, "conf_temperatures", None) if calibrated else None
+    proposer = make_proposer(drafter, layout=layout, conf_temperatures=temps) if drafter is not None else None
+    engine = Engine(
+        target,
+        proposer,
+        params=params,
+        scheduler=scheduler,
+        stop_token_ids=target.stop_token_ids if stop_token_ids is None else stop_token_ids,
+        stop_strings=stop,
+        seed=seed,
+        layout=layout,
+        verifier=verifier,
+    )
+    limit = getattr(target.model.config, "max_position_embeddings", None)
+    longest = max(len(p) for p in encoded) + max_new_tokens + engine.block_size + 1
+    if limit is not None and longest > limit:
+        raise ValueError(f"prompt + max_new_tokens + block needs {longest} positions; the target supports {limit}")
+    cap = batch_size or len(encoded)
+    bind = getattr(engine.scheduler, "bind", None)
+    if proposer is not None and bind is not None:
+        bind(target, max_tokens=min(cap * (engine.block_size + 1), 256), progress=progress)
+    bar = _bar(len(encoded), progress)
+    queued = 0
+    while queued < len(encoded) or engine.active:
+        room = cap - len(engine.active)
+        if room > 0 and queued < len(encoded):
+            batch = encoded[queued : queued + room]
+            for r in engine.add(batch, max_new_tokens, first_index=queued):
+                _emit(on_commit, r, r.output)
+            queued += len(batch)
+        for r, new in engine.step():
+            _emit(on_commit, r, new)
+        if bar is not None:
+            bar.update(sum(r.done for r in engine.requests) - bar.n)
+    if bar is not None:
+        bar.close()
+    return _result(engine, target, time.perf_counter() - t_start)
+
+
+def _emit(on_commit, r, new) -> None:
+    if on_commit is not None and new:
+        on_commit(r.index, list(new))
+
+
+def _bar(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="decoding", unit="req")
+
+
+def _result(engine: Engine, target, total_s: float) -> DecodeResult:
+    reqs = sorted(engine.requests, key=lambda r: r.index)
+    tok = target.tokenizer
+    texts, per = [], []
+    rounds = {}
+    for idx, e in zip(engine.log.request, engine.log.committed, strict=True):
+        n, s = rounds.get(idx, (0, 0))
+        rounds[idx] = (n + 1, s + e)
+    for r in reqs:
+        texts.append(_text(tok, r.output, engine.stop_strings))
+        n, s = rounds.get(r.index, (0, 0))
+        per.append(
+            {
+                "prompt_tokens": len(r.prompt),
+                "output_tokens": len(r.output),
+                "rounds": n,
+                "tau": s / n if n else None,
+                "ttft_s": r.t_first - r.t_added,
+                "decode_s": r.t_done - r.t_first,
+                "finish_reason": r.finish_reason,
+            }
+        )
+    generated = sum(len(r.output) for r in reqs)
+    time_s = {**engine.time_s, "total": total_s}
+    stats = summarize(engine.log, engine.block_size, generated, len(reqs), time_s)
+    return DecodeResult(texts, [list(r.output) for r in reqs], [r.finish_reason for r in reqs], stats, per)
+
+
+def _text(tokenizer, ids: list[int], stop_strings: list[str]) -> str:
+    if tokenizer is None:
+        return ""
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    for s in stop_strings:
+        if s in text:
+            text = text[: text.index(s)]
+    return text

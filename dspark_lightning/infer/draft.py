@@ -1,0 +1,150 @@
+"""Step 1 of a round: the drafter proposes a block for every active request.
+
+:class:`BlockProposer` runs a parallel-backbone :class:`~dspark_lightning.drafters.Drafter`
+(DSpark, DFlash): one backbone forward over [cached context K/V; block], then the sequential
+head left to right (SPEC §3.5 "Inference"): z_k = U_k + B_k(x_{k-1}), q_k = softmax(z_k / T) in
+fp32 once, c_k from the confidence head (before x_k exists), x_k ~ q_k from that same tensor.
+
+The drafter context cache holds the K/V of the fused target features of every committed
+position; after each round :meth:`BlockProposer.extend` appends the anchor and accepted drafts'
+features taken from the target's verification pass (SPEC §3.7), so nothing is recomputed.
+
+Other drafter families plug in by giving the drafter a ``make_proposer(layout)`` method that
+returns an object with the same ``add / remove / extend / propose`` methods and ``block_size``;
+``propose`` also receives ``requests=`` (prompt and output token lists) for proposers that draft
+from the token history.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .kvcache import KVLayer, RaggedCache
+from .sampling import SamplingParams, probs, sample
+
+
+@dataclass
+class Proposal:
+    tokens: torch.Tensor  # (R, γ) draft tokens x_1..x_γ
+    q: torch.Tensor  # (R, γ, V) fp32 laws the tokens were sampled from
+    conf: torch.Tensor  # (R, γ) conditional confidences ĉ_k in [0, 1], each computed before x_k was sampled
+    logits: torch.Tensor  # (R, γ, V) final draft logits z_k
+
+
+def make_proposer(drafter, layout: str = "padded", conf_temperatures=None):
+    """The inference-side proposer of ``drafter``."""
+    if hasattr(drafter, "make_proposer"):
+        return drafter.make_proposer(layout=layout, conf_temperatures=conf_temperatures)
+    from ..drafters import Drafter
+
+    if isinstance(drafter, Drafter):
+        return BlockProposer(drafter, layout=layout, conf_temperatures=conf_temperatures)
+    raise TypeError(f"{type(drafter).__name__} is not a drafter decode() can run (no make_proposer method)")
+
+
+class BlockProposer:
+    """Proposes γ tokens per request with a parallel backbone plus optional sequential/confidence heads.
+
+    Args:
+        drafter: the composed drafter (eval mode, frozen).
+        layout: ``padded`` or ``flat`` drafter cache layout (see :mod:`.kvcache`).
+        conf_temperatures: per-position STS temperatures (ĉ_k = σ(logit_k / T_k)); None = raw confidences.
+    """
+
+    def __init__(self, drafter, layout: str = "padded", conf_temperatures=None) -> None:
+        self.drafter = drafter.eval()
+        self.block_size = drafter.block_size
+        bb = drafter.backbone
+        self.window = getattr(bb, "sliding_window", None)
+        self.device = next(drafter.parameters()).device
+        self.kv = RaggedCache([KVLayer() for _ in bb.layers], flat=layout == "flat", device=self.device)
+        self.temps = None
+        if conf_temperatures is not None:
+            temps = torch.as_tensor(conf_temperatures, dtype=torch.float32, device=self.device)
+            if temps.shape != (self.block_size,) or bool((temps <= 0).any()):
+                raise ValueError(f"conf_temperatures must be {self.block_size} positive numbers, got {temps.tolist()}")
+            self.temps = temps
+
+    def add(self, ids: list[int]) -> None:
+        self.kv.add_requests(ids)
+
+    def remove(self, ids: list[int]) -> None:
+        if ids:
+            self.kv.remove_requests(ids)
+            self.kv.compact()
+
+    @torch.no_grad()
+    def extend(self, ids: list[int], context: torch.Tensor, start: torch.Tensor, lengths: torch.Tensor) -> None:
+        """Append the target features (R, W, n*d) of positions start..start+lengths-1 to the context cache."""
+        bb = self.drafter.backbone
+        grid = self.kv.grid(ids, lengths)
+        W = int(lengths.max())
+        rid = torch.as_tensor(ids, dtype=torch.long, device=self.device)
+        pos = start[:, None] + torch.arange(W, device=self.device)
+        fused = grid.scatter(bb.fuse(context[:, :W].float()), 0.0)  # (rows, L, d)
+        q_pos = grid.scatter(pos, 0)
+        for layer, (k, v) in zip(self.kv.layers, bb.context_kv(fused, q_pos), strict=True):
+            layer.update(k, v)
+        self.kv.append(grid.scatter(torch.where(grid.valid, rid[:, None], -1), -1), q_pos)
+        self.kv.compact()
+
+    @torch.no_grad()
+    def propose(
+        self,
+        ids: list[int],
+        anchors: torch.Tensor,  # (R,) x_0
+        anchor_pos: torch.Tensor,  # (R,) P
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+        teacher_tokens: torch.Tensor | None = None,  # (R, γ) force x_1..x_γ (train/infer parity tests)
+        requests=None,  # the engine's Request objects (token histories), for proposers that need them
+    ) -> Proposal:
+        d, g = self.drafter, self.block_size
+        R = len(ids)
+        grid = self.kv.grid(ids, torch.full((R,), g, dtype=torch.long, device=self.device))
+        rid = torch.as_tensor(ids, dtype=torch.long, device=self.device)
+        blk = torch.full((R, g), d.mask_token_id, dtype=torch.long, device=self.device)
+        blk[:, 0] = anchors  # [x_0, M x (γ-1)] at P..P+γ-1 (shifted convention)
+        pos = anchor_pos[:, None] + torch.arange(g, device=self.device)  # (R, γ)
+        q_owner = grid.scatter(rid[:, None].expand(R, g), -1)  # (rows, L)
+        q_anchor = grid.scatter(anchor_pos[:, None].expand(R, g), 0)
+        ctx_ok = self.kv.attend(q_owner, q_anchor, strict=True, window=self.window)  # (rows, L, S)
+        blk_ok = (q_owner[:, :, None] == q_owner[:, None, :]) & (q_owner[:, :, None] >= 0)  # own block only
+        x = d.embed(grid.scatter(blk, d.mask_token_id))  # (rows, L, d)
+        ctx_kv = [(layer.keys, layer.values) for layer in self.kv.layers]
+        h = d.backbone(x, grid.scatter(pos, 0), ctx_kv, torch.cat([ctx_ok, blk_ok], dim=-1))
+        h = grid.gather(h)  # (R, γ, d)
+        base = d.lm_head(h)  # (R, γ, V) U_k
+        return self._sequential(h, base, anchors, params, generator, teacher_tokens)
+
+    def _sequential(self, h, base, anchors, params, generator, teacher_tokens) -> Proposal:
+        d, g = self.drafter, self.block_size
+        sh, ch = d.seq_head, d.conf_head
+        R = h.shape[0]
+        prev = anchors
+        state = sh.init_state(R, h) if sh is not None else None
+        toks, qs, confs, zs = [], [], [], []
+        for k in range(g):
+            z, feat = base[:, k], None
+            if sh is not None:
+                bias, feat, state = sh.step(h[:, k], prev, state)
+                z = z + bias
+            q = probs(z, params)  # (R, V) fp32: sampled from and tested against
+            if ch is not None:
+                logit = ch(h[:, k], feat).float()
+                c = torch.sigmoid(logit if self.temps is None else logit / self.temps[k])
+            else:  # no confidence head: the draft's own top probability (known before x_k is drawn)
+                c = (q if not params.greedy else z.float().softmax(-1)).max(-1).values
+            x = sample(q, params, generator)
+            if teacher_tokens is not None:
+                x = teacher_tokens[:, k]
+            toks.append(x)
+            qs.append(q)
+            confs.append(c)
+            zs.append(z)
+            prev = x
+        return Proposal(
+            tokens=torch.stack(toks, 1), q=torch.stack(qs, 1), conf=torch.stack(confs, 1), logits=torch.stack(zs, 1)
+        )

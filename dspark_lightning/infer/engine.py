@@ -1,0 +1,225 @@
+"""The decoding engine: requests in, one round per :meth:`Engine.step` for every active request.
+
+    1. draft     the proposer drafts a block per request (tokens, fp32 laws q, confidences ĉ)
+    2. schedule  the scheduler picks l_r from ĉ alone
+    3. verify    one target forward over every request's [anchor + l_r drafts]
+    4. accept    greedy / rejection sampling; recovered or bonus token; roll both caches back
+
+With no drafter every round verifies the anchor only (l_r = 0): plain decoding, same code.
+Requests can be added at any time (continuous batching) and finish independently.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..registry import create
+from .accept import accept
+from .sampling import SamplingParams, probs, sample
+from .schedulers import build_scheduler, survival
+from .stats import RoundLog
+
+ACCEPT_SEED_OFFSET = 0x5EED  # drafting and acceptance use separate, seeded RNG streams
+
+
+@dataclass
+class Request:
+    index: int  # position in the caller's prompt list
+    rid: int  # engine-wide request id (cache owner)
+    prompt: list[int]
+    max_new_tokens: int
+    output: list[int] = field(default_factory=list)
+    anchor: int = -1  # x_0: last committed token, not yet processed by the target
+    pos: int = 0  # position of the anchor
+    finish_reason: str | None = None  # "stop" (stop token), "stop_string", "length"
+    t_added: float = 0.0
+    t_first: float = 0.0  # first token (after prefill)
+    t_done: float = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+
+class Engine:
+    """Holds the target verifier, the drafter's proposer, the scheduler, RNG streams and round logs."""
+
+    def __init__(
+        self,
+        target,
+        proposer=None,
+        *,
+        params: SamplingParams,
+        scheduler=None,
+        stop_token_ids: list[int],
+        stop_strings: list[str] | None = None,
+        seed: int = 0,
+        layout: str = "padded",
+        verifier: str = "hf",
+    ) -> None:
+        self.target = target
+        self.params = params
+        self.verifier = create("verifier", verifier, target, layout=layout)
+        self.proposer = proposer
+        self.scheduler = build_scheduler(scheduler if scheduler is not None else "static")
+        if hasattr(self.scheduler, "reset"):
+            self.scheduler.reset()
+        self.stop_ids = {int(t) for t in stop_token_ids}
+        self.stop_strings = [s for s in (stop_strings or []) if s]
+        dev = self.verifier.device
+        self.device = dev
+        self.draft_gen = torch.Generator(device=dev).manual_seed(seed)
+        self.accept_gen = torch.Generator(device=dev).manual_seed(seed + ACCEPT_SEED_OFFSET)
+        self.requests: list[Request] = []
+        self.log = RoundLog()
+        self.time_s = {"prefill": 0.0, "draft": 0.0, "schedule": 0.0, "verify": 0.0, "accept": 0.0}
+        self._next_rid = 0
+
+    @property
+    def block_size(self) -> int:
+        return self.proposer.block_size if self.proposer is not None else 0
+
+    @property
+    def active(self) -> list[Request]:
+        return [r for r in self.requests if not r.done]
+
+    def _tensor(self, values) -> torch.Tensor:
+        return torch.as_tensor(values, dtype=torch.long, device=self.device)
+
+    # --- prefill ---------------------------------------------------------------------------
+    @torch.no_grad()
+    def add(self, prompts: list[list[int]], max_new_tokens: int, first_index: int = 0) -> list[Request]:
+        """Prefill new requests and sample their first token (not a round)."""
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if not prompts:
+            return []
+        t0 = time.perf_counter()
+        new = []
+        for i, p in enumerate(prompts):
+            new.append(Request(first_index + i, self._next_rid, list(p), max_new_tokens, t_added=t0))
+            self._next_rid += 1
+        ids = [r.rid for r in new]
+        lengths = self._tensor([len(r.prompt) for r in new])
+        tokens = torch.zeros((len(new), int(lengths.max())), dtype=torch.long, device=self.device)
+        for i, r in enumerate(new):
+            tokens[i, : len(r.prompt)] = self._tensor(r.prompt)
+        start = torch.zeros_like(lengths)
+        self.verifier.add(ids)
+        out = self.verifier.forward(ids, tokens, lengths, start)
+        rows = torch.arange(len(new), device=self.device)
+        p = probs(self.target.logits(out.hidden[rows, lengths - 1]), self.params)  # (R, V)
+        first = sample(p, self.params, self.accept_gen).tolist()
+        if self.proposer is not None:
+            self.proposer.add(ids)
+            self.proposer.extend(ids, out.context, start, lengths)
+        now = time.perf_counter()
+        for r, tok in zip(new, first, strict=True):
+            r.anchor, r.pos, r.t_first = tok, len(r.prompt), now
+            self._commit(r, [tok], stopped=tok in self.stop_ids)
+        self.requests.extend(new)
+        self._retire([r for r in new if r.done])
+        self.time_s["prefill"] += time.perf_counter() - t0
+        return new
+
+    # --- one round -------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self) -> list[tuple[Request, list[int]]]:
+        """One round for every active request. Returns (request, newly committed tokens) pairs."""
+        act = self.active
+        if not act:
+            return []
+        ids = [r.rid for r in act]
+        R, g = len(act), self.block_size
+        anchors = self._tensor([r.anchor for r in act])
+        apos = self._tensor([r.pos for r in act])
+
+        t0 = time.perf_counter()
+        prop, a = None, None
+        ell = torch.zeros(R, dtype=torch.long, device=self.device)
+        if self.proposer is not None:
+            prop = self.proposer.propose(ids, anchors, apos, self.params, self.draft_gen, requests=act)
+            t1 = time.perf_counter()
+            self.time_s["draft"] += t1 - t0
+            ell = self.scheduler(prop.conf).to(self.device).clamp(0, g)
+            a = survival(prop.conf)
+            t0 = time.perf_counter()
+            self.time_s["schedule"] += t0 - t1
+
+        W = int(ell.max()) + 1
+        tokens = anchors[:, None] if prop is None else torch.cat([anchors[:, None], prop.tokens[:, : W - 1]], 1)
+        out = self.verifier.forward(ids, tokens, ell + 1, apos)
+        p = probs(self.target.logits(out.hidden), self.params)  # (R, W, V) p_t,1..p_t,W in fp32
+        t1 = time.perf_counter()
+        self.time_s["verify"] += t1 - t0
+
+        drafts = prop.tokens if prop is not None else tokens[:, :0]
+        q = prop.q if prop is not None else p[:, :0]
+        res = accept(drafts, q, p, ell, self.params, self.accept_gen)
+        m_all, y_all = res.accepted.tolist(), res.next_token.tolist()
+        ell_l = ell.tolist()
+        self.log.step_tokens.append(int((ell + 1).sum()))
+        self.log.step_requests.append(R)
+        committed = []
+        for i, r in enumerate(act):
+            m, y = m_all[i], y_all[i]
+            acc = drafts[i, :m].tolist()
+            hit = [j for j, t in enumerate(acc) if t in self.stop_ids]
+            if hit:  # an accepted stop token ends the round there: no bonus, later drafts dropped
+                new, ell_eff, m_eff, stopped = acc[: hit[0] + 1], hit[0] + 1, hit[0] + 1, True
+            else:
+                new, ell_eff, m_eff, stopped = [*acc, y], ell_l[i], m, y in self.stop_ids
+            self.log.add(r.index, ell_eff, m_eff, len(new), None if a is None else a[i].float().cpu())
+            keep = len(r.output)
+            self._commit(r, new, stopped)
+            committed.append((r, r.output[keep:]))
+            r.anchor, r.pos = y, r.pos + m + 1
+        self.verifier.commit(self._tensor(ids), apos + res.accepted)
+        finished = [r for r in act if r.done]
+        self._retire(finished)
+        t0 = time.perf_counter()
+        self.time_s["accept"] += t0 - t1
+        if self.proposer is not None:
+            alive = [i for i, r in enumerate(act) if not r.done]
+            if alive:
+                sel = self._tensor(alive)
+                self.proposer.extend([ids[i] for i in alive], out.context[sel], apos[sel], res.accepted[sel] + 1)
+            self.time_s["draft"] += time.perf_counter() - t0
+        return committed
+
+    # --- bookkeeping -----------------------------------------------------------------------
+    def _commit(self, r: Request, new: list[int], stopped: bool) -> None:
+        r.output.extend(new)
+        if stopped:
+            r.finish_reason = "stop"
+        if len(r.output) >= r.max_new_tokens:
+            if len(r.output) > r.max_new_tokens or not stopped:
+                r.finish_reason = "length"
+            del r.output[r.max_new_tokens :]
+        if self.stop_strings:
+            cut = self._stop_string_cut(r.output)
+            if cut is not None:
+                del r.output[cut:]
+                r.finish_reason = "stop_string"
+        if r.done:
+            r.t_done = time.perf_counter()
+
+    def _stop_string_cut(self, out: list[int]) -> int | None:
+        """Length of the shortest prefix of ``out`` whose text contains a stop string (None if none)."""
+        tok = self.target.tokenizer
+        if not any(s in tok.decode(out) for s in self.stop_strings):
+            return None
+        n = len(out)
+        while n > 0 and any(s in tok.decode(out[: n - 1]) for s in self.stop_strings):
+            n -= 1
+        return n
+
+    def _retire(self, finished: list[Request]) -> None:
+        ids = [r.rid for r in finished]
+        if ids:
+            self.verifier.remove(ids)
+            if self.proposer is not None:
+                self.proposer.remove(ids)

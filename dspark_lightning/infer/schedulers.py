@@ -1,0 +1,180 @@
+"""Step 2 of a round: choose each request's verification length l_r (SPEC §6).
+
+A scheduler is called with the conditional confidences ĉ (R, γ) of the current blocks and
+nothing else: it never sees the draft tokens. Each ĉ_k was computed before x_k was sampled, and
+every rule here admits position k using only candidates ranked at or above it, so the event
+"l_r >= k" does not depend on x_k (non-anticipation, required for losslessness).
+
+Registered names: ``static``, ``threshold``, ``hardware_aware`` (Algorithm 1 with the early-stop
+break) and ``async_hardware_aware`` (budget from confidences two steps old, fresh split).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from ..registry import create, register
+from .sps import SPSTable, load_or_profile
+
+
+@runtime_checkable
+class Scheduler(Protocol):
+    def __call__(self, conf: torch.Tensor) -> torch.Tensor:
+        """ĉ (R, γ) in [0, 1] -> l (R,) long in [0, γ]."""
+        ...
+
+
+def survival(conf: torch.Tensor) -> torch.Tensor:
+    """a_{r,j} = prod_{i<=j} ĉ_{r,i} (R, γ), non-increasing in j."""
+    return conf.double().clamp(0, 1).cumprod(-1)
+
+
+def ranked_pool(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Candidates (r, j) with a > 0 sorted by (-a, j, r) -> (values (N,), request index (N,))."""
+    R, g = a.shape
+    r = torch.arange(R).repeat_interleave(g)
+    j = torch.arange(g).repeat(R)
+    v = a.reshape(-1)
+    keep = v > 0
+    v, r, j = v[keep], r[keep], j[keep]
+    order = torch.argsort(r, stable=True)  # lexicographic (-a, j, r) by stable sorts, least significant key first
+    order = order[torch.argsort(j[order], stable=True)]
+    order = order[torch.argsort(-v[order], stable=True)]
+    return v[order], r[order]
+
+
+def admit(req: torch.Tensor, n: int, R: int) -> torch.Tensor:
+    """l_r = how many of the first n ranked candidates belong to request r (prefix-closed by construction)."""
+    return torch.bincount(req[:n], minlength=R).long()
+
+
+def throughput_curve(values: torch.Tensor, R: int, sps: SPSTable) -> torch.Tensor:
+    """Θ_n = (R + sum of the top n a) * SPS(R + n) for n = 0..N."""
+    tau = R + torch.cat([values.new_zeros(1), values.cumsum(0)])
+    return tau * sps(torch.arange(len(values) + 1, dtype=torch.float64) + R)
+
+
+def prefix_schedule(conf: torch.Tensor, sps: SPSTable) -> torch.Tensor:
+    """Paper Algorithm 1: admit in rank order while Θ strictly improves; stop at the first non-improvement."""
+    R = conf.shape[0]
+    values, req = ranked_pool(survival(conf))
+    theta = throughput_curve(values, R, sps)
+    n = int((theta[1:] > theta[:-1]).long().cumprod(0).sum())
+    return admit(req, n, R)
+
+
+def global_capacity(a: torch.Tensor, sps: SPSTable) -> int:
+    """K = argmax_n Θ_n over a whole (stale) pool, no early stop (the asynchronous variant's budget)."""
+    values, _ = ranked_pool(a)
+    return int(torch.argmax(throughput_curve(values, a.shape[0], sps)))
+
+
+@register("scheduler", "static")
+class StaticScheduler:
+    """l_r = min(gamma, γ) for every request (gamma=None: the whole block, as in the paper's Table 1)."""
+
+    def __init__(self, gamma: int | None = None) -> None:
+        if gamma is not None and gamma < 0:
+            raise ValueError(f"gamma must be >= 0, got {gamma}")
+        self.gamma = gamma
+
+    def __call__(self, conf: torch.Tensor) -> torch.Tensor:
+        R, g = conf.shape
+        return torch.full((R,), g if self.gamma is None else min(self.gamma, g), dtype=torch.long)
+
+
+@register("scheduler", "threshold")
+class ThresholdScheduler:
+    """Verify the leading run of positions that pass a threshold.
+
+    Args:
+        threshold: θ in [0, 1]; 0 verifies the whole block.
+        mode: ``cumulative`` (default) admits k while the survival a_k = prod ĉ_i >= θ;
+            ``raw`` is the reference's rule, the first position whose own ĉ_k < θ ends the run.
+    """
+
+    def __init__(self, threshold: float = 0.5, mode: str = "cumulative") -> None:
+        if mode not in ("cumulative", "raw"):
+            raise ValueError(f"mode must be 'cumulative' or 'raw', got {mode!r}")
+        self.threshold, self.mode = float(threshold), mode
+
+    def __call__(self, conf: torch.Tensor) -> torch.Tensor:
+        score = survival(conf) if self.mode == "cumulative" else conf.double()
+        return (score >= self.threshold).long().cumprod(-1).sum(-1)
+
+
+class _SPSScheduler:
+    def __init__(self, sps: SPSTable | str | None = None, context_len: int = 512) -> None:
+        self.sps = SPSTable.load(sps) if isinstance(sps, str) else sps
+        self.context_len = context_len
+
+    def bind(self, target: Any, max_tokens: int | None = None, progress: bool = True) -> None:
+        """Load (or profile once and cache) the target's SPS table on this device when none was given."""
+        if self.sps is None:
+            self.sps = load_or_profile(target, self.context_len, max_tokens=max_tokens, progress=progress)
+
+    def _table(self) -> SPSTable:
+        if self.sps is None:
+            raise RuntimeError(f"{type(self).__name__} has no SPS table: pass sps=... or call bind(target)")
+        return self.sps
+
+
+@register("scheduler", "hardware_aware")
+class HardwareAwareScheduler(_SPSScheduler):
+    """Paper Algorithm 1 with the early-stopping break, driven by a profiled SPS table.
+
+    Args:
+        sps: an :class:`SPSTable`, a path to its JSON, or None to load/profile the target's table on first use.
+        context_len: context length of the profile used when ``sps`` is None.
+    """
+
+    def __call__(self, conf: torch.Tensor) -> torch.Tensor:
+        return prefix_schedule(conf, self._table())
+
+
+@register("scheduler", "async_hardware_aware")
+class AsyncHardwareAwareScheduler(_SPSScheduler):
+    """The production asynchronous variant (paper §5.2).
+
+    The budget K_t (total admitted drafts) comes from the confidences of ``lag`` steps earlier by a
+    global search; the fresh confidences only rank the candidates, and the top K_t are admitted.
+    Until ``lag`` steps exist, K_t is Algorithm 1's (causal) choice on the fresh pool.
+    """
+
+    def __init__(self, sps: SPSTable | str | None = None, context_len: int = 512, lag: int = 2) -> None:
+        super().__init__(sps, context_len)
+        if lag < 1:
+            raise ValueError(f"lag must be >= 1, got {lag}")
+        self.lag = lag
+        self.reset()
+
+    def reset(self) -> None:
+        self.history: deque[torch.Tensor] = deque(maxlen=self.lag)
+
+    def __call__(self, conf: torch.Tensor) -> torch.Tensor:
+        sps = self._table()
+        R, g = conf.shape
+        a = survival(conf)
+        values, req = ranked_pool(a)
+        if len(self.history) == self.lag:
+            K = global_capacity(self.history[0], sps)
+        else:
+            K = int(prefix_schedule(conf, sps).sum())
+        K = max(0, min(K, R * g, len(values)))
+        self.history.append(a)
+        return admit(req, K, R)
+
+
+def build_scheduler(spec: Any) -> Any:
+    """A scheduler from a name, ``{"name": ..., **kwargs}``, or an object (returned as is)."""
+    if isinstance(spec, str):
+        return create("scheduler", spec)
+    if isinstance(spec, dict):
+        spec = dict(spec)
+        return create("scheduler", spec.pop("name"), **spec)
+    if callable(spec):
+        return spec
+    raise TypeError(f"scheduler must be a registered name, a dict spec or a callable, got {type(spec).__name__}")

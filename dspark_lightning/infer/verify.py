@@ -1,0 +1,102 @@
+"""Step 3 of a round: one batched target forward over every request's [anchor + l_r drafts].
+
+The same forward serves prefill (the prompts) and plain decoding (l_r = 0), so speculative and
+plain decoding share this code. The target KV cache is a :class:`RaggedCache` over the HF
+``DynamicCache``: rejected drafts are released after acceptance, never recomputed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..registry import register
+from .kvcache import RaggedCache
+
+LAYOUTS = ("padded", "flat")
+
+
+@dataclass
+class SegmentOutput:
+    hidden: torch.Tensor  # (R, W, d) final-norm target hidden states of each request's tokens
+    context: torch.Tensor  # (R, W, n*d) raw tapped-layer features (the drafter's context)
+
+
+def attention_mask_4d(allowed: torch.Tensor, model, dtype: torch.dtype) -> torch.Tensor:
+    """(B, Q, K) bool -> the 4D mask HF attention expects: bool for sdpa/flex, additive float otherwise."""
+    impl = getattr(model.config, "_attn_implementation", "sdpa")
+    if impl in ("sdpa", "flex_attention"):
+        return allowed[:, None]
+    neg = torch.finfo(dtype).min
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, neg)[:, None]
+
+
+@register("verifier", "hf")
+class HFVerifier:
+    """Verifies drafts with a frozen HF causal LM (:class:`~dspark_lightning.targets.Target`).
+
+    Args:
+        target: the frozen target.
+        layout: ``padded`` (one row per request) or ``flat`` (one strip, no padding compute).
+    """
+
+    def __init__(self, target, layout: str = "padded") -> None:
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        self.target = target
+        self.layout = layout
+        self.device = next(target.model.parameters()).device
+        self.dtype = next(target.model.parameters()).dtype
+        self.cache = target.new_cache()
+        layers = getattr(self.cache, "layers", None)
+        if layers is None or any(getattr(layer, "is_sliding", False) for layer in layers):
+            raise NotImplementedError(
+                f"target {target.name!r}: its KV cache has sliding-window or non-standard layers; "
+                "the verifier supports full-attention HF caches (DynamicCache with DynamicLayer)"
+            )
+        self.kv = RaggedCache(layers, flat=layout == "flat", device=self.device)
+        self.pad_id = 0
+
+    def add(self, ids: list[int]) -> None:
+        self.kv.add_requests(ids)
+
+    def remove(self, ids: list[int]) -> None:
+        if ids:
+            self.kv.remove_requests(ids)
+            self.kv.compact()
+
+    @torch.no_grad()
+    def forward(
+        self,
+        ids: list[int],
+        tokens: torch.Tensor,  # (R, W) tokens of each request, valid up to lengths[r]
+        lengths: torch.Tensor,  # (R,)
+        start: torch.Tensor,  # (R,) position of each request's first token
+    ) -> SegmentOutput:
+        grid = self.kv.grid(ids, lengths)
+        W = tokens.shape[1]
+        rid = torch.as_tensor(ids, dtype=torch.long, device=self.device)
+        pos = start[:, None] + torch.arange(W, device=self.device)  # (R, W)
+        owner = torch.where(grid.valid, rid[:, None], -1)
+        inp = grid.scatter(tokens, self.pad_id)  # (rows, L)
+        q_pos = grid.scatter(pos, 0)
+        q_owner = grid.scatter(owner, -1)
+        S_old = self.kv.length
+        self.kv.append(q_owner, q_pos)
+        allowed = self.kv.attend(q_owner, q_pos)  # (rows, L, S_old + L)
+        L = inp.shape[1]
+        allowed[:, torch.arange(L), S_old + torch.arange(L)] = True  # padding queries see themselves (no NaN)
+        out = self.target(
+            inp,
+            attention_mask=attention_mask_4d(allowed, self.target.model, self.dtype),
+            past_key_values=self.cache,
+            position_ids=q_pos,
+            use_cache=True,
+        )
+        return SegmentOutput(hidden=grid.gather(out.hidden), context=grid.gather(out.context))
+
+    def commit(self, ids: torch.Tensor, keep_pos: torch.Tensor) -> None:
+        """Roll request ids[i] back to positions <= keep_pos[i] (drops its rejected drafts' K/V)."""
+        self.kv.release_after(ids, keep_pos)
+        self.kv.compact()

@@ -1,0 +1,34 @@
+"""PNG plots (matplotlib, headless Agg backend). Imported lazily by the commands that draw."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def plot_sps(table, path: str | Path) -> Path:
+    """SPS(B) measured and smoothed, plus the time per verification forward."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    ax1.plot(table.tokens, table.raw_sps, "o", ms=3, label="measured")
+    ax1.plot(table.tokens, table.sps, "-", label="smoothed (non-increasing)")
+    ax1.set_xlabel("verification tokens per forward, B")
+    ax1.set_ylabel("target steps / s")
+    ax1.set_xscale("log", base=2)
+    ax1.legend()
+    ax2.plot(table.tokens, [1000 / s for s in table.raw_sps], "o-", ms=3)
+    ax2.set_xlabel("B")
+    ax2.set_ylabel("ms per forward")
+    ax2.set_xscale("log", base=2)
+    m = table.meta
+    where = f"{m.get('device', '?')} ({m.get('dtype', '?')}, context {m.get('context_len')})"
+    fig.suptitle(f"SPS of {m.get('target', '?')} on {where}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
