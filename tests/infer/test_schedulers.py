@@ -1,0 +1,110 @@
+"""SPEC §11.5: scheduler units with fixed confidences and SPS tables."""
+
+import pytest
+import torch
+
+from dspark_lightning import create, names
+from dspark_lightning.infer import SPSTable, prefix_schedule
+from dspark_lightning.infer.schedulers import (
+    AsyncHardwareAwareScheduler,
+    admit,
+    global_capacity,
+    ranked_pool,
+    survival,
+    throughput_curve,
+)
+
+WORKED = SPSTable.from_points({1: 1.0, 2: 0.95, 3: 0.52, 4: 0.48})
+
+
+def test_registered_names():
+    assert {"static", "threshold", "hardware_aware", "async_hardware_aware"} <= set(names("scheduler"))
+    assert create("scheduler", "static", gamma=2)(torch.rand(3, 5)).tolist() == [2, 2, 2]
+
+
+def test_worked_example():
+    conf = torch.tensor([[0.8, 0.7, 0.9]])
+    values, _ = ranked_pool(survival(conf))
+    theta = throughput_curve(values, 1, WORKED)
+    assert torch.allclose(theta[:3], torch.tensor([1.0, 1.71, 1.2272], dtype=torch.float64))
+    assert theta[3] == pytest.approx((1 + 0.8 + 0.56 + 0.504) * 0.48)
+    assert prefix_schedule(conf, WORKED).tolist() == [1]
+
+
+def test_flat_sps_verifies_whole_block_and_tiny_confidence_verifies_nothing():
+    flat = SPSTable.from_points({1: 1.0, 64: 1.0})
+    assert prefix_schedule(torch.full((2, 5), 0.5), flat).tolist() == [5, 5]
+    falling = SPSTable.from_points({1: 1.0, 64: 0.5})
+    assert prefix_schedule(torch.full((2, 5), 1e-6), falling).tolist() == [0, 0]
+    assert prefix_schedule(torch.zeros(2, 5), flat).tolist() == [0, 0]  # a = 0 is never a candidate
+
+
+def test_two_requests_interleaved_pool_and_bookkeeping():
+    conf = torch.tensor([[0.9, 0.9], [0.95, 0.5]])  # a_A = (0.9, 0.81), a_B = (0.95, 0.475)
+    values, req = ranked_pool(survival(conf))
+    assert req.tolist() == [1, 0, 0, 1]
+    assert torch.allclose(values, torch.tensor([0.95, 0.9, 0.81, 0.475], dtype=torch.float64))
+    sps = SPSTable.from_points({2: 1.0, 5: 0.95, 6: 0.3})
+    theta = throughput_curve(values, 2, sps)
+    # B = R + n and tau* = R + sum of the admitted a: Θ_n = tau*_n SPS(B_n)
+    for n in range(5):
+        assert theta[n] == pytest.approx((2 + float(values[:n].sum())) * float(sps(2 + n)))
+    assert prefix_schedule(conf, sps).tolist() == [2, 1]
+
+
+def test_ties_at_one_keep_prefixes():
+    conf = torch.ones(2, 3)
+    values, req = ranked_pool(survival(conf))
+    assert req.tolist() == [0, 1, 0, 1, 0, 1]  # (j, r) order among equal a
+    for n in range(7):
+        ell = admit(req, n, 2)
+        assert ell.tolist() == [(n + 1) // 2, n // 2]
+
+
+def test_sps_above_profile_is_inadmissible():
+    sps = SPSTable.from_points({1: 1.0, 3: 1.0})
+    assert prefix_schedule(torch.full((1, 5), 0.9), sps).tolist() == [2]  # B = 4 > 3 is never admitted
+
+
+def test_async_top_k_exact_prefix_closed_rank_stable():
+    sps = SPSTable.from_points({1: 1.0, 8: 0.9, 16: 0.5, 32: 0.2})
+    gen = torch.Generator().manual_seed(0)
+    stale = survival(torch.rand(4, 5, generator=gen))
+    K = global_capacity(stale, sps)
+    theta = throughput_curve(ranked_pool(stale)[0], 4, sps)
+    assert K == int(torch.argmax(theta))  # global search, no early stop
+    s = AsyncHardwareAwareScheduler(sps, lag=2)
+    s.history.extend([stale, stale])
+    fresh = torch.rand(4, 5, generator=gen)
+    ell = s(fresh)
+    assert int(ell.sum()) == K
+    a = survival(fresh)
+    admitted = torch.arange(5)[None, :] < ell[:, None]
+    assert admitted.sum() == K
+    # rank-stable: every admitted candidate ranks above every rejected one
+    assert a[admitted].min() >= a[~admitted & (a > 0)].max()
+
+
+def test_async_without_history_uses_algorithm_1():
+    sps = SPSTable.from_points({1: 1.0, 8: 0.9, 16: 0.5, 32: 0.2})
+    conf = torch.rand(3, 4, generator=torch.Generator().manual_seed(1))
+    s = AsyncHardwareAwareScheduler(sps)
+    assert s(conf).tolist() == prefix_schedule(conf, sps).tolist()
+
+
+def test_threshold_variants():
+    conf = torch.tensor([[0.9, 0.6, 0.95]])  # a = (0.9, 0.54, 0.513)
+    cum = lambda t: create("scheduler", "threshold", threshold=t)(conf).tolist()  # noqa: E731
+    raw = lambda t: create("scheduler", "threshold", threshold=t, mode="raw")(conf).tolist()  # noqa: E731
+    assert cum(0.0) == [3] and cum(0.5) == [3] and cum(0.55) == [1] and cum(0.95) == [0]
+    assert raw(0.0) == [3] and raw(0.7) == [1] and raw(0.5) == [3] and raw(0.92) == [0]
+
+
+def test_schedulers_never_see_tokens():
+    """Non-anticipation by construction: every scheduler's only input is the confidence matrix."""
+    import inspect
+
+    for name in names("scheduler"):
+        cls = create("scheduler", name, **({"sps": WORKED} if "hardware" in name else {}))
+        params = list(inspect.signature(cls.__call__).parameters)
+        assert params == ["conf"], (name, params)
