@@ -77,6 +77,7 @@ class Engine:
         self.log = RoundLog()
         self.time_s = {"prefill": 0.0, "draft": 0.0, "schedule": 0.0, "verify": 0.0, "accept": 0.0}
         self._next_rid = 0
+        self._extend_s = 0.0  # last round's drafter-cache update time (part of the drafting cost)
 
     @property
     def block_size(self) -> int:
@@ -144,6 +145,9 @@ class Engine:
             prop = self.proposer.propose(ids, anchors, apos, self.params, self.draft_gen, requests=act)
             t1 = time.perf_counter()
             self.time_s["draft"] += t1 - t0
+            observe = getattr(self.scheduler, "observe_draft_time", None)
+            if observe is not None:
+                observe(t1 - t0 + self._extend_s)
             ell = self.scheduler(prop.conf).to(self.device).clamp(0, g)
             a = survival(prop.conf)
             t0 = time.perf_counter()
@@ -187,7 +191,8 @@ class Engine:
             if alive:
                 sel = self._tensor(alive)
                 self.proposer.extend([ids[i] for i in alive], out.context[sel], apos[sel], res.accepted[sel] + 1)
-            self.time_s["draft"] += time.perf_counter() - t0
+            self._extend_s = time.perf_counter() - t0
+            self.time_s["draft"] += self._extend_s
         return committed
 
     # --- bookkeeping -----------------------------------------------------------------------

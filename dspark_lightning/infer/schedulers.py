@@ -107,19 +107,30 @@ class ThresholdScheduler:
 
 
 class _SPSScheduler:
-    def __init__(self, sps: SPSTable | str | None = None, context_len: int = 512) -> None:
+    def __init__(self, sps: SPSTable | str | None = None, context_len: int = 512, include_draft_time: bool = True):
         self.sps = SPSTable.load(sps) if isinstance(sps, str) else sps
         self.context_len = context_len
+        self.include_draft_time = include_draft_time
+        self.draft_s: float | None = None  # running estimate of the per-step drafting time (seconds)
 
     def bind(self, target: Any, max_tokens: int | None = None, progress: bool = True) -> None:
         """Load (or profile once and cache) the target's SPS table on this device when none was given."""
         if self.sps is None:
             self.sps = load_or_profile(target, self.context_len, max_tokens=max_tokens, progress=progress)
 
+    def observe_draft_time(self, seconds: float) -> None:
+        """The engine reports each step's drafting time; it does not depend on any token value."""
+        self.draft_s = seconds if self.draft_s is None else 0.7 * self.draft_s + 0.3 * seconds
+
     def _table(self) -> SPSTable:
         if self.sps is None:
             raise RuntimeError(f"{type(self).__name__} has no SPS table: pass sps=... or call bind(target)")
-        return self.sps
+        if not self.include_draft_time or not self.draft_s:
+            return self.sps
+        # Whole-step rate: the drafting cost is paid once per step whatever l is (SPEC §6, "Optionally time
+        # the whole step"); on a CPU it is comparable to a target forward and moves the optimum to longer l.
+        sps = [1.0 / (1.0 / v + self.draft_s) if v > 0 else 0.0 for v in self.sps.sps]
+        return SPSTable(tokens=self.sps.tokens, sps=sps, meta=self.sps.meta)
 
 
 @register("scheduler", "hardware_aware")
@@ -129,6 +140,7 @@ class HardwareAwareScheduler(_SPSScheduler):
     Args:
         sps: an :class:`SPSTable`, a path to its JSON, or None to load/profile the target's table on first use.
         context_len: context length of the profile used when ``sps`` is None.
+        include_draft_time: add the measured per-step drafting time to every 1/SPS(B) (whole-step rate).
     """
 
     def __call__(self, conf: torch.Tensor) -> torch.Tensor:
@@ -144,8 +156,10 @@ class AsyncHardwareAwareScheduler(_SPSScheduler):
     Until ``lag`` steps exist, K_t is Algorithm 1's (causal) choice on the fresh pool.
     """
 
-    def __init__(self, sps: SPSTable | str | None = None, context_len: int = 512, lag: int = 2) -> None:
-        super().__init__(sps, context_len)
+    def __init__(
+        self, sps: SPSTable | str | None = None, context_len: int = 512, include_draft_time: bool = True, lag: int = 2
+    ) -> None:
+        super().__init__(sps, context_len, include_draft_time)
         if lag < 1:
             raise ValueError(f"lag must be >= 1, got {lag}")
         self.lag = lag

@@ -108,3 +108,17 @@ def test_schedulers_never_see_tokens():
         cls = create("scheduler", name, **({"sps": WORKED} if "hardware" in name else {}))
         params = list(inspect.signature(cls.__call__).parameters)
         assert params == ["conf"], (name, params)
+
+
+def test_whole_step_rate_includes_measured_draft_time():
+    """A CPU-like curve (B=1 63 ms, B=2 107 ms): drafting costs 73 ms per step whatever l is, so l=1 pays off."""
+    from dspark_lightning.infer import HardwareAwareScheduler
+
+    sps = SPSTable.from_points({1: 1 / 0.063, 2: 1 / 0.107, 8: 1 / 0.110})
+    conf = torch.tensor([[0.5, 0.5, 0.5]])
+    target_only = HardwareAwareScheduler(sps, include_draft_time=False)
+    whole_step = HardwareAwareScheduler(sps)
+    assert target_only(conf).tolist() == [0]  # (1 + 0.5) / 0.107 < 1 / 0.063
+    assert whole_step(conf).tolist() == [0]  # no draft time observed yet: same as target-only
+    whole_step.observe_draft_time(0.073)
+    assert whole_step(conf).tolist() == [3]  # (1 + 0.5) / 0.180 > 1 / 0.136, and longer blocks are almost free
