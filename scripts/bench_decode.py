@@ -56,6 +56,7 @@ def main() -> None:
     ap.add_argument("--max_new_tokens", type=int, default=64)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="docs/data/decode_bench")
+    ap.add_argument("--layout_study", action="store_true", help="only compare the padded and flat cache layouts")
     a = ap.parse_args()
 
     meta = read_config(a.drafter)["target"]
@@ -65,6 +66,8 @@ def main() -> None:
     prompts = [target.render_prompt([{"role": "user", "content": r.turns[0]}]) for r in records]
     g = drafter.block_size
     hw = {"name": "hardware_aware", "sps": SPSTable.load(a.sps)} if a.sps else "hardware_aware"
+    if a.layout_study:
+        return layout_study(target, drafter, prompts, a)
     engines = {
         "HF generate": None,
         "plain decode()": (None, "static"),
@@ -107,6 +110,42 @@ def main() -> None:
     out.with_suffix(".json").write_text(json.dumps({"info": info, "rows": rows}, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(rows, g) + "\n")
     print(markdown(rows, g))
+
+
+def layout_study(target, drafter, prompts, a) -> None:
+    """Greedy, batch 8: the same decode with both cache layouts, alternated twice (drift cancels)."""
+    rows = []
+    for rep in range(2):
+        for name, d in (("plain", None), (f"DSpark static γ={drafter.block_size}", drafter)):
+            for layout in ("padded", "flat") if rep == 0 else ("flat", "padded"):
+                res = decode(
+                    target, d, prompts, max_new_tokens=a.max_new_tokens, scheduler="static", batch_size=8, layout=layout
+                )
+                s = res.stats
+                rows.append(
+                    {
+                        "engine": name,
+                        "layout": layout,
+                        "rep": rep,
+                        "tok_s": s.tokens_per_s,
+                        "verify_s": s.time_s["verify"],
+                        "draft_s": s.time_s["draft"],
+                        "tau": s.tau,
+                    }
+                )
+                print(rows[-1], flush=True)
+    lines = ["| engine | layout | tok/s (2 runs) | verify s | draft s |", "|---|---|---|---|---|"]
+    for name in dict.fromkeys(r["engine"] for r in rows):
+        for layout in ("padded", "flat"):
+            rs = [r for r in rows if r["engine"] == name and r["layout"] == layout]
+            tok = " / ".join(f"{r['tok_s']:.2f}" for r in rs)
+            v = sum(r["verify_s"] for r in rs) / len(rs)
+            d = sum(r["draft_s"] for r in rs) / len(rs)
+            lines.append(f"| {name} | {layout} | {tok} | {v:.1f} | {d:.1f} |")
+    out = Path(a.out + "_layout")
+    out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 def _f(v, spec: str) -> str:

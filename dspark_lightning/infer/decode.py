@@ -143,7 +143,7 @@ def decode(
     cap = batch_size or len(encoded)
     bind = getattr(engine.scheduler, "bind", None)
     if proposer is not None and bind is not None:
-        bind(target, max_tokens=min(cap * (engine.block_size + 1), 256), progress=progress)
+        bind(target, max_tokens=min(cap * (engine.block_size + 1), 256), progress=True)  # one-time profile
     bar = _bar(len(encoded), progress)
     queued = 0
     while queued < len(encoded) or engine.active:

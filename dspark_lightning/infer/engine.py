@@ -105,12 +105,8 @@ class Engine:
             self._next_rid += 1
         ids = [r.rid for r in new]
         lengths = self._tensor([len(r.prompt) for r in new])
-        tokens = torch.zeros((len(new), int(lengths.max())), dtype=torch.long, device=self.device)
-        for i, r in enumerate(new):
-            tokens[i, : len(r.prompt)] = self._tensor(r.prompt)
         start = torch.zeros_like(lengths)
-        self.verifier.add(ids)
-        out = self.verifier.forward(ids, tokens, lengths, start)
+        out = self.verifier.prefill(ids, [r.prompt for r in new])
         rows = torch.arange(len(new), device=self.device)
         p = probs(self.target.logits(out.hidden[rows, lengths - 1]), self.params)  # (R, V)
         first = sample(p, self.params, self.accept_gen).tolist()

@@ -99,6 +99,34 @@ class RaggedCache:
         self.pos = torch.cat([self.pos, self.pos.new_zeros((n, self.length))])
         self._map_layers(lambda t: torch.cat([t, t.new_zeros((n, *t.shape[1:]))]))
 
+    def insert(self, rids: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]], pos: torch.Tensor) -> None:
+        """Add G new requests' prefilled K/V (per layer (G, H, P, Dh), equal lengths) at positions ``pos`` (P,)."""
+        G, P = len(rids), pos.numel()
+        rid = torch.as_tensor(rids, dtype=torch.long, device=self.device)
+        if self.flat:
+            for layer, (k, v) in zip(self.layers, kv, strict=True):
+                k, v = (t.transpose(0, 1).reshape(1, t.shape[1], G * P, t.shape[3]) for t in (k, v))
+                if _has_rows(layer):
+                    layer.keys, layer.values = torch.cat([layer.keys, k], 2), torch.cat([layer.values, v], 2)
+                else:
+                    _set(layer, k, v)
+            self.append(rid.repeat_interleave(P)[None], pos.to(self.pos).repeat(G)[None])
+            return
+        self.add_requests(rids)
+        rows = slice(self.rows - G, self.rows)
+        if P > self.length:  # widen every row with free columns
+            n = P - self.length
+            self.append(self.owner.new_full((self.rows, n), -1), self.pos.new_zeros((self.rows, n)))
+            self._map_layers(lambda t: torch.cat([t, t.new_zeros((t.shape[0], t.shape[1], n, t.shape[3]))], 2))
+        for layer, (k, v) in zip(self.layers, kv, strict=True):
+            if not _has_rows(layer):
+                shape = (self.rows, k.shape[1], self.length, k.shape[3])
+                _set(layer, k.new_zeros(shape), v.new_zeros(shape))
+            layer.keys[rows, :, :P] = k
+            layer.values[rows, :, :P] = v
+        self.owner[rows, :P] = rid[:, None]
+        self.pos[rows, :P] = pos.to(self.pos)
+
     def remove_requests(self, ids: list[int]) -> None:
         gone = torch.isin(self.owner, torch.as_tensor(ids, dtype=torch.long, device=self.device))
         self.owner = self.owner.masked_fill(gone, -1)
@@ -174,6 +202,14 @@ class RaggedCache:
         if window is not None:
             ok &= k_pos >= qp - window
         return ok
+
+
+def _set(layer, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Initialise a layer's tensors (HF layers need their lazy initialisation first)."""
+    init = getattr(layer, "lazy_initialization", None)
+    if init is not None and not getattr(layer, "is_initialized", True):
+        init(k, v)
+    layer.keys, layer.values = k, v
 
 
 def _has_rows(layer) -> bool:

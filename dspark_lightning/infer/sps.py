@@ -139,9 +139,7 @@ def profile_sps(
     gen = torch.Generator().manual_seed(0)
     one = torch.tensor([0], device=dev)
     v = HFVerifier(target, layout="flat")
-    v.add([0])
-    ctx = torch.randint(0, V, (1, context_len), generator=gen).to(dev)
-    v.forward([0], ctx, torch.tensor([context_len], device=dev), torch.zeros(1, dtype=torch.long, device=dev))
+    v.prefill([0], [torch.randint(0, V, (context_len,), generator=gen).tolist()])
     times: list[float] = []
     for B in _bar(points, progress, f"profiling SPS of {target.name}"):
         samples = []

@@ -1,8 +1,9 @@
 """Step 3 of a round: one batched target forward over every request's [anchor + l_r drafts].
 
-The same forward serves prefill (the prompts) and plain decoding (l_r = 0), so speculative and
-plain decoding share this code. The target KV cache is a :class:`RaggedCache` over the HF
-``DynamicCache``: rejected drafts are released after acceptance, never recomputed.
+The same forward serves plain decoding (l_r = 0) and speculative rounds, so both share this code.
+Prefill runs each prompt alone and inserts its K/V into the batch cache (no padding compute).
+The target KV cache is a :class:`RaggedCache` over the HF ``DynamicCache``: rejected drafts are
+released after acceptance, never recomputed.
 """
 
 from __future__ import annotations
@@ -58,9 +59,6 @@ class HFVerifier:
         self.kv = RaggedCache(layers, flat=layout == "flat", device=self.device)
         self.pad_id = 0
 
-    def add(self, ids: list[int]) -> None:
-        self.kv.add_requests(ids)
-
     def remove(self, ids: list[int]) -> None:
         if ids:
             self.kv.remove_requests(ids)
@@ -95,6 +93,34 @@ class HFVerifier:
             use_cache=True,
         )
         return SegmentOutput(hidden=grid.gather(out.hidden), context=grid.gather(out.context))
+
+    @torch.no_grad()
+    def prefill(self, ids: list[int], prompts: list[list[int]]) -> SegmentOutput:
+        """Prefill prompts grouped by length (no padding compute, no mask) and insert their K/V into the cache.
+
+        Returns per-request outputs padded to the longest prompt, in the order of ``ids``.
+        """
+        groups: dict[int, list[int]] = {}
+        for i, p in enumerate(prompts):
+            groups.setdefault(len(p), []).append(i)
+        R, P_max = len(prompts), max(len(p) for p in prompts)
+        hidden = context = None
+        for P, idx in groups.items():
+            tmp = self.target.new_cache()
+            x = torch.as_tensor([prompts[i] for i in idx], dtype=torch.long, device=self.device)
+            out = self.target(x, past_key_values=tmp, use_cache=True)
+            self.kv.insert(
+                [ids[i] for i in idx],
+                [(layer.keys, layer.values) for layer in tmp.layers],
+                torch.arange(P, device=self.device),
+            )
+            if hidden is None:
+                hidden = out.hidden.new_zeros((R, P_max, out.hidden.shape[-1]))
+                context = out.context.new_zeros((R, P_max, out.context.shape[-1]))
+            sel = torch.as_tensor(idx, device=self.device)
+            hidden[sel, :P] = out.hidden
+            context[sel, :P] = out.context
+        return SegmentOutput(hidden=hidden, context=context)
 
     def commit(self, ids: torch.Tensor, keep_pos: torch.Tensor) -> None:
         """Roll request ids[i] back to positions <= keep_pos[i] (drops its rejected drafts' K/V)."""

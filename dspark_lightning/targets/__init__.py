@@ -69,9 +69,10 @@ def load_target(
         return target
     chat = chat or ChatFormat()
     if isinstance(target, torch.nn.Module):
+        name = getattr(target.config, "name_or_path", "") or "model"
         if tokenizer is None:
-            raise ValueError("load_target(model) needs tokenizer=... for an already-loaded model")
-        return Target(target, tokenizer, getattr(target.config, "name_or_path", "model"), layer_ids, chat)
+            tokenizer = _tokenizer_next_to(name)
+        return Target(target, tokenizer, name, layer_ids, chat)
     name = str(target)
     key = (name, tuple(layer_ids) if layer_ids is not None else None, chat, dtype)
     if key not in _CACHE:
@@ -83,6 +84,18 @@ def load_target(
         tok = tokenizer or AutoTokenizer.from_pretrained(path, **kw)
         _CACHE[key] = Target(model, tok, name, layer_ids, chat)
     return _CACHE[key]
+
+
+def _tokenizer_next_to(name_or_path: str) -> Any:
+    """The tokenizer saved with an already-loaded model (its ``name_or_path``), offline."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ValueError(
+            f"load_target(model): no tokenizer found for {name_or_path!r}; pass tokenizer=... ({exc})"
+        ) from exc
 
 
 def default_mask_token_id(target: Target) -> int:

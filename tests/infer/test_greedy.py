@@ -72,3 +72,17 @@ def test_plain_decoding_matches_hf(varied_target, prompts, reference):
     res = decode(varied_target, None, prompts, max_new_tokens=MAX_NEW)
     assert res.token_ids == reference
     assert res.stats.tau == 1.0 and res.stats.mean_verify_len == 0.0
+
+
+def test_stop_string_cuts_text_and_tokens(varied_target, prompts, reference):
+    tok = varied_target.tokenizer
+    ref = reference[3]
+    ref_text = tok.decode(ref)
+    k = next(i for i in range(4, len(ref)) if tok.decode(ref[i : i + 2]) and tok.decode(ref[i : i + 2]) in ref_text)
+    stop = tok.decode(ref[k : k + 2])
+    drafter = make_drafter(varied_target, block_size=4)
+    res = decode(varied_target, drafter, [prompts[3]], max_new_tokens=MAX_NEW, stop=[stop])
+    ids = res.token_ids[0]
+    assert res.finish_reasons == ["stop_string"]
+    assert ids == ref[: len(ids)] and stop in tok.decode(ids) and stop not in tok.decode(ids[:-1])
+    assert stop not in res.texts[0] and tok.decode(ids).startswith(res.texts[0])
