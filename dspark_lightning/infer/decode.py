@@ -115,8 +115,10 @@ def decode(
     """
     t_start = time.perf_counter()
     target, drafter = resolve(target, drafter)
-    single = isinstance(prompts, str | torch.Tensor) or (
-        isinstance(prompts, list | tuple) and prompts and (isinstance(prompts[0], int | dict))
+    if isinstance(prompts, torch.Tensor):  # (S,) one prompt, (N, S) N prompts
+        prompts = [prompts] if prompts.dim() == 1 else list(prompts)
+    single = isinstance(prompts, str) or (
+        isinstance(prompts, list | tuple) and prompts and isinstance(prompts[0], int | dict)
     )
     prompt_list = [prompts] if single else list(prompts)
     if not prompt_list:

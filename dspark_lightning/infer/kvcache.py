@@ -132,7 +132,8 @@ class RaggedCache:
         self.owner = self.owner.masked_fill(gone, -1)
         if self.flat:
             return
-        keep = [i for i, rid in enumerate(self.slots) if rid not in set(ids)]
+        gone_ids = set(ids)
+        keep = [i for i, rid in enumerate(self.slots) if rid not in gone_ids]
         self.slots = [self.slots[i] for i in keep]
         idx = torch.as_tensor(keep, dtype=torch.long, device=self.device)
         self.owner, self.pos = self.owner[idx], self.pos[idx]

@@ -78,8 +78,9 @@ def test_load_target_accepts_an_already_loaded_model(tiny_target):
     model = AutoModelForCausalLM.from_pretrained(embedded_path("tiny-debug"))
     t = load_target(model)  # the tokenizer is found next to the weights
     assert t.tokenizer.eos_token_id == tiny_target.tokenizer.eos_token_id
-    bare = AutoModelForCausalLM.from_config(LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16,
-                                                        num_hidden_layers=4, num_attention_heads=2))
+    bare = AutoModelForCausalLM.from_config(
+        LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=4, num_attention_heads=2)
+    )
     with pytest.raises(ValueError, match="tokenizer="):
         load_target(bare)
     assert load_target(bare, tokenizer=tiny_target.tokenizer).geometry.vocab_size == 16
