@@ -8,16 +8,20 @@
     create("seq_head", "my_head", geometry, rank=128)
 
 Third-party packages expose a module (or a callable) under the entry-point group
-``dspark_lightning.plugins``; importing it is expected to call :func:`register`.
-A plugin that fails to load is reported as a warning, never fatal.
+``dspark_lightning.plugins``; importing it is expected to call :func:`register`. Entry points
+are discovered once per process; ``$DSPARK_PLUGINS`` turns them off (``none``) or restricts them
+(``name1,name2``). A plugin that fails to load is reported with its traceback summary, never fatal.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import os
+import traceback
 from collections.abc import Callable
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -29,7 +33,8 @@ ENTRY_POINT_GROUP = "dspark_lightning.plugins"
 _REGISTRY: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
 _BUILTINS_LOADED = False
 _PLUGINS_LOADED = False
-plugin_errors: dict[str, str] = {}
+plugin_errors: dict[str, str] = {}  # entry point name -> error summary
+loaded_plugins: dict[str, str] = {}  # entry point name -> "module:attr"
 
 
 class RegistryError(KeyError):
@@ -82,23 +87,51 @@ def _ensure_loaded() -> None:
         load_plugins()
 
 
-def load_plugins(force: bool = False) -> dict[str, str]:
-    """Import every entry point of group ``dspark_lightning.plugins``.
+PLUGINS_ENV = "DSPARK_PLUGINS"  # unset/"all": every plugin; "none"/"0": none; "a,b": only those entry points
 
-    Returns a dict ``{entry point name: error}`` for plugins that failed to load (also logged).
+
+def plugin_selection() -> set[str] | None:
+    """The entry-point names allowed by ``$DSPARK_PLUGINS`` (None = all)."""
+    raw = os.environ.get(PLUGINS_ENV, "").strip()
+    if raw in ("", "all", "*"):
+        return None
+    if raw.lower() in ("none", "0", "off", "false"):
+        return set()
+    return {x.strip() for x in raw.split(",") if x.strip()}
+
+
+def _traceback_summary(exc: BaseException, frames: int = 3) -> str:
+    """``Type: message`` plus the last few frames as ``file:line in func`` (enough to find the bug)."""
+    tb = traceback.extract_tb(exc.__traceback__)[-frames:]
+    where = " <- ".join(f"{Path(f.filename).name}:{f.lineno} in {f.name}" for f in reversed(tb))
+    return f"{type(exc).__name__}: {exc}" + (f" (at {where})" if where else "")
+
+
+def load_plugins(force: bool = False) -> dict[str, str]:
+    """Import the entry points of group ``dspark_lightning.plugins`` once per process.
+
+    ``$DSPARK_PLUGINS`` disables plugin loading (``none``) or restricts it to named entry points
+    (``name1,name2``). A plugin that raises is skipped and reported (name, error and the last
+    frames of its traceback) in the returned ``{entry point name: error}`` dict and as a warning.
     """
     global _PLUGINS_LOADED
     if _PLUGINS_LOADED and not force:
         return dict(plugin_errors)
     _PLUGINS_LOADED = True
+    allowed = plugin_selection()
     for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if allowed is not None and ep.name not in allowed:
+            continue
         try:
             obj = ep.load()
             if callable(obj) and not isinstance(obj, type):
                 obj()
+            loaded_plugins[ep.name] = getattr(ep, "value", ep.name)
         except Exception as exc:  # a broken plugin must not break the framework
-            plugin_errors[ep.name] = f"{type(exc).__name__}: {exc}"
-            log.warning("dspark_lightning plugin %r failed to load: %s", ep.name, plugin_errors[ep.name])
+            plugin_errors[ep.name] = _traceback_summary(exc)
+            log.warning(
+                "dspark_lightning plugin %r failed to load and was skipped: %s", ep.name, plugin_errors[ep.name]
+            )
     return dict(plugin_errors)
 
 

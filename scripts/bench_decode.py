@@ -116,10 +116,16 @@ def layout_study(target, drafter, prompts, a) -> None:
     """Greedy, batch 8: the same decode with both cache layouts, alternated twice (drift cancels)."""
     rows = []
     for rep in range(2):
-        for name, d in (("plain", None), (f"DSpark static γ={drafter.block_size}", drafter)):
+        hw = {"name": "hardware_aware", "sps": SPSTable.load(a.sps)} if a.sps else "hardware_aware"
+        runs = (
+            ("plain", None, "static"),
+            (f"DSpark static γ={drafter.block_size}", drafter, "static"),
+            ("DSpark hardware_aware", drafter, hw),
+        )
+        for name, d, sched in runs:
             for layout in ("padded", "flat") if rep == 0 else ("flat", "padded"):
                 res = decode(
-                    target, d, prompts, max_new_tokens=a.max_new_tokens, scheduler="static", batch_size=8, layout=layout
+                    target, d, prompts, max_new_tokens=a.max_new_tokens, scheduler=sched, batch_size=8, layout=layout
                 )
                 s = res.stats
                 rows.append(
@@ -131,17 +137,20 @@ def layout_study(target, drafter, prompts, a) -> None:
                         "verify_s": s.time_s["verify"],
                         "draft_s": s.time_s["draft"],
                         "tau": s.tau,
+                        "mean_verify_len": s.mean_verify_len,
+                        "mean_step_tokens": s.mean_step_tokens,
                     }
                 )
                 print(rows[-1], flush=True)
-    lines = ["| engine | layout | tok/s (2 runs) | verify s | draft s |", "|---|---|---|---|---|"]
+    lines = ["| engine | layout | tok/s (2 runs) | verify s | draft s | mean ℓ |", "|---|---|---|---|---|---|"]
     for name in dict.fromkeys(r["engine"] for r in rows):
         for layout in ("padded", "flat"):
             rs = [r for r in rows if r["engine"] == name and r["layout"] == layout]
             tok = " / ".join(f"{r['tok_s']:.2f}" for r in rs)
             v = sum(r["verify_s"] for r in rs) / len(rs)
             d = sum(r["draft_s"] for r in rs) / len(rs)
-            lines.append(f"| {name} | {layout} | {tok} | {v:.1f} | {d:.1f} |")
+            ell = sum(r["mean_verify_len"] for r in rs) / len(rs)
+            lines.append(f"| {name} | {layout} | {tok} | {v:.1f} | {d:.1f} | {ell:.2f} |")
     out = Path(a.out + "_layout")
     out.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")

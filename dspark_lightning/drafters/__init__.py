@@ -15,7 +15,7 @@ from typing import Any
 from torch import nn
 
 from ..registry import create, register
-from .backbones import DenseBackbone
+from .backbones import DenseBackbone, MoESWABackbone
 from .drafter import CONVENTION, Drafter, DraftOutput
 from .heads import ConfidenceHead, GatedMarkovHead, RNNHead, SeqHead, VanillaMarkovHead
 
@@ -26,6 +26,7 @@ __all__ = [
     "DraftOutput",
     "Drafter",
     "GatedMarkovHead",
+    "MoESWABackbone",
     "RNNHead",
     "SeqHead",
     "VanillaMarkovHead",

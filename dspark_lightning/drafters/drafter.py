@@ -20,6 +20,7 @@ from torch import nn
 from ..modules import block_attention_mask
 from ..registry import name_of
 from ..targets import TargetGeometry
+from .backbones import per_layer_masks
 
 # Block layout (SPEC §3.3): the anchor slot is the first prediction; γ inputs give γ drafts.
 CONVENTION = "shifted"
@@ -111,7 +112,7 @@ class Drafter(nn.Module):
         fused = self.backbone.fuse(context)  # (B, S, d)
         ctx_pos = torch.arange(S, device=device).expand(B, S)
         ctx_kv = self.backbone.context_kv(fused, ctx_pos)
-        mask = block_attention_mask(anchors, valid, S, g, getattr(self.backbone, "sliding_window", None))
+        mask = per_layer_masks(self.backbone, lambda w: block_attention_mask(anchors, valid, S, g, w))
         h = self.backbone(x, positions, ctx_kv, mask).view(B * A, g, -1)  # (B*A, γ, d)
         logits = self.lm_head(h)  # (B*A, γ, V) base logits U_k
         prev = prev.view(B * A, g)

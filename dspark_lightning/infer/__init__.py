@@ -5,7 +5,7 @@ from dspark_lightning.infer import decode
 
 from .accept import Acceptance, accept
 from .decode import DecodeResult, decode, encode_prompt
-from .draft import BlockProposer, Proposal, make_proposer
+from .draft import BlockProposer, Proposal, StatelessProposer, make_proposer
 from .engine import Engine, Request
 from .sampling import SamplingParams, probs, sample
 from .schedulers import (
@@ -36,6 +36,7 @@ __all__ = [
     "SPSTable",
     "SamplingParams",
     "Scheduler",
+    "StatelessProposer",
     "StaticScheduler",
     "ThresholdScheduler",
     "accept",

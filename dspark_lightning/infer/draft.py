@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..drafters.backbones import per_layer_masks
 from .kvcache import KVLayer, RaggedCache
 from .sampling import SamplingParams, probs, sample
 
@@ -31,6 +32,24 @@ class Proposal:
     q: torch.Tensor  # (R, γ, V) fp32 laws the tokens were sampled from
     conf: torch.Tensor  # (R, γ) conditional confidences ĉ_k in [0, 1], each computed before x_k was sampled
     logits: torch.Tensor  # (R, γ, V) final draft logits z_k
+
+
+class StatelessProposer:
+    """Base for proposers that keep no per-request cache (n-gram lookups, test oracles): only ``propose`` remains."""
+
+    block_size: int
+
+    def add(self, ids: list[int]) -> None:
+        pass
+
+    def remove(self, ids: list[int]) -> None:
+        pass
+
+    def extend(self, ids: list[int], context: torch.Tensor, start: torch.Tensor, lengths: torch.Tensor) -> None:
+        pass
+
+    def propose(self, ids, anchors, anchor_pos, params, generator=None, requests=None) -> Proposal:
+        raise NotImplementedError
 
 
 def make_proposer(drafter, layout: str = "padded", conf_temperatures=None):
@@ -57,7 +76,6 @@ class BlockProposer:
         self.drafter = drafter.eval()
         self.block_size = drafter.block_size
         bb = drafter.backbone
-        self.window = getattr(bb, "sliding_window", None)
         self.device = next(drafter.parameters()).device
         self.kv = RaggedCache([KVLayer() for _ in bb.layers], flat=layout == "flat", device=self.device)
         self.temps = None
@@ -110,11 +128,14 @@ class BlockProposer:
         pos = anchor_pos[:, None] + torch.arange(g, device=self.device)  # (R, γ)
         q_owner = grid.scatter(rid[:, None].expand(R, g), -1)  # (rows, L)
         q_anchor = grid.scatter(anchor_pos[:, None].expand(R, g), 0)
-        ctx_ok = self.kv.attend(q_owner, q_anchor, strict=True, window=self.window)  # (rows, L, S)
         blk_ok = (q_owner[:, :, None] == q_owner[:, None, :]) & (q_owner[:, :, None] >= 0)  # own block only
+
+        def mask(window):  # context strictly before the anchor (and within the layer's window), own block
+            return torch.cat([self.kv.attend(q_owner, q_anchor, strict=True, window=window), blk_ok], dim=-1)
+
         x = d.embed(grid.scatter(blk, d.mask_token_id))  # (rows, L, d)
         ctx_kv = [(layer.keys, layer.values) for layer in self.kv.layers]
-        h = d.backbone(x, grid.scatter(pos, 0), ctx_kv, torch.cat([ctx_ok, blk_ok], dim=-1))
+        h = d.backbone(x, grid.scatter(pos, 0), ctx_kv, per_layer_masks(d.backbone, mask))
         h = grid.gather(h)  # (R, γ, d)
         base = d.lm_head(h)  # (R, γ, V) U_k
         return self._sequential(h, base, anchors, params, generator, teacher_tokens)

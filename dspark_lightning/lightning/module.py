@@ -17,6 +17,7 @@ from torch import nn
 from ..data.features import features_for_batch
 from ..drafters import compose
 from ..losses import dspark_loss, expected_tau, position_weights, supervision_mask
+from ..modules import moe_aux_loss, moe_loads
 from ..targets import ChatFormat, Target, TargetGeometry, load_target
 from .metrics import PositionAcceptance
 
@@ -191,7 +192,20 @@ class DSparkModule(L.LightningModule):
         self._log_terms("train", terms, v, B)
         self._fit_tokens += int(batch["attention_mask"].sum())  # this rank's tokens
         self._fit_rows += int(batch["valid"].sum()) * self.block_size
-        return terms.total
+        return terms.total + self._moe_terms(B)
+
+    def _moe_terms(self, B: int) -> torch.Tensor | float:
+        """MoE backbones: log each layer's expert load (max load x E: 1 = balanced) and add the weighted aux loss."""
+        bb = self.drafter.backbone
+        for i, load in enumerate(moe_loads(bb)):
+            self.log(f"moe/imbalance_layer{i}", load.max() * load.numel(), on_step=True, batch_size=B)
+            for e, f in enumerate(load):
+                self.log(f"moe/load_layer{i}_expert{e}", f, on_step=True, batch_size=B)
+        aux = moe_aux_loss(bb)
+        if aux is None:
+            return 0.0
+        self.log("train/moe_aux", aux, on_step=True, batch_size=B)
+        return getattr(bb, "aux_loss_weight", 0.01) * aux
 
     def validation_step(self, batch: dict, batch_idx: int) -> None:
         terms, v, B = self._step(batch)

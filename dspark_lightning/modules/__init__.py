@@ -2,5 +2,17 @@
 
 from .layers import InjectedAttention, RMSNorm, SwiGLU, apply_rope, rope_cos_sin
 from .masks import block_attention_mask
+from .moe import MoE, Router, moe_aux_loss, moe_loads
 
-__all__ = ["InjectedAttention", "RMSNorm", "SwiGLU", "apply_rope", "block_attention_mask", "rope_cos_sin"]
+__all__ = [
+    "InjectedAttention",
+    "MoE",
+    "RMSNorm",
+    "Router",
+    "SwiGLU",
+    "apply_rope",
+    "block_attention_mask",
+    "moe_aux_loss",
+    "moe_loads",
+    "rope_cos_sin",
+]

@@ -7,21 +7,18 @@ input would match trivially) and its top-2 logit gaps are far above float noise.
 """
 
 import pytest
-from infer_helpers import random_llama
 
-from dspark_lightning import load_target
-
-
-@pytest.fixture(scope="session")
-def varied_target(tiny_target):
-    model = random_llama(tiny_target.geometry.vocab_size, 64, 4, init=0.3, seed=0)
-    return load_target(model, layer_ids=[0, 1, 2], tokenizer=tiny_target.tokenizer)
+from dspark_lightning.testing import random_target
 
 
 @pytest.fixture(scope="session")
-def toy_target(tiny_target):
-    model = random_llama(8, 32, 4, init=0.15, seed=1)
-    return load_target(model, layer_ids=[0, 1, 2], tokenizer=tiny_target.tokenizer)
+def varied_target():
+    return random_target(vocab=260, hidden=64, layers=4, init=0.3, seed=0)
+
+
+@pytest.fixture(scope="session")
+def toy_target():
+    return random_target(vocab=8, hidden=32, layers=4, init=0.15, seed=1)
 
 
 @pytest.fixture(scope="session")

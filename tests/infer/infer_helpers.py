@@ -1,28 +1,9 @@
 """Helpers shared by the inference tests."""
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from dspark_lightning import create
-
-
-def random_llama(vocab: int, hidden: int, layers: int, init: float, seed: int) -> LlamaForCausalLM:
-    cfg = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        initializer_range=init,
-        tie_word_embeddings=False,
-        max_position_embeddings=512,
-        eos_token_id=None,
-        bos_token_id=None,
-        pad_token_id=0,
-    )
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(cfg).eval()
+from dspark_lightning.infer import StatelessProposer
 
 
 def make_drafter(target, name="dspark", block_size=3, seed=0, **kw):
@@ -89,7 +70,7 @@ def exact_marginals(target, prompt: list[int], n_pos: int, params) -> list[torch
     return out
 
 
-class OracleDrafter:
+class OracleDrafter(StatelessProposer):
     """A good drafter for tests: q_k = mix * p_t,k + (1 - mix) * uniform, c_k = sum(min(p_t,k, q_k))."""
 
     def __init__(self, target, block_size: int, mix: float) -> None:
@@ -97,15 +78,6 @@ class OracleDrafter:
 
     def make_proposer(self, layout="padded", conf_temperatures=None):
         return self
-
-    def add(self, ids):
-        pass
-
-    def remove(self, ids):
-        pass
-
-    def extend(self, ids, context, start, lengths):
-        pass
 
     def propose(self, ids, anchors, anchor_pos, params, generator=None, requests=None):
         from dspark_lightning.infer import Proposal, sample

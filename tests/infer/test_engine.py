@@ -5,23 +5,14 @@ import torch
 from infer_helpers import hf_greedy, make_drafter
 
 from dspark_lightning import names
-from dspark_lightning.infer import Engine, Proposal, SamplingParams, make_proposer
+from dspark_lightning.infer import Engine, Proposal, SamplingParams, StatelessProposer, make_proposer
 
 
-class ScriptedProposer:
+class ScriptedProposer(StatelessProposer):
     """Drafts a fixed continuation (each block continues the script from the anchor's position)."""
 
     def __init__(self, script: list[int], offset: int, block_size: int, vocab: int, wrong_at: int | None = None):
         self.script, self.offset, self.block_size, self.V, self.wrong_at = script, offset, block_size, vocab, wrong_at
-
-    def add(self, ids):
-        pass
-
-    def remove(self, ids):
-        pass
-
-    def extend(self, ids, context, start, lengths):
-        pass
 
     def propose(self, ids, anchors, anchor_pos, params, generator=None, requests=None):
         P = int(anchor_pos[0]) - self.offset  # index in the script of the anchor

@@ -36,8 +36,11 @@ def test_forward_backward(tiny_target, tiny_batch, backbone, seq_head):
     assert out.conf_logits.shape == (2, 3, 4)
     assert torch.isfinite(out.logits).all() and torch.isfinite(out.conf_logits).all()
     (out.logits.logsumexp(-1).mean() + out.conf_logits.mean()).backward()
-    grads = [p.grad for p in d.parameters()]
-    assert all(g is not None and torch.isfinite(g).all() for g in grads)
+    named = dict(d.named_parameters())
+    routed = {n for n in named if ".experts." in n}  # an MoE expert may receive no token in a small batch
+    assert all(named[n].grad is not None and torch.isfinite(named[n].grad).all() for n in set(named) - routed)
+    assert all(torch.isfinite(named[n].grad).all() for n in routed if named[n].grad is not None)
+    assert not routed or any(named[n].grad is not None for n in routed)
     assert tiny_target.embed_tokens.weight.grad is None  # shared parts stay frozen
     assert not any(p is tiny_target.lm_head.weight for p in d.parameters())
 

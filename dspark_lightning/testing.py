@@ -1,0 +1,109 @@
+"""Conformance checks for third-party components (pytest-free; they raise AssertionError).
+
+A plugin author tests a sequential head in three lines::
+
+    from dspark_lightning.testing import check_seq_head
+
+    def test_my_head():
+        check_seq_head("my_head", rank=32)      # a registered name, or the class itself
+
+It checks the :class:`~dspark_lightning.drafters.SeqHead` protocol, shapes, that the
+left-to-right ``step`` API (carrying its state) equals ``teacher_forced``, that gradients reach
+every parameter, that an exported drafter with the head reloads bit-identically, and that
+``decode()`` with it reproduces the target's greedy output token for token.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+import torch
+
+GREEDY_TOKENS = 24
+
+
+def random_target(vocab: int = 260, hidden: int = 64, layers: int = 4, init: float = 0.3, seed: int = 0):
+    """A tiny random Llama target whose greedy continuations vary (large init), with the tiny-debug tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from . import load_target
+
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        initializer_range=init,
+        tie_word_embeddings=False,
+        max_position_embeddings=512,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=0,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).eval()
+    return load_target(model, layer_ids=list(range(min(3, layers - 1))), tokenizer=load_target("tiny-debug").tokenizer)
+
+
+def _head(spec: Any, geometry, kwargs: dict[str, Any]):
+    from .drafters import build_part
+
+    if isinstance(spec, str):
+        return build_part("seq_head", {"name": spec, **kwargs}, geometry)
+    return spec(geometry, **kwargs)
+
+
+def check_seq_head(spec: Any, block_size: int = 4, seed: int = 0, **kwargs: Any) -> None:
+    """Run every conformance check on a sequential head (registered name or class, plus its kwargs)."""
+    from .drafters import ConfidenceHead, DenseBackbone, SeqHead, compose
+    from .export import load_drafter, save_drafter
+    from .infer import decode
+
+    target = random_target()
+    g = target.geometry
+    torch.manual_seed(seed)
+    head = _head(spec, g, kwargs)
+    name = getattr(spec, "__name__", spec)
+    assert isinstance(head, SeqHead), f"{name}: missing SeqHead members (token_dim, teacher_forced, init_state, step)"
+    assert isinstance(getattr(head, "hparams", None), dict), f"{name}: set self.hparams = capture_args(locals())"
+
+    N, V, r = 3, g.vocab_size, head.token_dim
+    h = torch.randn(N, block_size, g.hidden_size, requires_grad=True)
+    prev = torch.randint(0, V, (N, block_size))
+    bias, feat = head.teacher_forced(h, prev)
+    assert bias.shape == (N, block_size, V), f"{name}: teacher_forced bias shape {tuple(bias.shape)}"
+    assert feat.shape == (N, block_size, r), f"{name}: token feature shape {tuple(feat.shape)}, token_dim={r}"
+    assert torch.isfinite(bias).all() and torch.isfinite(feat).all(), f"{name}: non-finite outputs"
+
+    state = head.init_state(N, h)
+    for k in range(block_size):  # SPEC pitfall 12: the step API carries the state
+        b, f, state = head.step(h[:, k], prev[:, k], state)
+        assert torch.allclose(b, bias[:, k], atol=1e-5), f"{name}: step bias != teacher-forced bias at k={k + 1}"
+        assert torch.allclose(f, feat[:, k], atol=1e-6), f"{name}: step feature != teacher-forced at k={k + 1}"
+
+    (bias.square().mean() + feat.square().mean()).backward()
+    missing = [n for n, p in head.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
+    assert not missing, f"{name}: parameters without a finite gradient: {missing}"
+
+    bb = DenseBackbone(g, num_layers=1)
+    drafter = compose(target, bb, head, ConfidenceHead(g, r), block_size, mask_token_id=1).eval()
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            save_drafter(drafter, tmp, target)
+        except Exception as exc:
+            raise AssertionError(f"{name}: the drafter cannot be exported ({exc}); is the head registered?") from exc
+        loaded = load_drafter(tmp, target)
+    ctx = target(prev).context
+    anchors, valid = torch.tensor([[1]] * N), torch.ones(N, 1, dtype=torch.bool)
+    with torch.no_grad():
+        a, b = drafter(ctx, prev, anchors, valid), loaded(ctx, prev, anchors, valid)
+    assert torch.equal(a.logits, b.logits), f"{name}: exported drafter does not reload bit-identically"
+
+    prompts = [target.render_prompt([{"role": "user", "content": t}]) for t in ("hello there", "17*23?")]
+    res = decode(target, drafter, prompts, max_new_tokens=GREEDY_TOKENS, stop_token_ids=[])
+    for p, out in zip(prompts, res.token_ids, strict=True):
+        ref = target.model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=GREEDY_TOKENS, pad_token_id=0)
+        assert out == ref[0, len(p) :].tolist(), f"{name}: decode() is not lossless (greedy output differs)"
