@@ -30,8 +30,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("run", type=Path)
     ap.add_argument("--time-log", type=Path)
+    ap.add_argument("--data", type=Path, help="data dir whose prepare_stats.json to report (default: <run>/data)")
     a = ap.parse_args()
-    prep = json.loads((a.run / "data" / "prepare_stats.json").read_text())
+    prep_file = (a.data or a.run / "data") / "prepare_stats.json"
+    prep = json.loads(prep_file.read_text()) if prep_file.exists() else {}  # runs that reuse another run's data
     fit = json.loads((newest(a.run, "tb") / "fit_stats.json").read_text())
     vals = tau_rows(newest(a.run, "csv") / "metrics.csv")
 
@@ -76,6 +78,24 @@ def main() -> None:
             f"| {r['step']} | " + " | ".join(cells) + f" | {float(r['val/acc_pos1']):.3f} | "
             f"{float(r[f'val/acc_pos{gamma}']):.3f} |"
         )
+
+    moe_report(newest(a.run, "csv") / "metrics.csv")
+
+
+def moe_report(metrics: Path) -> None:
+    """MoE runs: expert-load imbalance per layer (max expert load x experts; 1 = balanced) over training."""
+    rows = [r for r in csv.DictReader(metrics.open()) if r.get("moe/imbalance_layer0")]
+    if not rows:
+        return
+    layers = sorted(k for k in rows[0] if k.startswith("moe/imbalance_layer"))
+    print("\n| MoE layer | imbalance, first logged step | mean of the last 10 logged steps | aux loss (last) |")
+    print("|---|---|---|---|")
+    for k in layers:
+        tail = [float(r[k]) for r in rows[-10:]]
+        aux = rows[-1].get("train/moe_aux") or ""
+        aux = f"{float(aux):.3f}" if aux else "–"
+        layer = k.removeprefix("moe/imbalance_layer")
+        print(f"| {layer} | {float(rows[0][k]):.2f} | {sum(tail) / len(tail):.2f} | {aux} |")
 
 
 if __name__ == "__main__":

@@ -101,11 +101,12 @@ def prepare(
     stats: dict[str, Any] = {"target": target.name, "features": features}
     prompts = prompts_by_split(sources, heldout_fraction, split_seed)
     for split in SPLITS:
-        _log(f"regenerating {len(prompts[split])} {split} responses with {target.name} -> {paths.responses(split)}")
+        _log(f"{split} responses ({len(prompts[split])} prompts, {target.name}) -> {paths.responses(split)}")
         t0 = time.perf_counter()
         st = regenerate(target, prompts[split], paths.responses(split), seed=seed, **asdict(regen))
         if st["written"]:  # a fully resumed stage keeps the statistics of the run that did the work
             stats[f"regenerate_{split}"] = {**st, "wall_s": time.perf_counter() - t0}
+        _log(f"  {st['written']} regenerated, {st['skipped']} reused from the file")
     if features == "cached":
         for split in SPLITS:
             out = paths.cache(split)
