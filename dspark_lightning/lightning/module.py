@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..data.features import features_for_batch
-from ..drafters import compose
+from ..drafters import build_part, compose
 from ..losses import dspark_loss, expected_tau, position_weights, supervision_mask
 from ..modules import moe_aux_loss, moe_loads
 from ..targets import ChatFormat, Target, TargetGeometry, load_target
@@ -50,13 +50,21 @@ class OptimConfig:
     """fraction of the total optimizer steps spent in linear warmup"""
 
 
+def _part(kind: str, spec, *args):
+    """A recipe part: a callable (class_path + init_args) or a registered name."""
+    if spec is None or isinstance(spec, str):
+        return build_part(kind, spec, *args)
+    return spec(*args)
+
+
 class DSparkModule(L.LightningModule):
     """A drafter composed from injected parts, trained against a frozen target.
 
     Args:
-        backbone: builds the backbone from the target geometry (recipe: class_path + init_args).
-        seq_head: builds the sequential head (null = none, e.g. the DFlash baseline).
-        conf_head: builds the confidence head from (geometry, token_dim) (null = none).
+        backbone: builds the backbone from the target geometry (recipe: class_path + init_args), or a
+            registered name (``dense``, ``moe_swa``, a plugin's) with default arguments.
+        seq_head: builds the sequential head, or a registered name (null = none, e.g. the DFlash baseline).
+        conf_head: builds the confidence head from (geometry, token_dim), or a registered name (null = none).
         block_size: γ, drafts per block.
         target: embedded target name or HF model path (linked from ``data.target``).
         layer_ids: tapped target layers (linked from ``data.layer_ids``; null = the SPEC §3.2 rule).
@@ -68,9 +76,9 @@ class DSparkModule(L.LightningModule):
 
     def __init__(
         self,
-        backbone: Callable[[TargetGeometry], nn.Module],
-        seq_head: Callable[[TargetGeometry], nn.Module] | None = None,
-        conf_head: Callable[[TargetGeometry, int], nn.Module] | None = None,
+        backbone: Callable[[TargetGeometry], nn.Module] | str,
+        seq_head: Callable[[TargetGeometry], nn.Module] | str | None = None,
+        conf_head: Callable[[TargetGeometry, int], nn.Module] | str | None = None,
         block_size: int = 7,
         target: str = "tiny-debug",
         layer_ids: list[int] | None = None,
@@ -85,9 +93,9 @@ class DSparkModule(L.LightningModule):
         tgt = load_target(target, layer_ids=layer_ids, chat=ChatFormat(system_prompt=system_prompt))
         self.__dict__["_target"] = tgt  # not a sub-module: never trained, saved or wrapped by DDP
         g = tgt.geometry
-        sh = seq_head(g) if seq_head is not None else None
-        ch = conf_head(g, getattr(sh, "token_dim", 0)) if conf_head is not None else None
-        self.drafter = compose(tgt, backbone(g), sh, ch, block_size, mask_token_id)
+        sh = _part("seq_head", seq_head, g)
+        ch = _part("conf_head", conf_head, g, getattr(sh, "token_dim", 0))
+        self.drafter = compose(tgt, _part("backbone", backbone, g), sh, ch, block_size, mask_token_id)
         self.block_size = block_size
         self.register_buffer("pos_w", position_weights(block_size, self.loss_cfg.decay), persistent=False)
         self.val_acc = PositionAcceptance(block_size, DOMAINS)

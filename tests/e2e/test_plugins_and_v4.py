@@ -35,17 +35,15 @@ def _greedy_equal(export: Path) -> None:
         assert out == ref[0, len(p) :].tolist()
 
 
-def test_fit_with_plugin_head_then_decode(workdir):
-    cli, export = _fit(
-        [
-            "--config",
-            TINY,
-            "--trainer.max_steps=1",
-            "--trainer.val_check_interval=1",
-            "--model.seq_head.class_path=dspark_example_head.BigramMarkovHead",
-            "--model.seq_head.init_args.rank=8",
-        ]
+@pytest.mark.parametrize("by", ["name", "class_path"])
+def test_fit_with_plugin_head_then_decode(workdir, tmp_path, by):
+    """A recipe names the installed plugin's head (registry name or class path); fit trains it; decode is lossless."""
+    head = "bigram_markov" if by == "name" else {"class_path": "dspark_example_head.BigramMarkovHead"}
+    recipe = tmp_path / "plugin_recipe.yaml"
+    recipe.write_text(
+        yaml.safe_dump({"model": {"seq_head": head}, "trainer": {"max_steps": 1, "val_check_interval": 1}})
     )
+    cli, export = _fit(["--config", TINY, "--config", str(recipe)])
     cfg = yaml.safe_load((export / "config.json").read_text())
     assert cfg["seq_head"]["name"] == "bigram_markov"
     _greedy_equal(export)
