@@ -65,7 +65,7 @@ def main() -> None:
     records = [r for d in ("math", "code", "chat") for r in eval_prompts(d, a.per_domain)]
     prompts = [target.render_prompt([{"role": "user", "content": r.turns[0]}]) for r in records]
     g = drafter.block_size
-    hw = {"name": "hardware_aware", "sps": SPSTable.load(a.sps)} if a.sps else "hardware_aware"
+    hw = hardware_aware_spec(a)
     if a.layout_study:
         return layout_study(target, drafter, prompts, a)
     engines = {
@@ -112,11 +112,16 @@ def main() -> None:
     print(markdown(rows, g))
 
 
+def hardware_aware_spec(a):
+    """The hardware_aware scheduler with the given SPS table (or the cached profile)."""
+    return {"name": "hardware_aware", "sps": SPSTable.load(a.sps)} if a.sps else "hardware_aware"
+
+
 def layout_study(target, drafter, prompts, a) -> None:
     """Greedy, batch 8: the same decode with both cache layouts, alternated twice (drift cancels)."""
     rows = []
+    hw = hardware_aware_spec(a)  # one table for every run
     for rep in range(2):
-        hw = {"name": "hardware_aware", "sps": SPSTable.load(a.sps)} if a.sps else "hardware_aware"
         runs = (
             ("plain", None, "static"),
             (f"DSpark static γ={drafter.block_size}", drafter, "static"),
