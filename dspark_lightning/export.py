@@ -16,6 +16,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .drafters import CONVENTION, Drafter, build_part, compose
+from .registry import create
 
 FORMAT_VERSION = 1
 
@@ -92,10 +93,13 @@ def load_drafter(path: str | Path, target: Any = None, map_location: str | torch
         target = load_target(tmeta["name"], layer_ids=tmeta["geometry"]["layer_ids"], chat=ChatFormat(**tmeta["chat"]))
     check_compatible(cfg, target, str(path))
     g: TargetGeometry = target.geometry
-    bb = build_part("backbone", cfg["backbone"], g)
-    sh = build_part("seq_head", cfg["seq_head"], g)
-    ch = build_part("conf_head", cfg["conf_head"], g, getattr(sh, "token_dim", 0)) if cfg["conf_head"] else None
-    drafter = compose(target, bb, sh, ch, cfg["block_size"], cfg["mask_token_id"])
+    if "drafter" in cfg:  # a drafter that is one registered piece (eagle3, mtp1)
+        drafter = create("drafter", cfg["drafter"], target, block_size=cfg["block_size"], **cfg["drafter_args"])
+    else:
+        bb = build_part("backbone", cfg["backbone"], g)
+        sh = build_part("seq_head", cfg["seq_head"], g)
+        ch = build_part("conf_head", cfg["conf_head"], g, getattr(sh, "token_dim", 0)) if cfg["conf_head"] else None
+        drafter = compose(target, bb, sh, ch, cfg["block_size"], cfg["mask_token_id"])
     state = load_file(str(path / "model.safetensors"), device=str(map_location))
     if weights_sha256(state) != cfg["weights_sha256"]:
         raise DrafterLoadError(f"{path}/model.safetensors does not match the weights hash in config.json")

@@ -1,6 +1,7 @@
 """DSpark training losses (SPEC §4, paper Eq. 9-12). Pure functions on tensors.
 
     L = ce_weight * L_ce + l1_weight * L_l1 + conf_weight * L_conf      (default 0.1 / 0.9 / 1.0)
+      (+ soft_ce_weight * softCE(p_t, q), EAGLE-3's loss; 0 by default)
 
 with per-position weights w_k = exp(-(k-1)/λ) and the supervision mask v; every term is a
 weighted mean Σ v·w·term / Σ v·w over the batch.
@@ -41,6 +42,7 @@ class LossTerms:
     ce: torch.Tensor
     l1: torch.Tensor
     conf: torch.Tensor  # 0 without a confidence head
+    soft_ce: torch.Tensor  # -Σ_v p_t log q (0 unless weighted)
     acc: torch.Tensor  # (N, γ) analytic acceptance c* = Σ_v min(p_d, p_t), detached
     conf_prob: torch.Tensor | None  # (N, γ) sigmoid(confidence logits), detached
 
@@ -55,6 +57,7 @@ def dspark_loss(
     ce_weight: float = 0.1,
     l1_weight: float = 0.9,
     conf_weight: float = 1.0,
+    soft_ce_weight: float = 0.0,
 ) -> LossTerms:
     vw = mask * weights.to(mask)  # (N, γ)
     z = vw.sum().clamp_min(1e-8)
@@ -62,13 +65,18 @@ def dspark_loss(
     ce_tok = -logp.gather(-1, labels[..., None]).squeeze(-1)  # (N, γ)
     ce = (vw * ce_tok).sum() / z
     zero = logits.new_zeros(())
+    soft_ce = zero
     if target_logits is not None:
         p_d = logp.exp()
         p_t = F.softmax(target_logits.float(), dim=-1).detach()
         l1_tok = (p_d - p_t).abs().sum(-1)  # (N, γ) full L1 = 2 TV, gradient through p_d only
         l1 = (vw * l1_tok).sum() / z
         acc = (1 - 0.5 * l1_tok).clamp(0, 1).detach()  # c* = Σ min(p_d, p_t)
+        if soft_ce_weight:
+            soft_ce = (vw * -(p_t * logp).sum(-1)).sum() / z
     else:
+        if soft_ce_weight:
+            raise ValueError("the soft cross-entropy needs the target logits")
         l1, acc = zero, (labels == logits.argmax(-1)).float()
     conf, conf_prob = zero, None
     if conf_logits is not None:
@@ -76,7 +84,8 @@ def dspark_loss(
         conf = (vw * bce).sum() / z
         conf_prob = torch.sigmoid(conf_logits.detach().float())
     total = ce_weight * ce + (l1_weight * l1 if target_logits is not None else 0) + conf_weight * conf
-    return LossTerms(total=total, ce=ce, l1=l1, conf=conf, acc=acc, conf_prob=conf_prob)
+    total = total + soft_ce_weight * soft_ce
+    return LossTerms(total=total, ce=ce, l1=l1, conf=conf, soft_ce=soft_ce, acc=acc, conf_prob=conf_prob)
 
 
 def expected_tau(acc_per_position: torch.Tensor) -> float:

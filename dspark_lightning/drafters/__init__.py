@@ -1,4 +1,5 @@
-"""Drafters composed from registered parts, and the registered drafter recipes (``dspark``, ``dflash``).
+"""Drafters composed from registered parts, and the registered drafters: ``dspark``, ``dflash`` (parallel
+backbones, :class:`Drafter`) and the autoregressive baselines ``eagle3``, ``mtp1`` (:class:`ChainDrafter`).
 
 Python composes by name::
 
@@ -16,11 +17,14 @@ from torch import nn
 
 from ..registry import create, register
 from .backbones import DenseBackbone, MoESWABackbone
+from .chain import ChainDrafter, ChainLayer
 from .drafter import CONVENTION, Drafter, DraftOutput
 from .heads import ConfidenceHead, GatedMarkovHead, RNNHead, SeqHead, VanillaMarkovHead
 
 __all__ = [
     "CONVENTION",
+    "ChainDrafter",
+    "ChainLayer",
     "ConfidenceHead",
     "DenseBackbone",
     "DraftOutput",

@@ -96,6 +96,7 @@ class Drafter(nn.Module):
         input_ids: torch.Tensor,  # (B, S)
         anchors: torch.Tensor,  # (B, A) anchor positions (sorted; dummies anywhere valid)
         valid: torch.Tensor,  # (B, A) bool
+        hidden: torch.Tensor | None = None,  # (B, S, d) target final hidden states (unused: chain drafters read it)
     ) -> DraftOutput:
         """Teacher-forced forward over A packed anchor blocks per sequence (SPEC §3.4-3.5)."""
         B, S = input_ids.shape

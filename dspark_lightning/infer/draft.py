@@ -10,9 +10,10 @@ position; after each round :meth:`BlockProposer.extend` appends the anchor and a
 features taken from the target's verification pass (SPEC §3.7), so nothing is recomputed.
 
 Other drafter families plug in by giving the drafter a ``make_proposer(layout)`` method that
-returns an object with the same ``add / remove / extend / propose`` methods and ``block_size``;
-``propose`` also receives ``requests=`` (prompt and output token lists) for proposers that draft
-from the token history.
+returns an object with the same ``add / remove / extend / propose`` methods and ``block_size``
+(the chain drafters' :class:`~dspark_lightning.infer.chain.ChainProposer`); ``extend`` also
+receives ``hidden=`` (the target's final hidden states) and ``propose`` receives ``requests=``
+(prompt and output token lists) for proposers that need them.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ class Proposal:
     logits: torch.Tensor  # (R, γ, V) final draft logits z_k
 
 
+def draft_confidence(q: torch.Tensor, z: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """ĉ of a drafter without a confidence head: its own top probability, known before x_k is drawn."""
+    return (q if not params.greedy else z.float().softmax(-1)).max(-1).values
+
+
 class StatelessProposer:
     """Base for proposers that keep no per-request cache (n-gram lookups, test oracles): only ``propose`` remains."""
 
@@ -45,7 +51,7 @@ class StatelessProposer:
     def remove(self, ids: list[int]) -> None:
         pass
 
-    def extend(self, ids: list[int], context: torch.Tensor, start: torch.Tensor, lengths: torch.Tensor) -> None:
+    def extend(self, ids: list[int], context: torch.Tensor, start: torch.Tensor, lengths: torch.Tensor, hidden=None):
         pass
 
     def propose(self, ids, anchors, anchor_pos, params, generator=None, requests=None) -> Proposal:
@@ -94,7 +100,7 @@ class BlockProposer:
             self.kv.compact()
 
     @torch.no_grad()
-    def extend(self, ids: list[int], context: torch.Tensor, start: torch.Tensor, lengths: torch.Tensor) -> None:
+    def extend(self, ids: list[int], context: torch.Tensor, start: torch.Tensor, lengths: torch.Tensor, hidden=None):
         """Append the target features (R, W, n*d) of positions start..start+lengths-1 to the context cache."""
         bb = self.drafter.backbone
         grid = self.kv.grid(ids, lengths)
@@ -156,8 +162,8 @@ class BlockProposer:
             if ch is not None:
                 logit = ch(h[:, k], feat).float()
                 c = torch.sigmoid(logit if self.temps is None else logit / self.temps[k])
-            else:  # no confidence head: the draft's own top probability (known before x_k is drawn)
-                c = (q if not params.greedy else z.float().softmax(-1)).max(-1).values
+            else:
+                c = draft_confidence(q, z, params)
             x = sample(q, params, generator)
             if teacher_tokens is not None:
                 x = teacher_tokens[:, k]

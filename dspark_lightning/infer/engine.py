@@ -112,7 +112,7 @@ class Engine:
         first = sample(p, self.params, self.accept_gen).tolist()
         if self.proposer is not None:
             self.proposer.add(ids)
-            self.proposer.extend(ids, out.context, start, lengths)
+            self.proposer.extend(ids, out.context, start, lengths, hidden=out.hidden)
         now = time.perf_counter()
         for r, tok in zip(new, first, strict=True):
             r.anchor, r.pos, r.t_first = tok, len(r.prompt), now
@@ -186,7 +186,8 @@ class Engine:
             alive = [i for i, r in enumerate(act) if not r.done]
             if alive:
                 sel = self._tensor(alive)
-                self.proposer.extend([ids[i] for i in alive], out.context[sel], apos[sel], res.accepted[sel] + 1)
+                ext_ids, ext_len = [ids[i] for i in alive], res.accepted[sel] + 1
+                self.proposer.extend(ext_ids, out.context[sel], apos[sel], ext_len, hidden=out.hidden[sel])
             self._extend_s = time.perf_counter() - t0
             self.time_s["draft"] += self._extend_s
         return committed

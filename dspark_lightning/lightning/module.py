@@ -18,6 +18,7 @@ from ..data.features import features_for_batch
 from ..drafters import build_part, compose
 from ..losses import dspark_loss, expected_tau, position_weights, supervision_mask
 from ..modules import moe_aux_loss, moe_loads
+from ..registry import create
 from ..targets import ChatFormat, Target, TargetGeometry, load_target
 from .metrics import PositionAcceptance
 
@@ -34,6 +35,8 @@ class LossConfig:
     """weight of the full L1 distance to the target distribution"""
     conf_weight: float = 1.0
     """weight of the confidence BCE against the detached analytic acceptance"""
+    soft_ce_weight: float = 0.0
+    """weight of the soft cross-entropy to the target distribution (EAGLE-3's loss)"""
     decay: float | None = 4.0
     """position weights w_k = exp(-(k-1)/decay); null = uniform"""
 
@@ -70,13 +73,15 @@ class DSparkModule(L.LightningModule):
         layer_ids: tapped target layers (linked from ``data.layer_ids``; null = the SPEC §3.2 rule).
         system_prompt: chat format system prompt (linked from ``data.system_prompt``).
         mask_token_id: token id for mask slots (null = the target's default unused special token).
+        drafter: a registered drafter built whole instead of from parts: a name (``eagle3``, ``mtp1``) or
+            ``{name: ..., <its arguments>}``; ``block_size`` is passed to it.
         loss: loss weights and position decay.
         optim: optimizer and schedule.
     """
 
     def __init__(
         self,
-        backbone: Callable[[TargetGeometry], nn.Module] | str,
+        backbone: Callable[[TargetGeometry], nn.Module] | str | None = None,
         seq_head: Callable[[TargetGeometry], nn.Module] | str | None = None,
         conf_head: Callable[[TargetGeometry, int], nn.Module] | str | None = None,
         block_size: int = 7,
@@ -86,6 +91,7 @@ class DSparkModule(L.LightningModule):
         mask_token_id: int | None = None,
         loss: LossConfig | None = None,
         optim: OptimConfig | None = None,
+        drafter: str | dict | None = None,
     ) -> None:
         super().__init__()
         self.loss_cfg = loss or LossConfig()
@@ -93,9 +99,18 @@ class DSparkModule(L.LightningModule):
         tgt = load_target(target, layer_ids=layer_ids, chat=ChatFormat(system_prompt=system_prompt))
         self.__dict__["_target"] = tgt  # not a sub-module: never trained, saved or wrapped by DDP
         g = tgt.geometry
-        sh = _part("seq_head", seq_head, g)
-        ch = _part("conf_head", conf_head, g, getattr(sh, "token_dim", 0))
-        self.drafter = compose(tgt, _part("backbone", backbone, g), sh, ch, block_size, mask_token_id)
+        if drafter is not None:  # one registered drafter (eagle3, mtp1, a plugin's) instead of parts
+            if backbone is not None or seq_head is not None or conf_head is not None:
+                raise ValueError("give either model.drafter or model.backbone/seq_head/conf_head, not both")
+            spec = {"name": drafter} if isinstance(drafter, str) else dict(drafter)
+            name = spec.pop("name")
+            self.drafter = create("drafter", name, tgt, block_size=block_size, **spec.pop("args", spec))
+        else:
+            if backbone is None:
+                raise ValueError("model.backbone is required (or name a registered model.drafter)")
+            sh = _part("seq_head", seq_head, g)
+            ch = _part("conf_head", conf_head, g, getattr(sh, "token_dim", 0))
+            self.drafter = compose(tgt, _part("backbone", backbone, g), sh, ch, block_size, mask_token_id)
         self.block_size = block_size
         self.register_buffer("pos_w", position_weights(block_size, self.loss_cfg.decay), persistent=False)
         self.val_acc = PositionAcceptance(block_size, DOMAINS)
@@ -128,7 +143,7 @@ class DSparkModule(L.LightningModule):
             )
         B, S = ids.shape
         g = self.block_size
-        out = self.drafter(context, ids, anchors, valid)
+        out = self.drafter(context, ids, anchors, valid, hidden=hidden)
         v = supervision_mask(anchors, valid, batch["loss_mask"], g)  # (B, A, γ)
         k = torch.arange(g, device=ids.device)
         lab_idx = (anchors[:, :, None] + k + 1).clamp(max=S - 1)  # label x_{a+k}
@@ -137,10 +152,10 @@ class DSparkModule(L.LightningModule):
         rows = torch.gather(hidden, 1, hid_idx[..., None].expand(-1, -1, hidden.shape[-1]))
         # Target logits are skipped only when training needs none (CE-only, no confidence head); validation always
         # computes them so the analytic acceptance is comparable across drafters.
-        need = self.loss_cfg.l1_weight > 0 or out.conf_logits is not None or not self.training
+        c = self.loss_cfg
+        need = c.l1_weight > 0 or c.soft_ce_weight > 0 or out.conf_logits is not None or not self.training
         with torch.no_grad():
             t_logits = tgt.logits(rows) if need else None
-        c = self.loss_cfg
         terms = dspark_loss(
             out.logits.flatten(0, 1),
             None if t_logits is None else t_logits.view(B * anchors.shape[1], g, -1),
@@ -151,6 +166,7 @@ class DSparkModule(L.LightningModule):
             c.ce_weight,
             c.l1_weight,
             c.conf_weight,
+            c.soft_ce_weight,
         )
         return terms, v, B
 
@@ -160,6 +176,8 @@ class DSparkModule(L.LightningModule):
         self.log(f"{prefix}/loss", terms.total, prog_bar=True, **kw)
         self.log(f"{prefix}/ce", terms.ce, **kw)
         self.log(f"{prefix}/l1", terms.l1, **kw)
+        if self.loss_cfg.soft_ce_weight > 0:
+            self.log(f"{prefix}/soft_ce", terms.soft_ce, **kw)
         self.log(f"{prefix}/conf_bce", terms.conf, **kw)
         vm = v.flatten(0, 1)
         n = vm.sum().clamp_min(1)
@@ -204,7 +222,9 @@ class DSparkModule(L.LightningModule):
 
     def _moe_terms(self, B: int) -> torch.Tensor | float:
         """MoE backbones: log each layer's expert load (max load x E: 1 = balanced) and add the weighted aux loss."""
-        bb = self.drafter.backbone
+        bb = getattr(self.drafter, "backbone", None)
+        if bb is None:
+            return 0.0
         for i, load in enumerate(moe_loads(bb)):
             self.log(f"moe/imbalance_layer{i}", load.max() * load.numel(), on_step=True, batch_size=B)
             for e, f in enumerate(load):

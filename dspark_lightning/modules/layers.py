@@ -58,13 +58,21 @@ class InjectedAttention(nn.Module):
     """
 
     def __init__(
-        self, dim: int, num_heads: int, num_kv_heads: int, head_dim: int, qk_norm: bool = True, eps: float = 1e-6
+        self,
+        dim: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        qk_norm: bool = True,
+        eps: float = 1e-6,
+        in_dim: int | None = None,
     ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.q_proj = nn.Linear(dim, num_heads * head_dim, bias=False)
-        self.k_proj = nn.Linear(dim, num_kv_heads * head_dim, bias=False)
-        self.v_proj = nn.Linear(dim, num_kv_heads * head_dim, bias=False)
+        in_dim = in_dim or dim  # EAGLE-3's layer reads 2d inputs and writes d
+        self.q_proj = nn.Linear(in_dim, num_heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(in_dim, num_kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(in_dim, num_kv_heads * head_dim, bias=False)
         self.o_proj = nn.Linear(num_heads * head_dim, dim, bias=False)
         self.q_norm = RMSNorm(head_dim, eps) if qk_norm else nn.Identity()
         self.k_norm = RMSNorm(head_dim, eps) if qk_norm else nn.Identity()

@@ -59,7 +59,7 @@ def test_fit_runs_under_ddp_with_two_cpu_processes(workdir):
     assert (workdir / "outputs/tiny_debug/tb/version_0/drafter/model.safetensors").is_file()
 
 
-@pytest.mark.parametrize("recipe", sorted(str(p) for p in Path(TINY).parent.glob("*.yaml")))
+@pytest.mark.parametrize("recipe", sorted(str(p) for p in Path(TINY).parent.rglob("*.yaml")))
 def test_every_recipe_parses_and_instantiates(recipe, tmp_path, monkeypatch):
     from dspark_lightning.lightning.cli import DSparkCLI
     from dspark_lightning.lightning.datamodule import DSparkDataModule

@@ -1,15 +1,23 @@
 """Helpers shared by the inference tests."""
 
+import inspect
+
 import torch
 
 from dspark_lightning import create
 from dspark_lightning.infer import StatelessProposer
+from dspark_lightning.registry import get
 
 
 def make_drafter(target, name="dspark", block_size=3, seed=0, **kw):
+    """A small random registered drafter; parallel drafters get a 1-layer dense backbone and mask token 1."""
     torch.manual_seed(seed)
-    kw.setdefault("backbone", {"name": "dense", "num_layers": 1})
-    return create("drafter", name, target, block_size=block_size, mask_token_id=kw.pop("mask_token_id", 1), **kw)
+    accepted = inspect.signature(get("drafter", name)).parameters
+    if "backbone" in accepted:
+        kw.setdefault("backbone", {"name": "dense", "num_layers": 1})
+    if "mask_token_id" in accepted:
+        kw.setdefault("mask_token_id", 1)
+    return create("drafter", name, target, block_size=block_size, **kw)
 
 
 def hf_greedy(target, ids, max_new_tokens, stop_ids=()):

@@ -1,0 +1,139 @@
+"""Chain drafting for the autoregressive drafters (EAGLE-3, MTP-k; :mod:`dspark_lightning.drafters.chain`).
+
+The cache holds the step-0 keys/values of every *committed* pair (feature of t, token x_{t+1}).
+A pair is complete only once x_{t+1} is committed, so :meth:`ChainProposer.extend` keeps the new
+features pending and :meth:`ChainProposer.propose` pairs them with the tokens of the request's
+history (the last one is the anchor), runs step 0 over them causally (this fills the cache and
+gives the first draft's hidden at P-1), then chains γ-1 more steps, each one query per request
+over [cached keys; this round's earlier step keys; itself] at RoPE position P-1+s. Nothing drafted
+enters the cache, so rejections need no rollback.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .draft import Proposal, draft_confidence
+from .kvcache import KVLayer, RaggedCache
+from .sampling import SamplingParams, probs, sample
+
+
+class ChainProposer:
+    def __init__(self, drafter, layout: str = "padded") -> None:
+        self.drafter = drafter.eval()
+        self.block_size = drafter.block_size
+        self.device = next(drafter.parameters()).device
+        self.kv = RaggedCache([KVLayer()], flat=layout == "flat", device=self.device)
+        self.pending: dict[int, tuple[int, torch.Tensor]] = {}  # rid -> (first position, features (L, d))
+
+    def add(self, ids: list[int]) -> None:
+        self.kv.add_requests(ids)
+
+    def remove(self, ids: list[int]) -> None:
+        for rid in ids:
+            self.pending.pop(rid, None)
+        if ids:
+            self.kv.remove_requests(ids)
+            self.kv.compact()
+
+    @torch.no_grad()
+    def extend(self, ids, context, start, lengths, hidden=None) -> None:
+        """Hold the features of positions start..start+lengths-1 until their next tokens are known."""
+        W = int(lengths.max())
+        feats = self.drafter.features(context[:, :W], None if hidden is None else hidden[:, :W])
+        for i, rid in enumerate(ids):
+            f, s0 = feats[i, : int(lengths[i])], int(start[i])
+            if rid in self.pending:
+                p0, old = self.pending[rid]
+                if p0 + old.shape[0] != s0:
+                    raise RuntimeError(f"request {rid}: features for position {s0} follow position {p0 + len(old) - 1}")
+                s0, f = p0, torch.cat([old, f])
+            self.pending[rid] = (s0, f)
+
+    def _ctx(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        layer = self.kv.layers[0]
+        if layer.keys is not None:
+            return layer.keys, layer.values
+        attn = self.drafter.layer.attn
+        empty = torch.zeros(rows, attn.num_kv_heads, 0, attn.head_dim, device=self.device)
+        return empty, empty
+
+    @torch.no_grad()
+    def _step0(self, ids, anchor_pos, requests) -> torch.Tensor:
+        """Pair the pending features with their next tokens, run them causally, cache their keys; h at P-1 (R, d)."""
+        d, lay = self.drafter, self.drafter.layer
+        if requests is None:
+            raise ValueError("chain drafting needs the requests' token histories (requests=)")
+        starts, feats, toks = [], [], []
+        for i, (rid, r) in enumerate(zip(ids, requests, strict=True)):
+            s0, f = self.pending.pop(rid)
+            P = int(anchor_pos[i])
+            hist = r.prompt + r.output  # x_0 .. x_P (the anchor)
+            if s0 + f.shape[0] != P or len(hist) != P + 1:
+                raise RuntimeError(f"request {rid}: pending features end at {s0 + f.shape[0] - 1}, anchor is at {P}")
+            starts.append(s0)
+            feats.append(f)
+            toks.append(torch.as_tensor(hist[s0 + 1 : P + 1], dtype=torch.long))
+        R = len(ids)
+        lens = torch.as_tensor([f.shape[0] for f in feats], dtype=torch.long, device=self.device)
+        grid = self.kv.grid(ids, lens)
+        F = torch.nn.utils.rnn.pad_sequence(feats, batch_first=True)
+        T = torch.nn.utils.rnn.pad_sequence(toks, batch_first=True).to(self.device)
+        rid = torch.as_tensor(ids, dtype=torch.long, device=self.device)
+        pos = torch.as_tensor(starts, device=self.device)[:, None] + torch.arange(F.shape[1], device=self.device)
+        x, res = lay.pair(grid.scatter(F, 0.0), d.embed(grid.scatter(T, 0)))
+        q_owner = grid.scatter(torch.where(grid.valid, rid[:, None], -1), -1)
+        q_pos = grid.scatter(pos, 0)
+        cos, sin = lay.rope(q_pos)
+        same = (q_owner[:, :, None] == q_owner[:, None, :]) & (q_owner[:, :, None] >= 0)
+        mask = torch.cat([self.kv.attend(q_owner, q_pos), same & (q_pos[:, None, :] <= q_pos[:, :, None])], -1)
+        ctx_k, ctx_v = self._ctx(x.shape[0])
+        h = grid.gather(lay(x, res, cos, sin, ctx_k, ctx_v, mask))  # (R, W, d)
+        k, v = lay.attn.kv(x, cos, sin)
+        self.kv.layers[0].update(k, v)
+        self.kv.append(q_owner, q_pos)
+        self.kv.compact()
+        return h[torch.arange(R, device=self.device), lens - 1]
+
+    @torch.no_grad()
+    def propose(
+        self,
+        ids: list[int],
+        anchors: torch.Tensor,  # (R,)
+        anchor_pos: torch.Tensor,  # (R,)
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+        teacher_tokens: torch.Tensor | None = None,  # (R, γ) force the drafted tokens (parity tests)
+        requests=None,
+    ) -> Proposal:
+        d, lay, g = self.drafter, self.drafter.layer, self.block_size
+        R = len(ids)
+        h = self._step0(ids, anchor_pos, requests)  # (R, d): predicts x_{P+1}
+        grid = self.kv.grid(ids, torch.ones(R, dtype=torch.long, device=self.device))
+        rid = torch.as_tensor(ids, dtype=torch.long, device=self.device)
+        c_owner = grid.scatter(rid[:, None], -1)  # (rows, L): one query per request
+        self_ok = (c_owner[:, :, None] == c_owner[:, None, :]) & (c_owner[:, :, None] >= 0)
+        ctx_mask = self.kv.attend(c_owner, grid.scatter((anchor_pos - 1)[:, None], 0))  # committed keys only
+        ctx_k, ctx_v = self._ctx(c_owner.shape[0])
+        ks, vs = [ctx_k], [ctx_v]
+        toks, qs, confs, zs = [], [], [], []
+        for s in range(g):
+            z = d.logits(h)  # (R, V)
+            q = probs(z, params)
+            confs.append(draft_confidence(q, z, params))
+            x = sample(q, params, generator) if teacher_tokens is None else teacher_tokens[:, s]
+            toks.append(x)
+            qs.append(q)
+            zs.append(z)
+            if s == g - 1:
+                break
+            xin, res = lay.pair(grid.scatter(h[:, None], 0.0), d.embed(grid.scatter(x[:, None], 0)))
+            cos, sin = lay.rope(grid.scatter((anchor_pos + s)[:, None], 0))  # position P-1+(s+1)
+            mask = torch.cat([ctx_mask, *([self_ok] * (len(ks) - 1)), self_ok], -1)
+            h = grid.gather(lay(xin, res, cos, sin, torch.cat(ks, 2), torch.cat(vs, 2), mask))[:, 0]
+            k, v = lay.attn.kv(xin, cos, sin)
+            ks.append(k)
+            vs.append(v)
+        return Proposal(
+            tokens=torch.stack(toks, 1), q=torch.stack(qs, 1), conf=torch.stack(confs, 1), logits=torch.stack(zs, 1)
+        )
