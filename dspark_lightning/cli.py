@@ -3,6 +3,8 @@
     dspark-lightning fit|validate|test --config recipes/...yaml   (Lightning; see lightning/cli.py)
     dspark-lightning decode --target ... --drafter ... --prompt "..."
     dspark-lightning profile --target ...
+    dspark-lightning eval --drafter name=path ... --out DIR      (τ table, acceptance plot, speed)
+    dspark-lightning bench --drafter name=path ... --out DIR     (side-by-side throughput)
 
 Inference subcommands never import Lightning. Bad input gives a one-line error and exit code 2.
 """
@@ -15,7 +17,12 @@ from argparse import ArgumentError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded at run time
 
-INFER_COMMANDS = {"decode": "run_decode", "profile": "run_profile"}
+INFER_COMMANDS = {  # subcommand -> (module, function); none of them imports Lightning
+    "decode": ("dspark_lightning.infer.cli", "run_decode"),
+    "profile": ("dspark_lightning.infer.cli", "run_profile"),
+    "eval": ("dspark_lightning.eval.cli", "run_eval"),
+    "bench": ("dspark_lightning.eval.cli", "run_bench"),
+}
 
 
 def one_line_error(exc: BaseException) -> str:
@@ -26,13 +33,15 @@ def one_line_error(exc: BaseException) -> str:
 def main(args: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if args is None else args)
     if argv and argv[0] in INFER_COMMANDS:
+        import importlib
+
         from .export import DrafterLoadError
-        from .infer import cli
         from .registry import RegistryError
 
         errors = (ArgumentError, RegistryError, FileNotFoundError, DrafterLoadError, ValueError, NotImplementedError)
         try:
-            getattr(cli, INFER_COMMANDS[argv[0]])(argv[1:])
+            module, func = INFER_COMMANDS[argv[0]]
+            getattr(importlib.import_module(module), func)(argv[1:])
         except errors as exc:
             print(f"dspark-lightning {argv[0]}: error: {one_line_error(exc)}", file=sys.stderr)
             sys.exit(2)

@@ -9,7 +9,7 @@ TINY = str(ROOT / "recipes" / "tiny_debug.yaml")
 
 def run_main(args, capsys):
     """Run the console script in-process; returns (exit code, stdout, stderr)."""
-    from dspark_lightning.lightning.cli import main
+    from dspark_lightning.cli import main
 
     code = 0
     try:

@@ -1,0 +1,158 @@
+"""``dspark-lightning bench``: side-by-side throughput of what a user could run on the same target.
+
+Engines, in one process on one prompt set: HF ``generate()``, HF ``generate()`` with prompt-lookup
+decoding, our plain decoding, and our decoding with each drafter. Cells: temperature x batch size;
+at batch 1 every domain is its own prompt set (per-domain speed), at larger batches the domains are
+mixed. Within a cell the engines run one after another and each repeat reverses the order
+(A B C, C B A, ...), so slow drift of the machine hits every engine alike; tok/s pools tokens and
+time over the repeats.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from .hf import hf_generate
+from .runner import run_decode, run_info
+
+HF, HF_PLD, PLAIN = "HF generate", "HF prompt lookup", "plain decode()"
+OUTPUT_FILES = {
+    "bench.json": "run info and one row per cell x engine (tok/s, speedups, τ, efficiency, time split)",
+    "bench.md": "the same as a Markdown table",
+    "bench.png": "tok/s per engine, one panel per cell",
+}
+
+
+def _hf(target, prompts, T, batch, max_new, seed, lookup: int | None) -> dict:
+    kw = {} if lookup is None else {"prompt_lookup_num_tokens": lookup}
+    try:
+        r = hf_generate(target, prompts, max_new, temperature=T, batch_size=batch, seed=seed, **kw)
+    except ValueError as exc:  # assisted generation (prompt lookup) is batch-1 only in transformers
+        return {"unsupported": str(exc).splitlines()[0][:160]}
+    return {**r, "tok_s": r["generated_tokens"] / r["time_s"]}
+
+
+def bench(
+    target,
+    drafters: dict[str, Any],
+    prompt_sets: dict[str, list[str]],
+    *,
+    temperatures: tuple[float, ...] = (0.0, 1.0),
+    batches: tuple[int, ...] = (1, 8),
+    max_new_tokens: int = 64,
+    repeats: int = 2,
+    scheduler: Any = "hardware_aware",
+    seed: int = 0,
+    prompt_lookup_tokens: int = 10,
+    progress: bool = True,
+) -> dict:
+    from tqdm.auto import tqdm
+
+    ids = {k: [target.render_prompt([{"role": "user", "content": p}]) for p in v] for k, v in prompt_sets.items()}
+    mixed = [p for v in ids.values() for p in v]
+    engines = [HF, HF_PLD, PLAIN, *drafters]
+    cells = [(T, b, s) for T in temperatures for b in batches for s in (ids if b == 1 else ["all"])]
+    bar = tqdm(total=len(cells) * len(engines) * repeats, desc="bench", unit="run", disable=not progress)
+    rows = []
+    for T, batch, pset in cells:
+        prompts = ids[pset] if pset != "all" else mixed
+        acc: dict[str, list[dict]] = {e: [] for e in engines}
+        for rep in range(repeats):
+            for e in engines if rep % 2 == 0 else engines[::-1]:
+                bar.set_postfix_str(f"T={T:g} b={batch} {pset}: {e}")
+                if e in (HF, HF_PLD):
+                    r = _hf(
+                        target, prompts, T, batch, max_new_tokens, seed, prompt_lookup_tokens if e == HF_PLD else None
+                    )
+                else:
+                    d = drafters.get(e)
+                    r = run_decode(
+                        target,
+                        d,
+                        prompts,
+                        temperature=T,
+                        batch_size=batch,
+                        scheduler=scheduler if d is not None else "static",
+                        max_new_tokens=max_new_tokens,
+                        seed=seed,
+                    )
+                acc[e].append(r)
+                bar.update()
+        rows += _cell_rows(acc, T, batch, pset, len(prompts))
+    bar.close()
+    info = run_info(
+        target,
+        max_new_tokens=max_new_tokens,
+        repeats=repeats,
+        scheduler=str(scheduler),
+        seed=seed,
+        prompt_lookup_tokens=prompt_lookup_tokens,
+        prompt_sets={k: len(v) for k, v in prompt_sets.items()},
+        drafters={n: getattr(d, "source_dir", None) for n, d in drafters.items()},
+    )
+    return {"info": info, "rows": rows}
+
+
+def _cell_rows(acc: dict[str, list[dict]], T: float, batch: int, pset: str, n_prompts: int) -> list[dict]:
+    def pooled(runs):
+        return sum(r["generated_tokens"] for r in runs) / sum(r["time_s"] for r in runs)
+
+    out = []
+    tok = {e: (None if "unsupported" in runs[0] else pooled(runs)) for e, runs in acc.items()}
+    ref = acc[HF][0].get("token_ids")
+    for e, runs in acc.items():
+        row = {"engine": e, "temperature": T, "batch": batch, "prompt_set": pset, "prompts": n_prompts}
+        if tok[e] is None:
+            out.append({**row, "tok_s": None, "note": "unsupported: " + runs[0]["unsupported"]})
+            continue
+        row["tok_s"] = tok[e]
+        row["runs_tok_s"] = [r["generated_tokens"] / r["time_s"] for r in runs]
+        row["speedup_vs_hf"] = tok[e] / tok[HF]
+        row["speedup_vs_plain"] = tok[e] / tok[PLAIN]
+        taus = [r["tau"] for r in runs if r.get("tau") is not None]
+        if taus:
+            row["tau"] = sum(taus) / len(taus)
+            row["efficiency"] = row["speedup_vs_plain"] / row["tau"]
+            for k in ("acceptance_rate", "mean_verify_len", "survival", "conditional_acceptance"):
+                row[k] = runs[0][k]
+        if "time_split_s" in runs[0]:
+            row["time_split_s"] = {k: sum(r["time_split_s"][k] for r in runs) for k in runs[0]["time_split_s"]}
+        if T == 0 and batch == 1 and e != HF:
+            row["equals_hf"] = all(r["token_ids"] == ref for r in runs)
+        out.append(row)
+    return out
+
+
+def write_bench(doc: dict, out: str | Path) -> dict[str, Path]:
+    from .report import bench_markdown
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {name: out / name for name in OUTPUT_FILES}
+    paths["bench.json"].write_text(json.dumps(doc, indent=1) + "\n")
+    paths["bench.md"].write_text(bench_markdown(doc) + "\n")
+    plot_bench(doc, paths["bench.png"])
+    return paths
+
+
+def plot_bench(doc: dict, path: Path) -> Path:
+    from ..plots import plt
+
+    cells = list(dict.fromkeys((r["temperature"], r["batch"], r["prompt_set"]) for r in doc["rows"]))
+    fig, axes = plt.subplots(1, len(cells), figsize=(3.2 * len(cells), 3.8), squeeze=False, sharey=False)
+    for ax, (T, b, s) in zip(axes[0], cells, strict=True):
+        rows = [r for r in doc["rows"] if (r["temperature"], r["batch"], r["prompt_set"]) == (T, b, s)]
+        names = [r["engine"] for r in rows]
+        vals = [r["tok_s"] or 0.0 for r in rows]
+        colors = ["0.6" if n in (HF, HF_PLD) else "0.3" if n == PLAIN else "C0" for n in names]
+        ax.bar(range(len(rows)), vals, color=colors)
+        ax.set_xticks(range(len(rows)), names, rotation=60, ha="right", fontsize=7)
+        ax.set_title(f"T={T:g}, batch {b}, {s}", fontsize=9)
+    axes[0][0].set_ylabel("tokens / s")
+    fig.suptitle(f"{doc['info']['target']}: throughput per engine (grey: HF, dark: our plain, blue: drafters)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

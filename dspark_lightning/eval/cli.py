@@ -1,0 +1,133 @@
+"""``dspark-lightning eval`` and ``dspark-lightning bench`` (no Lightning import).
+
+dspark-lightning eval --drafter dspark=outputs/compare/dspark/tb/version_0/drafter --drafter dflash=... --out DIR
+dspark-lightning bench --drafter dspark=... --out outputs/bench
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from jsonargparse import ArgumentParser
+
+
+def _common(p: ArgumentParser, max_new: int, seed: int, scheduler_help: str) -> None:
+    p.add_argument(
+        "--drafter",
+        type=str,
+        action="append",
+        default=[],
+        help="exported drafter directory, optionally named: name=path (repeatable)",
+    )
+    p.add_argument("--target", type=str | None, default=None, help="default: the first drafter's target")
+    p.add_argument("--domains", type=str, nargs="+", default=["math", "code", "chat"], help="built-in held-out sets")
+    p.add_argument("--prompts_per_domain", type=int, default=8)
+    p.add_argument("--max_new_tokens", type=int, default=max_new)
+    p.add_argument("--seed", type=int, default=seed)
+    p.add_argument("--scheduler", type=str, default="static", help=scheduler_help)
+    p.add_argument("--sps", type=str | None, default=None, help="SPS table JSON for hardware_aware schedulers")
+    p.add_argument("--out", type=str, required=True, help="output directory")
+
+
+def eval_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="dspark-lightning eval", description="τ table, position-wise acceptance and speed.")
+    _common(p, 256, 980406, "scheduler for every drafter (default static: full blocks, as the paper's Table 1)")
+    p.add_argument(
+        "--dataset",
+        type=str,
+        action="append",
+        default=[],
+        help='extra {"turns": [...]} JSONL: name=path.jsonl[:domain] (repeatable)',
+    )
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (paper: 1.0; 0 = greedy)")
+    p.add_argument("--batch_size", type=int, default=8, help="concurrent requests")
+    return p
+
+
+def bench_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="dspark-lightning bench", description="Side-by-side throughput on the same target.")
+    _common(p, 64, 0, "scheduler for every drafter")
+    p.set_defaults(scheduler="hardware_aware", prompts_per_domain=3)
+    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--repeats", type=int, default=2, help="alternating repeats per cell (order reversed each time)")
+    p.add_argument("--prompt_lookup_tokens", type=int, default=10, help="HF prompt-lookup candidate length")
+    return p
+
+
+def load_drafters(specs: list[str], target_name: str | None):
+    """``name=path`` or ``path`` (named after the registered drafter) -> (target, {name: drafter})."""
+    from .. import load_drafter, load_target
+    from ..export import read_config
+
+    pairs = []
+    for spec in specs:
+        name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
+        cfg = read_config(path)
+        pairs.append((name or cfg.get("drafter") or ("dspark" if cfg.get("seq_head") else "dflash"), path, cfg))
+    names = [n for n, _, _ in pairs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"drafter names must be unique, got {names}; name them: --drafter name=path")
+    if target_name is None:
+        if not pairs:
+            raise ValueError("give --target or at least one --drafter")
+        target_name = pairs[0][2]["target"]["name"]
+    target = load_target(target_name)
+    return target, {n: load_drafter(Path(p), target) for n, p, _ in pairs}
+
+
+def _scheduler(a):
+    if a.sps and "hardware_aware" in a.scheduler:
+        from ..infer import SPSTable
+
+        return {"name": a.scheduler, "sps": SPSTable.load(a.sps)}
+    return a.scheduler
+
+
+def run_eval(argv: list[str]) -> None:
+    from .runner import builtin_datasets, evaluate, jsonl_dataset, write_eval
+
+    a = eval_parser().parse_args(argv)
+    if not a.drafter:
+        raise ValueError("give at least one --drafter [name=]path")
+    target, drafters = load_drafters(a.drafter, a.target)
+    datasets = builtin_datasets(a.domains, a.prompts_per_domain)
+    datasets += [jsonl_dataset(s, a.prompts_per_domain) for s in a.dataset]
+    doc = evaluate(
+        target,
+        drafters,
+        datasets,
+        temperature=a.temperature,
+        max_new_tokens=a.max_new_tokens,
+        batch_size=a.batch_size,
+        scheduler=_scheduler(a),
+        seed=a.seed,
+    )
+    paths = write_eval(doc, a.out)
+    print(paths["tau_table.md"].read_text())
+    print(f"[dspark-lightning] eval -> {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
+
+
+def run_bench(argv: list[str]) -> None:
+    from .bench import bench, write_bench
+    from .runner import builtin_datasets
+
+    a = bench_parser().parse_args(argv)
+    target, drafters = load_drafters(a.drafter, a.target)
+    sets = {d.domain: d.prompts for d in builtin_datasets(a.domains, a.prompts_per_domain)}
+    doc = bench(
+        target,
+        drafters,
+        sets,
+        temperatures=tuple(a.temperatures),
+        batches=tuple(a.batches),
+        max_new_tokens=a.max_new_tokens,
+        repeats=a.repeats,
+        scheduler=_scheduler(a),
+        seed=a.seed,
+        prompt_lookup_tokens=a.prompt_lookup_tokens,
+    )
+    paths = write_bench(doc, a.out)
+    print(paths["bench.md"].read_text())
+    print(f"[dspark-lightning] bench -> {', '.join(str(p) for p in paths.values())}", file=sys.stderr)

@@ -1,0 +1,204 @@
+"""``dspark-lightning eval``: τ per drafter x dataset (the paper's Table 1), position-wise acceptance
+(its Figure 2), and tokens/s against plain decoding of the same target in the same run.
+
+    dspark-lightning eval --drafter dspark=outputs/compare/dspark/tb/version_0/drafter \
+        --drafter dflash=outputs/compare/dflash/tb/version_0/drafter --out outputs/eval
+
+Datasets: the built-in held-out sets (``gsm_symbolic`` math, ``humaneval`` code, ``mtbench`` chat; see
+:mod:`.prompts`) and any ``{"turns": [...]}`` JSONL (``--dataset name=path.jsonl:domain``). The first
+user turn is the prompt (the paper's protocol). Every drafter and plain decoding see the same prompts,
+chat template, sampling, output cap, batch size and seed. Files written into ``--out``: see
+:data:`OUTPUT_FILES`.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .prompts import EVAL_SETS, eval_prompts
+
+BUILTIN = {"gsm_symbolic": "math", "humaneval": "code", "mtbench": "chat"}  # dataset -> domain
+OUTPUT_FILES = {
+    "tau_table.json": "τ per drafter x dataset, per-domain and macro means, tok/s, speedups, run info",
+    "tau_table.md": "the same as Markdown tables",
+    "acceptance.json": "per drafter x dataset: conditional acceptance A_k, survival S_k, rounds",
+    "acceptance.png": "A_k against block position k, one panel per dataset, one line per drafter",
+}
+
+
+@dataclass
+class Dataset:
+    name: str
+    domain: str
+    prompts: list[str]  # first user turns
+
+
+def builtin_datasets(domains: list[str], n: int) -> list[Dataset]:
+    by_domain = {v: k for k, v in BUILTIN.items()}
+    out = []
+    for dom in domains:
+        if dom not in EVAL_SETS:
+            raise ValueError(f"unknown domain {dom!r}; built-in domains are {', '.join(EVAL_SETS)}")
+        out.append(Dataset(by_domain[dom], dom, [r.turns[0] for r in eval_prompts(dom, n)]))
+    return out
+
+
+def jsonl_dataset(spec: str, n: int) -> Dataset:
+    """``name=path.jsonl`` or ``name=path.jsonl:domain`` (default: the records' own domain)."""
+    from ..data.sources import JsonlPrompts
+
+    if "=" not in spec:
+        raise ValueError(f"--dataset wants name=path.jsonl[:domain], got {spec!r}")
+    name, rest = spec.split("=", 1)
+    path, _, domain = rest.partition(":") if not Path(rest).is_file() else (rest, "", "")
+    try:
+        recs = list(JsonlPrompts(path=path).records())[:n]
+    except ValueError as exc:
+        raise ValueError(f"dataset {name!r}: {exc}") from exc
+    if not recs:
+        raise ValueError(f"dataset {name!r}: {path} has no prompts")  # never skip an empty set silently
+    return Dataset(name, domain or recs[0].domain, [r.turns[0] for r in recs])
+
+
+def run_decode(target, drafter, prompts, *, temperature, batch_size, scheduler, max_new_tokens, seed) -> dict:
+    """One ``decode()`` run; the numbers every report reads."""
+    from ..infer import decode
+
+    res = decode(
+        target,
+        drafter,
+        prompts,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        scheduler=scheduler,
+        seed=seed,
+        batch_size=batch_size,
+    )
+    s = res.stats
+    return {
+        "token_ids": res.token_ids,
+        "generated_tokens": s.generated_tokens,
+        "time_s": s.time_s["total"],
+        "tok_s": s.tokens_per_s,
+        "rounds": s.rounds,
+        "tau": s.tau if drafter is not None else None,
+        "acceptance_rate": s.acceptance_rate,
+        "verify_rate": s.verify_rate,
+        "mean_verify_len": s.mean_verify_len,
+        "survival": s.survival,
+        "conditional_acceptance": s.conditional_acceptance,
+        "time_split_s": s.time_s,
+    }
+
+
+def run_info(target, **extra: Any) -> dict:
+    import transformers
+
+    return {
+        "target": target.name,
+        "threads": torch.get_num_threads(),
+        "machine": platform.processor() or platform.machine(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **extra,
+    }
+
+
+def evaluate(
+    target,
+    drafters: dict[str, Any],
+    datasets: list[Dataset],
+    *,
+    temperature: float = 1.0,
+    max_new_tokens: int = 256,
+    batch_size: int = 8,
+    scheduler: Any = "static",
+    seed: int = 980406,
+    progress: bool = True,
+) -> dict:
+    """Decode every dataset plainly and with each drafter; returns the tau_table.json document."""
+    from tqdm.auto import tqdm
+
+    prompts = {d.name: [target.render_prompt([{"role": "user", "content": p}]) for p in d.prompts] for d in datasets}
+    runs: dict[str, dict[str, dict]] = {"plain": {}, **{name: {} for name in drafters}}
+    jobs = [(ds, name) for ds in datasets for name in runs]
+    kw = {"temperature": temperature, "batch_size": batch_size, "max_new_tokens": max_new_tokens, "seed": seed}
+    bar = tqdm(jobs, desc="eval", unit="run", disable=not progress)
+    for ds, name in bar:
+        bar.set_postfix_str(f"{ds.name} / {name}")
+        d = None if name == "plain" else drafters[name]
+        runs[name][ds.name] = run_decode(target, d, prompts[ds.name], scheduler=scheduler, **kw)
+    return tables(target, drafters, datasets, runs, dict(kw, scheduler=str(scheduler)))
+
+
+def tables(target, drafters, datasets, runs, settings) -> dict:
+    names = list(drafters)
+    tau = {n: {d.name: runs[n][d.name]["tau"] for d in datasets} for n in names}
+    domains = list(dict.fromkeys(d.domain for d in datasets))
+
+    def mean(xs):
+        return sum(xs) / len(xs)
+
+    domain_tau = {
+        n: {dom: mean([tau[n][d.name] for d in datasets if d.domain == dom]) for dom in domains} for n in names
+    }
+    tok_s = {n: {d.name: runs[n][d.name]["tok_s"] for d in datasets} for n in runs}
+    doc = {
+        "info": run_info(target, **settings),
+        "datasets": [{**asdict(d), "prompts": len(d.prompts)} for d in datasets],
+        "drafters": {n: getattr(drafters[n], "source_dir", None) for n in names},
+        "tau": tau,
+        "domain_tau": domain_tau,
+        "macro_tau": {n: mean(list(tau[n].values())) for n in names},  # unweighted over datasets (SPEC §2)
+        "acceptance_rate": {n: {d.name: runs[n][d.name]["acceptance_rate"] for d in datasets} for n in names},
+        "rounds": {n: {d.name: runs[n][d.name]["rounds"] for d in datasets} for n in names},
+        "tokens_per_s": tok_s,
+        "speedup_vs_plain": {n: {d.name: tok_s[n][d.name] / tok_s["plain"][d.name] for d in datasets} for n in names},
+        "time_split_s": {n: {d.name: runs[n][d.name]["time_split_s"] for d in datasets} for n in runs},
+    }
+    doc["acceptance"] = {
+        n: {
+            d.name: {
+                "domain": d.domain,
+                "conditional_acceptance": runs[n][d.name]["conditional_acceptance"],
+                "survival": runs[n][d.name]["survival"],
+                "rounds": runs[n][d.name]["rounds"],
+            }
+            for d in datasets
+        }
+        for n in names
+    }
+    return doc
+
+
+def write_eval(doc: dict, out: str | Path) -> dict[str, Path]:
+    """Write every file of :data:`OUTPUT_FILES` into ``out``."""
+    from .report import eval_markdown, plot_acceptance
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    acceptance = doc.pop("acceptance")
+    paths = {
+        "tau_table.json": out / "tau_table.json",
+        "tau_table.md": out / "tau_table.md",
+        "acceptance.json": out / "acceptance.json",
+        "acceptance.png": out / "acceptance.png",
+    }
+    paths["tau_table.json"].write_text(json.dumps(doc, indent=1) + "\n")
+    paths["acceptance.json"].write_text(json.dumps(acceptance, indent=1) + "\n")
+    paths["tau_table.md"].write_text(eval_markdown(doc) + "\n")
+    plot_acceptance(acceptance, paths["acceptance.png"], title=_title(doc["info"]))
+    doc["acceptance"] = acceptance
+    return paths
+
+
+def _title(info: dict) -> str:
+    return f"{info['target']}, T = {info['temperature']:g}, {info['scheduler']} scheduler"
