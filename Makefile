@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup run test test-fast lint bench bench-decode
+.PHONY: setup run test test-fast lint bench bench-decode compare eval-compare bench-compare ablations
 
 $(VENV)/.setup-done: pyproject.toml scripts/setup.sh plugins/dspark_example_head/pyproject.toml
 	bash scripts/setup.sh
@@ -34,3 +34,20 @@ bench-decode: setup
 	$(VENV)/bin/dspark-lightning profile --target smollm2-135m-instruct --out docs/data/sps_smollm2_cpu.json --plot docs/img/sps_smollm2_cpu.png
 	$(PY) scripts/bench_decode.py --drafter $(DRAFTER) --sps docs/data/sps_smollm2_cpu.json --out docs/data/decode_bench
 	$(PY) scripts/bench_decode.py --drafter $(DRAFTER) --sps docs/data/sps_smollm2_cpu.json --out docs/data/decode_bench --layout_study
+
+# Issue 4 (docs/results.md): equal-budget DSpark / DFlash / EAGLE-3 / MTP-1, their evaluation and benchmark, ablations.
+C := outputs/compare
+DRAFTERS := --drafter dspark=$(C)/dspark/tb/version_0/drafter --drafter dflash=$(C)/dflash/tb/version_0/drafter \
+	--drafter eagle3=$(C)/eagle3/tb/version_0/drafter --drafter mtp1=$(C)/mtp1/tb/version_0/drafter
+compare: setup
+	bash scripts/fit_queue.sh recipes/compare/dspark.yaml recipes/compare/dflash.yaml recipes/compare/eagle3.yaml recipes/compare/mtp1.yaml
+
+eval-compare: setup
+	$(VENV)/bin/dspark-lightning eval $(DRAFTERS) --prompts_per_domain 8 --max_new_tokens 96 --batch_size 8 --out docs/data/eval_t1
+
+bench-compare: setup
+	$(VENV)/bin/dspark-lightning bench $(DRAFTERS) --sps docs/data/sps_smollm2_cpu.json --prompts_per_domain 2 --max_new_tokens 48 --out docs/data/bench
+
+ablations: setup
+	bash scripts/fit_queue.sh recipes/ablations/*.yaml
+	$(PY) scripts/ablation_tables.py --out docs/data/ablations
