@@ -10,15 +10,14 @@ and its budget (fit_stats.json: steps, tokens, wall time).
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_ablation_recipes import VARIANTS  # noqa: E402
+from training_table import DOMAINS, read_run  # noqa: E402
 
-DOMAINS = ("math", "code", "chat")
 SWEEPS = {  # sweep -> (row label, dspark variant, dflash variant or None)
     "depth": [
         ("1 layer", "dspark-L1-g7-vanilla", "dflash-L1-g7"),
@@ -33,25 +32,11 @@ SWEEPS = {  # sweep -> (row label, dspark variant, dflash variant or None)
 
 
 def read_variant(root: Path, name: str) -> dict | None:
-    run = root / name
-    metrics = run / "csv" / "version_0" / "metrics.csv"
-    stats = run / "tb" / "version_0" / "fit_stats.json"
-    if not metrics.is_file() or not stats.is_file():
+    run = read_run(root / name)
+    if run is None:
         return None
-    rows = [r for r in csv.DictReader(metrics.open()) if r.get("val/tau_hat")]
-    last = rows[-1]
-    out = {"tau_hat": float(last["val/tau_hat"]), "step": int(last["step"])}
-    out |= {d: float(last[f"val/tau_hat_{d}"]) for d in DOMAINS if last.get(f"val/tau_hat_{d}")}
-    out["acc_pos"] = [float(last[k]) for k in sorted(last, key=_pos) if k.startswith("val/acc_pos") and last[k]]
-    fs = json.loads(stats.read_text())
-    out |= {"steps": fs["steps"], "tokens": fs["tokens"], "wall_s": fs["wall_s"]}
     drafter, layers, gamma, head = VARIANTS[name]
-    out |= {"drafter": drafter, "layers": layers, "block_size": gamma, "head": head}
-    return out
-
-
-def _pos(k: str) -> int:
-    return int(k.removeprefix("val/acc_pos")) if k.startswith("val/acc_pos") else 0
+    return run | {"drafter": drafter, "layers": layers, "block_size": gamma, "head": head}
 
 
 def _cell(v: dict | None, key: str) -> str:

@@ -4,6 +4,7 @@ import pytest
 import torch
 from infer_helpers import OracleDrafter, chi2_pvalue, exact_marginals, make_drafter
 
+from dspark_lightning import names
 from dspark_lightning.infer import SamplingParams, SPSTable, accept, decode, prefix_schedule, probs, sample
 
 P_FIXED = torch.tensor([0.3, 0.25, 0.2, 0.15, 0.1, 0.0])
@@ -196,3 +197,22 @@ def test_decode_law_with_top_k_and_temperature(toy_target, marginals):
         expected = marginals[(0.8, 5)][pos]
         assert counts[expected == 0].sum() == 0
         assert chi2_pvalue(counts, expected) > 1e-3
+
+
+@pytest.mark.parametrize("drafter_name", [n for n in names("drafter") if n != "dspark"])  # dspark: above
+def test_decode_output_law_every_drafter(toy_target, marginals, drafter_name):
+    """Every registered drafter (chain drafters included) keeps the target's output law at T = 1."""
+    res = decode(
+        toy_target,
+        make_drafter(toy_target, drafter_name, block_size=3),
+        [PROMPT] * N_SAMPLES,
+        max_new_tokens=4,
+        temperature=1.0,
+        scheduler="static",
+        seed=5,
+        stop_token_ids=[],
+    )
+    out = torch.tensor(res.token_ids)
+    for pos in (1, 3):
+        counts = torch.bincount(out[:, pos], minlength=8).double()
+        assert chi2_pvalue(counts, marginals[(1.0,)][pos]) > 1e-3, (drafter_name, pos, counts)

@@ -1,0 +1,144 @@
+"""Sequential Temperature Scaling (STS, SPEC §5) and the calibration metrics of SPEC §2.
+
+Rows are decoding rounds with full-length verification (ℓ = γ, or shorter after an accepted stop):
+raw confidence logits z (N, γ), accepted drafts m (N,), effective lengths ℓ (N,). Position k is
+scored on rows with ℓ ≥ k against y = 1[m ≥ k] with the *survival* p_k = Π_{j≤k} σ(z_j / T_j).
+STS fits T_1, T_2, ... left to right by grid search of the 20-bin ECE, earlier positions frozen.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+N_BINS = 20
+MIN_ROWS = 200
+EPS = 1e-8
+
+
+def default_grid() -> torch.Tensor:
+    """400 log-spaced temperatures in [0.05, 20] plus 1.0, sorted (SPEC §5)."""
+    g = torch.logspace(math.log10(0.05), math.log10(20.0), 400, dtype=torch.float64)
+    return torch.sort(torch.cat([g, torch.ones(1, dtype=torch.float64)])).values
+
+
+def ece(p: torch.Tensor, y: torch.Tensor, n_bins: int = N_BINS) -> float:
+    """Σ_b (N_b/N)·|mean_b p − mean_b y| with b = min(⌊n_bins·p⌋, n_bins − 1)."""
+    p, y = p.double().clamp(EPS, 1 - EPS), y.double()
+    if p.numel() == 0:
+        return float("nan")
+    b = (p * n_bins).floor().long().clamp(max=n_bins - 1)
+    sp = torch.bincount(b, weights=p, minlength=n_bins)
+    sy = torch.bincount(b, weights=y, minlength=n_bins)
+    return float((sp - sy).abs().sum() / p.numel())
+
+
+def auroc(p: torch.Tensor, y: torch.Tensor) -> float:
+    """Exact Mann–Whitney AUROC, ties counted ½ (nan when one class is absent)."""
+    p, y = p.double(), y.bool()
+    n_pos, n_neg = int(y.sum()), int((~y).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    # average ranks handle ties exactly
+    order = torch.argsort(p)
+    sp = p[order]
+    ranks = torch.empty_like(p)
+    uniq, inv, counts = torch.unique_consecutive(sp, return_inverse=True, return_counts=True)
+    ends = torch.cumsum(counts, 0).double()
+    avg = ends - (counts.double() - 1) / 2  # 1-based average rank of each tie group
+    ranks[order] = avg[inv]
+    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+
+
+def brier(p: torch.Tensor, y: torch.Tensor) -> float:
+    return float(((p.double() - y.double()) ** 2).mean()) if p.numel() else float("nan")
+
+
+def survival_probs(z: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:
+    """p_k = Π_{j≤k} σ(z_j / T_j), clamped to [1e-8, 1 − 1e-8]: (N, γ)."""
+    c = torch.sigmoid(z.double() / temps.double())
+    return torch.cumprod(c, -1).clamp(EPS, 1 - EPS)
+
+
+@dataclass
+class PositionReport:
+    k: int
+    rows: int
+    mean_p: float
+    mean_y: float
+    ece: float
+    auroc: float
+    brier: float
+
+
+def position_reports(z, m, ell, temps) -> list[PositionReport]:
+    """Per-position calibration metrics of the survival probabilities under ``temps``."""
+    p = survival_probs(z, temps)
+    out = []
+    for k in range(1, z.shape[1] + 1):
+        rows = ell >= k
+        pk, yk = p[rows, k - 1], (m[rows] >= k).double()
+        out.append(
+            PositionReport(
+                k,
+                int(rows.sum()),
+                float(pk.mean()) if pk.numel() else float("nan"),
+                float(yk.mean()) if yk.numel() else float("nan"),
+                ece(pk, yk),
+                auroc(pk, yk),
+                brier(pk, yk),
+            )
+        )
+    return out
+
+
+@dataclass
+class STSResult:
+    temperatures: list[float]
+    before: list[PositionReport]
+    after: list[PositionReport]
+    grid: list[float] = field(repr=False)
+    copied: list[int] = field(default_factory=list)  # positions with too few rows (temperature copied)
+
+
+def fit_sts(
+    z: torch.Tensor,  # (N, γ) raw confidence logits
+    m: torch.Tensor,  # (N,) accepted drafts
+    ell: torch.Tensor,  # (N,) effective verified lengths
+    grid: torch.Tensor | None = None,
+    min_rows: int = MIN_ROWS,
+) -> STSResult:
+    """T*_k = argmin_T ECE_k(G_{k−1}·σ(z_k/T)), ties broken by the smallest |log T|, left to right."""
+    grid = default_grid() if grid is None else grid.double()
+    z, m, ell = z.double(), m.long(), ell.long()
+    g = z.shape[1]
+    temps = torch.ones(g, dtype=torch.float64)
+    prefix = torch.ones(z.shape[0], dtype=torch.float64)  # G_{i,k-1}
+    copied = []
+    closeness = grid.log().abs()
+    for k in range(g):
+        rows = ell >= k + 1
+        if int(rows.sum()) < min_rows:
+            temps[k] = temps[k - 1] if k > 0 else 1.0
+            copied.append(k + 1)
+        else:
+            y = (m[rows] >= k + 1).double()
+            pre, zk = prefix[rows], z[rows, k]
+            errs = torch.tensor([ece(pre * torch.sigmoid(zk / T), y) for T in grid], dtype=torch.float64)
+            best = errs.min()
+            ties = (errs <= best + 1e-12).nonzero().flatten()
+            temps[k] = grid[ties[closeness[ties].argmin()]]
+        prefix = prefix * torch.sigmoid(z[:, k] / temps[k])
+    if copied:
+        msg = f"STS: fewer than {min_rows} rows at positions {copied}; copied the previous temperature"
+        warnings.warn(msg, stacklevel=2)
+    return STSResult(
+        temperatures=temps.tolist(),
+        before=position_reports(z, m, ell, torch.ones(g, dtype=torch.float64)),
+        after=position_reports(z, m, ell, temps),
+        grid=grid.tolist(),
+        copied=copied,
+    )

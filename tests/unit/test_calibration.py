@@ -1,0 +1,57 @@
+"""STS (SPEC §5) and the calibration metrics (SPEC §2) on synthetic rounds."""
+
+import pytest
+import torch
+
+from dspark_lightning.calibration import auroc, brier, ece, fit_sts, position_reports
+
+
+def test_ece_auroc_brier_on_hand_made_cases():
+    p = torch.tensor([0.1, 0.12, 0.9, 0.95])
+    y = torch.tensor([0.0, 1.0, 1.0, 1.0])
+    # bins: 2 (0.1, 0.12), 18 (0.9), 19 (0.95): |0.11-0.5|*2/4 + |0.9-1|/4 + |0.95-1|/4
+    assert ece(p, y) == pytest.approx((0.39 * 2 + 0.1 + 0.05) / 4)
+    assert auroc(p, y) == pytest.approx(1.0)
+    assert auroc(torch.tensor([0.5, 0.5, 0.2]), torch.tensor([1.0, 0.0, 0.0])) == pytest.approx(0.75)  # tie = ½
+    assert brier(p, y) == pytest.approx(float(((p - y) ** 2).mean()))
+
+
+def test_ece_matches_torchmetrics():
+    from torchmetrics.functional.classification import binary_auroc, binary_calibration_error
+
+    g = torch.Generator().manual_seed(0)
+    p = torch.rand(5000, generator=g) * 0.98 + 0.01
+    y = (torch.rand(5000, generator=g) < p**1.5).long()
+    assert ece(p, y) == pytest.approx(float(binary_calibration_error(p, y, n_bins=20, norm="l1")), abs=1e-6)
+    assert auroc(p, y) == pytest.approx(float(binary_auroc(p, y)), abs=1e-6)
+
+
+def synthetic_rounds(n=20000, g=4, seed=0):
+    """True conditional acceptance c_k = σ(u_k); the head reports z_k = 3·u_k (overconfident)."""
+    gen = torch.Generator().manual_seed(seed)
+    u = torch.randn(n, g, generator=gen) * 1.2 + 0.8
+    accept = torch.rand(n, g, generator=gen) < torch.sigmoid(u)
+    m = torch.cumprod(accept.long(), 1).sum(1)  # accepted prefix length
+    return 3.0 * u, m, torch.full((n,), g)
+
+
+def test_sts_reduces_ece_and_preserves_ranking():
+    z, m, ell = synthetic_rounds()
+    res = fit_sts(z, m, ell)
+    for before, after in zip(res.before, res.after, strict=True):
+        assert after.ece < before.ece and after.ece < 0.02
+    assert res.after[0].auroc == pytest.approx(res.before[0].auroc, abs=1e-12)
+    for k, T in enumerate(res.temperatures):  # each ĉ_k keeps its ranking (later survivals mix positions)
+        y = m >= k + 1
+        zk = z[:, k].double()
+        assert auroc(torch.sigmoid(zk / T), y) == pytest.approx(auroc(torch.sigmoid(zk), y), abs=1e-12)
+    assert all(2.0 < t < 4.5 for t in res.temperatures)  # recovers the 3x overconfidence
+
+
+def test_sts_copies_the_temperature_with_too_few_rows():
+    z, m, ell = synthetic_rounds(n=1000)
+    ell = torch.where(torch.arange(1000) < 150, ell, torch.full_like(ell, 2))  # positions 3, 4: 150 rows
+    with pytest.warns(UserWarning, match="positions \\[3, 4\\]"):
+        res = fit_sts(z, m, ell)
+    assert res.temperatures[2] == res.temperatures[3] == res.temperatures[1]
+    assert [r.rows for r in position_reports(z, m, ell, torch.ones(4))] == [1000, 1000, 150, 150]
