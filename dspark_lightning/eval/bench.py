@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .hf import hf_generate
-from .runner import run_decode, run_info
+from .runner import run_decode, run_info, warmup
 
 HF, HF_PLD, PLAIN = "HF generate", "HF prompt lookup", "plain decode()"
 OUTPUT_FILES = {
@@ -54,6 +54,8 @@ def bench(
     mixed = [p for v in ids.values() for p in v]
     engines = [HF, HF_PLD, PLAIN, *drafters]
     cells = [(T, b, s) for T in temperatures for b in batches for s in (ids if b == 1 else ["all"])]
+    warmup(target, drafters, scheduler)
+    _hf(target, mixed[:1], 1.0, 1, 4, seed, prompt_lookup_tokens)
     bar = tqdm(total=len(cells) * len(engines) * repeats, desc="bench", unit="run", disable=not progress)
     rows = []
     for T, batch, pset in cells:

@@ -98,6 +98,14 @@ def run_decode(target, drafter, prompts, *, temperature, batch_size, scheduler, 
     }
 
 
+def warmup(target, drafters: dict[str, Any], scheduler: Any = "static") -> None:
+    """One short decode per engine before anything is timed (first-call allocations, lazy initialisation)."""
+    prompt = [target.render_prompt([{"role": "user", "content": "Hello"}])]
+    for d in [None, *drafters.values()]:
+        run_decode(target, d, prompt, temperature=1.0, batch_size=1, scheduler=scheduler if d else "static",
+                   max_new_tokens=4, seed=0)  # fmt: skip
+
+
 def run_info(target, **extra: Any) -> dict:
     import transformers
 
@@ -131,6 +139,7 @@ def evaluate(
     runs: dict[str, dict[str, dict]] = {"plain": {}, **{name: {} for name in drafters}}
     jobs = [(ds, name) for ds in datasets for name in runs]
     kw = {"temperature": temperature, "batch_size": batch_size, "max_new_tokens": max_new_tokens, "seed": seed}
+    warmup(target, drafters, scheduler)
     bar = tqdm(jobs, desc="eval", unit="run", disable=not progress)
     for ds, name in bar:
         bar.set_postfix_str(f"{ds.name} / {name}")
