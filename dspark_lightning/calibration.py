@@ -142,3 +142,109 @@ def fit_sts(
         grid=grid.tolist(),
         copied=copied,
     )
+
+
+# --- rollouts, storage next to the weights, selection at decode time ---------------------------
+CALIBRATION_PROMPTS = {  # held out from every recipe and from `eval`'s first prompts (see eval/prompts.py)
+    "math": {"source": {"name": "gsm_symbolic"}, "skip": 120},
+    "code": {"source": {"name": "humaneval"}, "skip": 120},
+    "chat": {"source": {"name": "sharegpt"}, "skip": 0},
+}
+
+
+def calibration_prompts(domains: list[str], n: int) -> list[str]:
+    """``n`` first user turns per domain from the STS pool (disjoint from training and from `eval`'s sets)."""
+    import itertools
+
+    from .data.sources import build_source
+
+    out = []
+    for dom in domains:
+        if dom not in CALIBRATION_PROMPTS:
+            raise ValueError(f"unknown domain {dom!r}; choose from {', '.join(CALIBRATION_PROMPTS)}")
+        spec = CALIBRATION_PROMPTS[dom]
+        src = dict(spec["source"], limit=spec["skip"] + n)
+        recs = list(itertools.islice(build_source(src), spec["skip"], spec["skip"] + n))
+        if len(recs) < n:
+            raise ValueError(f"the {dom} calibration pool has only {len(recs)} prompts, asked for {n}")
+        out += [r.turns[0] for r in recs]
+    return out
+
+
+def rollouts(target, drafter, prompts, *, temperature: float, max_new_tokens: int, seed: int = 0, batch_size=8):
+    """Real speculative decoding with full-length verification (ℓ = γ) and raw confidences: (z, m, ℓ) per round."""
+    from .infer import decode
+
+    if getattr(drafter, "conf_head", None) is None:
+        raise ValueError("this drafter has no confidence head to calibrate")
+    res = decode(
+        target,
+        drafter,
+        prompts,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        scheduler="static",
+        seed=seed,
+        batch_size=batch_size,
+        calibrated=False,
+    )
+    log = res.log
+    z = torch.stack(log.conf_logits).double()
+    return z, torch.tensor(log.accepted), torch.tensor(log.ell), res
+
+
+def calibration_file(temperature: float) -> str:
+    """One STS file per serving temperature (SPEC §5)."""
+    return f"calibration_T{float(temperature):g}.json"
+
+
+def save_calibration(drafter_dir, res: STSResult, *, temperature: float, dataset: dict, weights_sha256: str):
+    import json
+    from dataclasses import asdict
+    from pathlib import Path
+
+    path = Path(drafter_dir) / calibration_file(temperature)
+    doc = {
+        "temperatures": res.temperatures,
+        "sampling_temperature": float(temperature),
+        "bins": N_BINS,
+        "grid": {"min": min(res.grid), "max": max(res.grid), "size": len(res.grid)},
+        "dataset": dataset,
+        "rows_per_position": [r.rows for r in res.after],
+        "copied_positions": res.copied,
+        "before": [asdict(r) for r in res.before],
+        "after": [asdict(r) for r in res.after],
+        "weights_sha256": weights_sha256,
+    }
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path
+
+
+def load_calibrations(drafter_dir, weights_sha256: str) -> dict[float, list[float]]:
+    """{sampling temperature: STS temperatures} of every calibration file whose weights hash matches."""
+    import json
+    from pathlib import Path
+
+    out = {}
+    for f in sorted(Path(drafter_dir).glob("calibration_T*.json")):
+        doc = json.loads(f.read_text())
+        if doc.get("weights_sha256") != weights_sha256:
+            warnings.warn(f"{f} was fitted for other weights; ignoring it", stacklevel=2)
+            continue
+        out[float(doc["sampling_temperature"])] = [float(t) for t in doc["temperatures"]]
+    return out
+
+
+def temperatures_for(drafter, sampling_temperature: float) -> list[float] | None:
+    """The STS temperatures for this serving temperature (first γ entries), or the drafter's fixed ones, or None."""
+    cals = getattr(drafter, "calibrations", None) or {}
+    g = getattr(drafter, "block_size", None)
+    for T, temps in cals.items():
+        if abs(T - float(sampling_temperature)) < 1e-6:
+            return temps[:g]
+    if cals:
+        warnings.warn(
+            f"no STS calibration for T = {sampling_temperature:g} (have {sorted(cals)}); using raw confidences",
+            stacklevel=3,
+        )
+    return getattr(drafter, "conf_temperatures", None)

@@ -22,6 +22,7 @@ INFER_COMMANDS = {  # subcommand -> (module, function); none of them imports Lig
     "profile": ("dspark_lightning.infer.cli", "run_profile"),
     "eval": ("dspark_lightning.eval.cli", "run_eval"),
     "bench": ("dspark_lightning.eval.cli", "run_bench"),
+    "calibrate": ("dspark_lightning.eval.cli", "run_calibrate"),
 }
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from .calibration import load_calibrations
 from .drafters import CONVENTION, Drafter, build_part, compose
 from .registry import create
 
@@ -105,4 +106,5 @@ def load_drafter(path: str | Path, target: Any = None, map_location: str | torch
         raise DrafterLoadError(f"{path}/model.safetensors does not match the weights hash in config.json")
     drafter.load_state_dict(state, strict=True)
     drafter.source_dir = str(path)
+    drafter.calibrations = load_calibrations(path, cfg["weights_sha256"])  # {sampling T: STS temperatures}
     return drafter.eval()

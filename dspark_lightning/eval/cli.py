@@ -2,6 +2,7 @@
 
 dspark-lightning eval --drafter dspark=outputs/compare/dspark/tb/version_0/drafter --drafter dflash=... --out DIR
 dspark-lightning bench --drafter dspark=... --out outputs/bench
+dspark-lightning calibrate --drafter outputs/compare/dspark/tb/version_0/drafter --temperature 1.0
 """
 
 from __future__ import annotations
@@ -131,3 +132,52 @@ def run_bench(argv: list[str]) -> None:
     paths = write_bench(doc, a.out)
     print(paths["bench.md"].read_text())
     print(f"[dspark-lightning] bench -> {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
+
+
+def calibrate_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="dspark-lightning calibrate", description="Fit STS confidence temperatures (SPEC §5).")
+    p.add_argument("--drafter", type=str, required=True, help="exported drafter directory (the file is saved there)")
+    p.add_argument("--temperature", type=float, default=1.0, help="serving temperature the calibration is for")
+    p.add_argument("--domains", type=str, nargs="+", default=["math", "code", "chat"])
+    p.add_argument("--prompts_per_domain", type=int, default=16, help="STS pool prompts per domain")
+    p.add_argument("--max_new_tokens", type=int, default=128)
+    p.add_argument("--batch_size", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--min_rows", type=int, default=200, help="fewer rounds at a position: copy the previous T")
+    p.add_argument("--report_dir", type=str | None, default=None, help="also write report JSON + reliability PNGs")
+    return p
+
+
+def run_calibrate(argv: list[str]) -> None:
+    import json
+
+    from ..calibration import calibration_prompts, fit_sts, rollouts, save_calibration
+    from ..export import read_config
+    from .report import plot_reliability
+
+    a = calibrate_parser().parse_args(argv)
+    target, drafters = load_drafters([a.drafter], None)
+    drafter = next(iter(drafters.values()))
+    prompts = calibration_prompts(a.domains, a.prompts_per_domain)
+    z, m, ell, _ = rollouts(
+        target, drafter, prompts, temperature=a.temperature, max_new_tokens=a.max_new_tokens, seed=a.seed,
+        batch_size=a.batch_size,
+    )  # fmt: skip
+    res = fit_sts(z, m, ell, min_rows=a.min_rows)
+    dataset = {"domains": a.domains, "prompts": len(prompts), "rounds": int(z.shape[0]), "seed": a.seed}
+    sha = read_config(a.drafter)["weights_sha256"]
+    path = save_calibration(a.drafter, res, temperature=a.temperature, dataset=dataset, weights_sha256=sha)
+    print("| position | rounds | T* | ECE raw → STS | AUROC raw → STS | Brier raw → STS | mean p → mean y |")
+    print("|---|---|---|---|---|---|---|")
+    for T, b, f in zip(res.temperatures, res.before, res.after, strict=True):
+        print(
+            f"| {f.k} | {f.rows} | {T:.3f} | {b.ece:.2%} → {f.ece:.2%} | {b.auroc:.3f} → {f.auroc:.3f} | "
+            f"{b.brier:.4f} → {f.brier:.4f} | {f.mean_p:.3f} → {f.mean_y:.3f} |"
+        )
+    if a.report_dir:
+        out = Path(a.report_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "calibration_report.json").write_text(json.dumps(json.loads(path.read_text()), indent=1) + "\n")
+        ones = [1.0] * len(res.temperatures)
+        plot_reliability(z, m, ell, ones, res.temperatures, out, title=f"T = {a.temperature:g}")
+    print(f"[dspark-lightning] STS temperatures -> {path}", file=sys.stderr)

@@ -103,3 +103,44 @@ def bench_markdown(doc: dict) -> str:
             ]
         )
     return "\n".join(lines + _table(head, rows))
+
+
+def plot_reliability(z, m, ell, temps_before, temps_after, out_dir: str | Path, title: str = "") -> list[Path]:
+    """One reliability diagram per block position (the paper's Figure 6): survival p_k against realised
+    prefix acceptance in 20 equal-width bins, raw and after STS, with the bin counts."""
+    import torch
+
+    from ..calibration import N_BINS, survival_probs
+    from ..plots import plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    before, after = survival_probs(z, torch.as_tensor(temps_before)), survival_probs(z, torch.as_tensor(temps_after))
+    for k in range(z.shape[1]):
+        rows = ell >= k + 1
+        y = (m[rows] >= k + 1).double()
+        fig, (ax, axc) = plt.subplots(2, 1, figsize=(4.2, 4.8), sharex=True, height_ratios=[3, 1])
+        ax.plot([0, 1], [0, 1], "k--", lw=0.8, label="perfect")
+        for p_all, label in ((before, "raw"), (after, "STS")):
+            p = p_all[rows, k]
+            b = (p * N_BINS).floor().long().clamp(max=N_BINS - 1)
+            n = torch.bincount(b, minlength=N_BINS)
+            mp = torch.bincount(b, weights=p, minlength=N_BINS) / n.clamp(min=1)
+            my = torch.bincount(b, weights=y, minlength=N_BINS) / n.clamp(min=1)
+            keep = n > 0
+            ax.plot(mp[keep].tolist(), my[keep].tolist(), "o-", ms=3, label=label)
+            centers = ((torch.arange(N_BINS) + 0.5) / N_BINS).tolist()
+            axc.bar(centers, n.tolist(), width=1 / N_BINS, alpha=0.5, label=label)
+        ax.set_ylabel("realised survival")
+        ax.set_title(f"position {k + 1} ({int(rows.sum())} rounds) {title}", fontsize=9)
+        ax.legend(fontsize=7)
+        axc.set_xlabel("predicted survival a_k")
+        axc.set_ylabel("rounds")
+        axc.set_yscale("log")
+        fig.tight_layout()
+        path = out_dir / f"reliability_pos{k + 1}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths

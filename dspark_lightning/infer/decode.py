@@ -20,10 +20,11 @@ from typing import Any
 
 import torch
 
+from ..calibration import temperatures_for
 from .draft import make_proposer
 from .engine import Engine
 from .sampling import SamplingParams
-from .stats import DecodeStats, summarize
+from .stats import DecodeStats, RoundLog, summarize
 
 Prompt = str | list[int] | list[dict[str, str]] | torch.Tensor
 
@@ -35,6 +36,7 @@ class DecodeResult:
     finish_reasons: list[str]  # "stop" | "stop_string" | "length"
     stats: DecodeStats
     requests: list[dict[str, Any]]  # per request: prompt/output tokens, rounds, tau, ttft_s, decode_s
+    log: RoundLog | None = None  # per request-round records (ℓ, m, e, survival, raw confidence logits)
 
 
 def encode_prompt(target, prompt: Prompt, chat: bool = True) -> list[int]:
@@ -108,7 +110,8 @@ def decode(
         stop_token_ids: tokens that end a request (default: the target's EOS / end-of-turn ids).
         batch_size: requests decoded together (default: all); more prompts join as others finish.
         layout: target/drafter cache layout, ``padded`` or ``flat`` (see :mod:`.kvcache`).
-        calibrated: apply the drafter's STS confidence temperatures when it has them.
+        calibrated: apply the drafter's STS confidence temperatures for this sampling temperature when it has
+            them (``calibration_T<T>.json`` in its directory); False uses the raw confidence head.
         verifier: registered verifier name (``hf``).
         on_commit: ``fn(prompt_index, new_token_ids)`` after every round (streaming).
         progress: show a progress bar over finished requests.
@@ -125,7 +128,7 @@ def decode(
         raise ValueError("decode() needs at least one prompt")
     encoded = [encode_prompt(target, p, chat) for p in prompt_list]
     params = SamplingParams(temperature, top_k, top_p)
-    temps = getattr(drafter, "conf_temperatures", None) if calibrated else None
+    temps = temperatures_for(drafter, temperature) if calibrated and drafter is not None else None
     proposer = make_proposer(drafter, layout=layout, conf_temperatures=temps) if drafter is not None else None
     engine = Engine(
         target,
@@ -202,7 +205,8 @@ def _result(engine: Engine, target, total_s: float) -> DecodeResult:
     generated = sum(len(r.output) for r in reqs)
     time_s = {**engine.time_s, "total": total_s}
     stats = summarize(engine.log, engine.block_size, generated, len(reqs), time_s)
-    return DecodeResult(texts, [list(r.output) for r in reqs], [r.finish_reason for r in reqs], stats, per)
+    outputs, reasons = [list(r.output) for r in reqs], [r.finish_reason for r in reqs]
+    return DecodeResult(texts, outputs, reasons, stats, per, engine.log)
 
 
 def _text(tokenizer, ids: list[int], stop_strings: list[str]) -> str:

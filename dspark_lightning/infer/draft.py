@@ -33,6 +33,7 @@ class Proposal:
     q: torch.Tensor  # (R, γ, V) fp32 laws the tokens were sampled from
     conf: torch.Tensor  # (R, γ) conditional confidences ĉ_k in [0, 1], each computed before x_k was sampled
     logits: torch.Tensor  # (R, γ, V) final draft logits z_k
+    conf_logits: torch.Tensor | None = None  # (R, γ) raw confidence-head logits (before STS), if there is a head
 
 
 def draft_confidence(q: torch.Tensor, z: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -152,7 +153,7 @@ class BlockProposer:
         R = h.shape[0]
         prev = anchors
         state = sh.init_state(R, h) if sh is not None else None
-        toks, qs, confs, zs = [], [], [], []
+        toks, qs, confs, zs, raw = [], [], [], [], []
         for k in range(g):
             z, feat = base[:, k], None
             if sh is not None:
@@ -161,6 +162,7 @@ class BlockProposer:
             q = probs(z, params)  # (R, V) fp32: sampled from and tested against
             if ch is not None:
                 logit = ch(h[:, k], feat).float()
+                raw.append(logit)
                 c = torch.sigmoid(logit if self.temps is None else logit / self.temps[k])
             else:
                 c = draft_confidence(q, z, params)
@@ -173,5 +175,9 @@ class BlockProposer:
             zs.append(z)
             prev = x
         return Proposal(
-            tokens=torch.stack(toks, 1), q=torch.stack(qs, 1), conf=torch.stack(confs, 1), logits=torch.stack(zs, 1)
+            tokens=torch.stack(toks, 1),
+            q=torch.stack(qs, 1),
+            conf=torch.stack(confs, 1),
+            logits=torch.stack(zs, 1),
+            conf_logits=torch.stack(raw, 1) if raw else None,
         )

@@ -172,7 +172,8 @@ class Engine:
                 new, ell_eff, m_eff, stopped = acc[: hit[0] + 1], hit[0] + 1, hit[0] + 1, True
             else:
                 new, ell_eff, m_eff, stopped = [*acc, y], ell_l[i], m, y in self.stop_ids
-            self.log.add(r.index, ell_eff, m_eff, len(new), None if a is None else a[i].float().cpu())
+            z = None if prop is None or prop.conf_logits is None else prop.conf_logits[i].cpu()
+            self.log.add(r.index, ell_eff, m_eff, len(new), None if a is None else a[i].float().cpu(), z)
             keep = len(r.output)
             self._commit(r, new, stopped)
             committed.append((r, r.output[keep:]))

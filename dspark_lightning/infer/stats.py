@@ -21,16 +21,19 @@ class RoundLog:
     committed: list[int] = field(default_factory=list)  # e_i
     request: list[int] = field(default_factory=list)  # request index (prompt order)
     survival: list[torch.Tensor] = field(default_factory=list)  # (γ,) a_{i,k} the scheduler saw (empty w/o drafter)
+    conf_logits: list[torch.Tensor] = field(default_factory=list)  # (γ,) raw confidence logits (drafters with a head)
     step_tokens: list[int] = field(default_factory=list)  # per batched step: B = sum_r (1 + l_r)
     step_requests: list[int] = field(default_factory=list)  # per batched step: R
 
-    def add(self, request: int, ell: int, m: int, e: int, a: torch.Tensor | None) -> None:
+    def add(self, request: int, ell: int, m: int, e: int, a: torch.Tensor | None, z: torch.Tensor | None = None):
         self.request.append(request)
         self.ell.append(ell)
         self.accepted.append(m)
         self.committed.append(e)
         if a is not None:
             self.survival.append(a)
+        if z is not None:
+            self.conf_logits.append(z)
 
 
 def position_rates(ell: torch.Tensor, m: torch.Tensor, g: int) -> tuple[list[float | None], list[float | None]]:

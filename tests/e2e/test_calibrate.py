@@ -1,0 +1,72 @@
+"""STS calibration: the command, the file next to the weights, and its effect on decoding."""
+
+import json
+
+import pytest
+import torch
+
+from dspark_lightning import create, load_drafter, load_target
+from dspark_lightning.calibration import STSResult, calibration_file, position_reports, save_calibration
+from dspark_lightning.export import read_config, save_drafter
+from dspark_lightning.infer import decode
+
+from .conftest import run_main
+
+
+@pytest.fixture
+def drafter_dir(tmp_path):
+    target = load_target("tiny-debug")
+    torch.manual_seed(0)
+    d = create("drafter", "dspark", target, block_size=3, backbone={"name": "dense", "num_layers": 1})
+    return save_drafter(d, tmp_path / "dspark", target)
+
+
+def test_calibrate_command_writes_the_file_and_the_report(drafter_dir, tmp_path, capsys):
+    report = tmp_path / "report"
+    args = ["calibrate", "--drafter", str(drafter_dir), "--prompts_per_domain", "2", "--max_new_tokens", "16"]
+    code, out, err = run_main(args + ["--min_rows", "10", "--report_dir", str(report)], capsys)
+    assert code == 0, err[-2000:]
+    doc = json.loads((drafter_dir / calibration_file(1.0)).read_text())
+    assert len(doc["temperatures"]) == 3 and all(t > 0 for t in doc["temperatures"])
+    assert doc["weights_sha256"] == read_config(drafter_dir)["weights_sha256"] and doc["bins"] == 20
+    assert doc["dataset"]["prompts"] == 6 and doc["rows_per_position"][0] == doc["dataset"]["rounds"]
+    for before, after in zip(doc["before"], doc["after"], strict=True):
+        assert after["ece"] <= before["ece"] + 1e-12  # T = 1 is in the grid, so STS never does worse
+    assert sorted(p.name for p in report.iterdir()) == [
+        "calibration_report.json", *(f"reliability_pos{k}.png" for k in (1, 2, 3))
+    ]  # fmt: skip
+    assert "| 1 |" in out and "ECE raw → STS" in out
+
+
+def _save(drafter_dir, temps, sha=None):
+    z, m, ell = torch.zeros(4, 3), torch.zeros(4), torch.full((4,), 3)
+    rep = position_reports(z, m, ell, torch.ones(3))
+    res = STSResult(temperatures=temps, before=rep, after=rep, grid=[1.0])
+    sha = sha or read_config(drafter_dir)["weights_sha256"]
+    return save_calibration(drafter_dir, res, temperature=1.0, dataset={"test": True}, weights_sha256=sha)
+
+
+def test_temperatures_round_trip_and_change_the_schedule(drafter_dir):
+    _save(drafter_dir, [0.01, 0.01, 0.01])
+    target = load_target("tiny-debug")
+    drafter = load_drafter(drafter_dir, target)
+    assert drafter.calibrations == {1.0: [0.01, 0.01, 0.01]}
+    prompts = ["hello there", "count to ten"]
+    kw = {"max_new_tokens": 12, "temperature": 1.0, "seed": 1, "scheduler": {"name": "threshold", "threshold": 0.9}}
+    raw = decode(target, drafter, prompts, calibrated=False, **kw)
+    cal = decode(target, drafter, prompts, **kw)
+    z_raw, z_cal = torch.stack(raw.log.conf_logits), torch.stack(cal.log.conf_logits)  # raw logits, always logged
+    a_raw, a_cal = torch.stack(raw.log.survival), torch.stack(cal.log.survival)
+    torch.testing.assert_close(a_raw[:, 0], torch.sigmoid(z_raw[:, 0]))
+    torch.testing.assert_close(a_cal[:, 0], torch.sigmoid(z_cal[:, 0] / 0.01))  # ĉ_1 = σ(z_1 / T*_1)
+    # raw ĉ ≈ 0.5 never clears θ = 0.9; with T = 0.01 a positive first logit gives ĉ_1 ≈ 1, so drafts get verified
+    assert raw.stats.mean_verify_len == 0 < cal.stats.mean_verify_len
+    with pytest.warns(UserWarning, match="no STS calibration for T = 0"):
+        decode(target, drafter, prompts, max_new_tokens=4, temperature=0.0)
+
+
+def test_a_calibration_for_other_weights_is_ignored(drafter_dir):
+    _save(drafter_dir, [0.5, 0.5, 0.5], sha="0" * 64)
+    with pytest.warns(UserWarning, match="other weights"):
+        drafter = load_drafter(drafter_dir, load_target("tiny-debug"))
+    assert drafter.calibrations == {}
