@@ -19,33 +19,9 @@ import torch
 
 from dspark_lightning import load_drafter, load_target
 from dspark_lightning.eval import eval_prompts, hf_generate
+from dspark_lightning.eval.runner import run_decode
 from dspark_lightning.export import read_config
 from dspark_lightning.infer import SPSTable, decode
-
-
-def run_ours(target, drafter, prompts, scheduler, T, batch, max_new, seed):
-    res = decode(
-        target,
-        drafter,
-        prompts,
-        max_new_tokens=max_new,
-        temperature=T,
-        scheduler=scheduler,
-        seed=seed,
-        batch_size=batch,
-    )
-    s = res.stats
-    return {
-        "token_ids": res.token_ids,
-        "generated_tokens": s.generated_tokens,
-        "time_s": s.time_s["total"],
-        "tau": s.tau if drafter is not None else None,
-        "acceptance_rate": s.acceptance_rate,
-        "mean_verify_len": s.mean_verify_len,
-        "survival": s.survival,
-        "conditional_acceptance": s.conditional_acceptance,
-        "time_split_s": s.time_s,
-    }
 
 
 def main() -> None:
@@ -82,7 +58,16 @@ def main() -> None:
                 if spec is None:
                     r = hf_generate(target, prompts, a.max_new_tokens, temperature=T, batch_size=batch, seed=a.seed)
                 else:
-                    r = run_ours(target, spec[0], prompts, spec[1], T, batch, a.max_new_tokens, a.seed)
+                    r = run_decode(
+                        target,
+                        spec[0],
+                        prompts,
+                        temperature=T,
+                        batch_size=batch,
+                        scheduler=spec[1],
+                        max_new_tokens=a.max_new_tokens,
+                        seed=a.seed,
+                    )
                 r.update(engine=name, temperature=T, batch=batch, tok_s=r["generated_tokens"] / r["time_s"])
                 rows.append(r)
                 print(

@@ -30,7 +30,7 @@ from torch import nn
 from ..modules import InjectedAttention, RMSNorm, SwiGLU, rope_cos_sin
 from ..registry import register
 from ..targets import TargetGeometry
-from .drafter import CONVENTION, DraftOutput
+from .drafter import CONVENTION, DraftOutput, SharesTargetParts
 
 KINDS = ("eagle3", "mtp")
 
@@ -72,7 +72,7 @@ class ChainLayer(nn.Module):
         return h + self.mlp(self.post_norm(h))
 
 
-class ChainDrafter(nn.Module):
+class ChainDrafter(SharesTargetParts, nn.Module):
     """EAGLE-3 / MTP drafter: a :class:`ChainLayer`, a feature map, the target's frozen embedding and LM head.
 
     Args:
@@ -110,15 +110,7 @@ class ChainDrafter(nn.Module):
         self.hparams = {"ttt_steps": self.ttt_steps, "intermediate_size": intermediate_size}
         self.convention = CONVENTION
         self.seq_head = self.conf_head = None  # no sequential or confidence head: ĉ is the draft's top probability
-        self._shared = (embed, lm_head)
-
-    @property
-    def embed(self) -> nn.Embedding:
-        return self._shared[0]
-
-    @property
-    def lm_head(self) -> nn.Linear:
-        return self._shared[1]
+        self._shared = (embed, lm_head)  # a tuple attribute is not a registered sub-module
 
     def config(self) -> dict[str, Any]:
         return {

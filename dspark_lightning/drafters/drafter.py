@@ -33,7 +33,21 @@ class DraftOutput:
     hidden: torch.Tensor  # (B, A, γ, d) backbone outputs h_k
 
 
-class Drafter(nn.Module):
+class SharesTargetParts:
+    """The target's token embedding and LM head, held by reference in ``self._shared`` (never trained or saved)."""
+
+    _shared: tuple[nn.Embedding, nn.Linear]
+
+    @property
+    def embed(self) -> nn.Embedding:
+        return self._shared[0]
+
+    @property
+    def lm_head(self) -> nn.Linear:
+        return self._shared[1]
+
+
+class Drafter(SharesTargetParts, nn.Module):
     def __init__(
         self,
         backbone: nn.Module,
@@ -64,14 +78,6 @@ class Drafter(nn.Module):
         self.mask_token_id = int(mask_token_id)
         self.convention = CONVENTION
         self._shared = (embed, lm_head)  # a tuple attribute is not a registered sub-module
-
-    @property
-    def embed(self) -> nn.Embedding:
-        return self._shared[0]
-
-    @property
-    def lm_head(self) -> nn.Linear:
-        return self._shared[1]
 
     def config(self) -> dict[str, Any]:
         """Everything needed to rebuild this drafter from the registry (see export.py)."""
