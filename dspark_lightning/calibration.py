@@ -121,11 +121,13 @@ def fit_sts(
     closeness = grid.log().abs()
     for k in range(g):
         rows = ell >= k + 1
-        if int(rows.sum()) < min_rows:
+        y = (m[rows] >= k + 1).double()
+        # too few rows, or one class only (every T then scores ECE = |mean p - y|, which only pushes T to the grid's
+        # edge): keep the previous position's temperature
+        if int(rows.sum()) < min_rows or y.numel() == 0 or bool((y == y[0]).all()):
             temps[k] = temps[k - 1] if k > 0 else 1.0
             copied.append(k + 1)
         else:
-            y = (m[rows] >= k + 1).double()
             pre, zk = prefix[rows], z[rows, k]
             errs = torch.tensor([ece(pre * torch.sigmoid(zk / T), y) for T in grid], dtype=torch.float64)
             best = errs.min()
@@ -133,7 +135,9 @@ def fit_sts(
             temps[k] = grid[ties[closeness[ties].argmin()]]
         prefix = prefix * torch.sigmoid(z[:, k] / temps[k])
     if copied:
-        msg = f"STS: fewer than {min_rows} rows at positions {copied}; copied the previous temperature"
+        msg = (
+            f"STS: fewer than {min_rows} rows or one class only at positions {copied}; copied the previous temperature"
+        )
         warnings.warn(msg, stacklevel=2)
     return STSResult(
         temperatures=temps.tolist(),

@@ -55,3 +55,11 @@ def test_sts_copies_the_temperature_with_too_few_rows():
         res = fit_sts(z, m, ell)
     assert res.temperatures[2] == res.temperatures[3] == res.temperatures[1]
     assert [r.rows for r in position_reports(z, m, ell, torch.ones(4))] == [1000, 1000, 150, 150]
+
+
+def test_sts_copies_the_temperature_when_no_round_survives_a_position():
+    z, m, ell = synthetic_rounds(n=2000)
+    m = m.clamp(max=2)  # nothing survives positions 3 and 4: one class only
+    with pytest.warns(UserWarning, match="positions \\[3, 4\\]"):
+        res = fit_sts(z, m, ell)
+    assert res.temperatures[2] == res.temperatures[3] == res.temperatures[1]
