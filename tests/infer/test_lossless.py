@@ -150,6 +150,12 @@ def toy_sps():
     return SPSTable.from_points({1: 1.0, R: 1.0, int(1.5 * R): 0.8, 2 * R: 0.55, 4 * R: 0.3})
 
 
+def toy_decode(toy_target, drafter, **kw):
+    """N_SAMPLES copies of PROMPT, 4 new tokens each, no stop token: (N, 4) output ids."""
+    res = decode(toy_target, drafter, [PROMPT] * N_SAMPLES, max_new_tokens=4, stop_token_ids=[], **kw)
+    return res, torch.tensor(res.token_ids)
+
+
 @pytest.mark.parametrize("quality", ["bad", "good"])
 @pytest.mark.parametrize("scheduler", ["static", "threshold", "hardware_aware"])
 def test_decode_output_law_matches_target(toy_target, marginals, quality, scheduler):
@@ -158,17 +164,7 @@ def test_decode_output_law_matches_target(toy_target, marginals, quality, schedu
     # drafter runs the target, so on a loaded machine its cost alone would push every length to 0).
     hw = {"name": "hardware_aware", "sps": toy_sps(), "include_draft_time": False}
     spec = hw if scheduler == "hardware_aware" else scheduler
-    res = decode(
-        toy_target,
-        drafter,
-        [PROMPT] * N_SAMPLES,
-        max_new_tokens=4,
-        temperature=1.0,
-        scheduler=spec,
-        seed=3,
-        stop_token_ids=[],
-    )
-    out = torch.tensor(res.token_ids)  # (N, 4)
+    res, out = toy_decode(toy_target, drafter, temperature=1.0, scheduler=spec, seed=3)
     assert out.shape == (N_SAMPLES, 4)
     if scheduler != "static":
         assert 0 < res.stats.mean_verify_len < 3  # the scheduler really mixes lengths
@@ -180,18 +176,7 @@ def test_decode_output_law_matches_target(toy_target, marginals, quality, schedu
 
 
 def test_decode_law_with_top_k_and_temperature(toy_target, marginals):
-    res = decode(
-        toy_target,
-        OracleDrafter(toy_target, 3, mix=0.6),
-        [PROMPT] * N_SAMPLES,
-        max_new_tokens=4,
-        temperature=0.8,
-        top_k=5,
-        scheduler="static",
-        seed=4,
-        stop_token_ids=[],
-    )
-    out = torch.tensor(res.token_ids)
+    _, out = toy_decode(toy_target, OracleDrafter(toy_target, 3, mix=0.6), temperature=0.8, top_k=5, seed=4)
     for pos in (1, 3):
         counts = torch.bincount(out[:, pos], minlength=8).double()
         expected = marginals[(0.8, 5)][pos]
@@ -202,17 +187,7 @@ def test_decode_law_with_top_k_and_temperature(toy_target, marginals):
 @pytest.mark.parametrize("drafter_name", [n for n in names("drafter") if n != "dspark"])  # dspark: above
 def test_decode_output_law_every_drafter(toy_target, marginals, drafter_name):
     """Every registered drafter (chain drafters included) keeps the target's output law at T = 1."""
-    res = decode(
-        toy_target,
-        make_drafter(toy_target, drafter_name, block_size=3),
-        [PROMPT] * N_SAMPLES,
-        max_new_tokens=4,
-        temperature=1.0,
-        scheduler="static",
-        seed=5,
-        stop_token_ids=[],
-    )
-    out = torch.tensor(res.token_ids)
+    _, out = toy_decode(toy_target, make_drafter(toy_target, drafter_name, block_size=3), temperature=1.0, seed=5)
     for pos in (1, 3):
         counts = torch.bincount(out[:, pos], minlength=8).double()
         assert chi2_pvalue(counts, marginals[(1.0,)][pos]) > 1e-3, (drafter_name, pos, counts)
