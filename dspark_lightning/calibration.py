@@ -26,7 +26,11 @@ def default_grid() -> torch.Tensor:
 
 
 def ece(p: torch.Tensor, y: torch.Tensor, n_bins: int = N_BINS) -> float:
-    """Σ_b (N_b/N)·|mean_b p − mean_b y| with b = min(⌊n_bins·p⌋, n_bins − 1)."""
+    """Σ_b (N_b/N)·|mean_b p − mean_b y| with b = min(⌊n_bins·p⌋, n_bins − 1).
+
+    The binning of torchmetrics' ``binary_calibration_error`` (tested equal), in one bincount: the STS grid
+    search calls it 401 times per position. Reports use torchmetrics itself (:func:`position_reports`).
+    """
     p, y = p.double().clamp(EPS, 1 - EPS), y.double()
     if p.numel() == 0:
         return float("nan")
@@ -37,24 +41,30 @@ def ece(p: torch.Tensor, y: torch.Tensor, n_bins: int = N_BINS) -> float:
 
 
 def auroc(p: torch.Tensor, y: torch.Tensor) -> float:
-    """Exact Mann–Whitney AUROC, ties counted ½ (nan when one class is absent)."""
-    p, y = p.double(), y.bool()
-    n_pos, n_neg = int(y.sum()), int((~y).sum())
-    if n_pos == 0 or n_neg == 0:
+    """torchmetrics' binary AUROC (ties count ½); nan when one class is absent."""
+    from torchmetrics.functional.classification import binary_auroc
+
+    y = y.long()
+    if p.numel() == 0 or bool((y == y[0]).all()):
         return float("nan")
-    # average ranks handle ties exactly
-    order = torch.argsort(p)
-    sp = p[order]
-    ranks = torch.empty_like(p)
-    uniq, inv, counts = torch.unique_consecutive(sp, return_inverse=True, return_counts=True)
-    ends = torch.cumsum(counts, 0).double()
-    avg = ends - (counts.double() - 1) / 2  # 1-based average rank of each tie group
-    ranks[order] = avg[inv]
-    return float((ranks[y].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+    return float(binary_auroc(p.double(), y, validate_args=False))
 
 
 def brier(p: torch.Tensor, y: torch.Tensor) -> float:
-    return float(((p.double() - y.double()) ** 2).mean()) if p.numel() else float("nan")
+    """Mean squared error of the probabilities (torchmetrics has no binary Brier score by that name)."""
+    from torchmetrics.functional import mean_squared_error
+
+    return float(mean_squared_error(p.double(), y.double())) if p.numel() else float("nan")
+
+
+def reported_ece(p: torch.Tensor, y: torch.Tensor, n_bins: int = N_BINS) -> float:
+    """torchmetrics' 20-bin L1 calibration error (the same number as :func:`ece`)."""
+    from torchmetrics.functional.classification import binary_calibration_error
+
+    if p.numel() == 0:
+        return float("nan")
+    p = p.double().clamp(EPS, 1 - EPS)
+    return float(binary_calibration_error(p, y.long(), n_bins=n_bins, norm="l1", validate_args=False))
 
 
 def survival_probs(z: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:
@@ -87,7 +97,7 @@ def position_reports(z, m, ell, temps) -> list[PositionReport]:
                 int(rows.sum()),
                 float(pk.mean()) if pk.numel() else float("nan"),
                 float(yk.mean()) if yk.numel() else float("nan"),
-                ece(pk, yk),
+                reported_ece(pk, yk),
                 auroc(pk, yk),
                 brier(pk, yk),
             )
@@ -175,8 +185,29 @@ def calibration_prompts(domains: list[str], n: int) -> list[str]:
     return out
 
 
-def rollouts(target, drafter, prompts, *, temperature: float, max_new_tokens: int, seed: int = 0, batch_size=8):
-    """Real speculative decoding with full-length verification (ℓ = γ) and raw confidences: (z, m, ℓ) per round."""
+@dataclass
+class Rollouts:
+    """Per request-round records of full-length decoding: what STS fits and what the report scores."""
+
+    z: torch.Tensor  # (N, γ) raw confidence logits
+    m: torch.Tensor  # (N,) accepted drafts
+    ell: torch.Tensor  # (N,) effective verified lengths
+    prompt: torch.Tensor  # (N,) index of the prompt the round belongs to
+
+    def rows(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.z[mask], self.m[mask], self.ell[mask]
+
+    def save(self, path) -> None:
+        torch.save({k: getattr(self, k) for k in ("z", "m", "ell", "prompt")}, path)
+
+    @classmethod
+    def load(cls, path) -> Rollouts:
+        return cls(**torch.load(path, weights_only=True))
+
+
+def rollouts(target, drafter, prompts, *, temperature: float, max_new_tokens: int, seed: int = 0, batch_size=8,
+             progress: bool = False) -> Rollouts:  # fmt: skip
+    """Real speculative decoding with full-length verification (ℓ = γ) and raw confidences, per round."""
     from .infer import decode
 
     if getattr(drafter, "conf_head", None) is None:
@@ -191,10 +222,24 @@ def rollouts(target, drafter, prompts, *, temperature: float, max_new_tokens: in
         seed=seed,
         batch_size=batch_size,
         calibrated=False,
+        progress=progress,
     )
     log = res.log
-    z = torch.stack(log.conf_logits).double()
-    return z, torch.tensor(log.accepted), torch.tensor(log.ell), res
+    return Rollouts(
+        torch.stack(log.conf_logits).double(),
+        torch.tensor(log.accepted),
+        torch.tensor(log.ell),
+        torch.tensor(log.request),
+    )
+
+
+def heldout_prompts(per_domain: int, domains: int, fraction: float) -> list[int]:
+    """Indices of the held-out prompts: every 1/fraction-th prompt of each domain's run (interleaved, so both
+    splits cover every domain and the same prompt lengths); their rounds are never used by the fit."""
+    if not 0 <= fraction < 1:
+        raise ValueError(f"heldout_fraction must be in [0, 1), got {fraction}")
+    picks = [i for i in range(per_domain) if math.floor((i + 1) * fraction) > math.floor(i * fraction)]
+    return [d * per_domain + i for d in range(domains) for i in picks]
 
 
 def calibration_file(temperature: float) -> str:
@@ -202,7 +247,16 @@ def calibration_file(temperature: float) -> str:
     return f"calibration_T{float(temperature):g}.json"
 
 
-def save_calibration(drafter_dir, res: STSResult, *, temperature: float, dataset: dict, weights_sha256: str):
+def save_calibration(
+    drafter_dir,
+    res: STSResult,
+    *,
+    temperature: float,
+    dataset: dict,
+    weights_sha256: str,
+    heldout: tuple[list[PositionReport], list[PositionReport]] | None = None,
+):
+    """Write ``calibration_T<T>.json`` next to the weights; ``heldout`` = (raw, STS) reports on unseen prompts."""
     import json
     from dataclasses import asdict
     from pathlib import Path
@@ -220,6 +274,8 @@ def save_calibration(drafter_dir, res: STSResult, *, temperature: float, dataset
         "after": [asdict(r) for r in res.after],
         "weights_sha256": weights_sha256,
     }
+    if heldout is not None:
+        doc["heldout"] = {"before": [asdict(r) for r in heldout[0]], "after": [asdict(r) for r in heldout[1]]}
     path.write_text(json.dumps(doc, indent=1) + "\n")
     return path
 

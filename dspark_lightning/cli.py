@@ -23,6 +23,8 @@ INFER_COMMANDS = {  # subcommand -> (module, function); none of them imports Lig
     "eval": ("dspark_lightning.eval.cli", "run_eval"),
     "bench": ("dspark_lightning.eval.cli", "run_bench"),
     "calibrate": ("dspark_lightning.eval.cli", "run_calibrate"),
+    "threshold-sweep": ("dspark_lightning.eval.cli", "run_threshold_sweep"),
+    "serve-bench": ("dspark_lightning.eval.cli", "run_serve_bench"),
 }
 
 

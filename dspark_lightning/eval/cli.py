@@ -140,44 +140,149 @@ def calibrate_parser() -> ArgumentParser:
     p.add_argument("--temperature", type=float, default=1.0, help="serving temperature the calibration is for")
     p.add_argument("--domains", type=str, nargs="+", default=["math", "code", "chat"])
     p.add_argument("--prompts_per_domain", type=int, default=16, help="STS pool prompts per domain")
+    p.add_argument("--heldout_fraction", type=float, default=0.5, help="prompts kept out of the fit and scored after")
     p.add_argument("--max_new_tokens", type=int, default=128)
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--min_rows", type=int, default=200, help="fewer rounds at a position: copy the previous T")
-    p.add_argument("--report_dir", type=str | None, default=None, help="also write report JSON + reliability PNGs")
+    p.add_argument("--report_dir", type=str | None, default=None, help="also write report JSON, PNGs and rollouts.pt")
+    p.add_argument("--rollouts", type=str | None, default=None, help="refit from a saved rollouts.pt (no decoding)")
     return p
 
 
 def run_calibrate(argv: list[str]) -> None:
     import json
 
-    from ..calibration import calibration_prompts, fit_sts, rollouts, save_calibration
+    import torch
+
+    from ..calibration import Rollouts, fit_sts, heldout_prompts, position_reports, rollouts, save_calibration
     from ..export import read_config
-    from .report import plot_reliability
+    from .report import calibration_markdown, plot_reliability
 
     a = calibrate_parser().parse_args(argv)
     target, drafters = load_drafters([a.drafter], None)
     drafter = next(iter(drafters.values()))
-    prompts = calibration_prompts(a.domains, a.prompts_per_domain)
-    z, m, ell, _ = rollouts(
-        target, drafter, prompts, temperature=a.temperature, max_new_tokens=a.max_new_tokens, seed=a.seed,
-        batch_size=a.batch_size,
-    )  # fmt: skip
-    res = fit_sts(z, m, ell, min_rows=a.min_rows)
-    dataset = {"domains": a.domains, "prompts": len(prompts), "rounds": int(z.shape[0]), "seed": a.seed}
+    if a.rollouts:
+        ro = Rollouts.load(a.rollouts)
+    else:
+        from ..calibration import calibration_prompts
+
+        prompts = calibration_prompts(a.domains, a.prompts_per_domain)
+        ro = rollouts(target, drafter, prompts, temperature=a.temperature, max_new_tokens=a.max_new_tokens,
+                      seed=a.seed, batch_size=a.batch_size, progress=True)  # fmt: skip
+    held_ids = heldout_prompts(a.prompts_per_domain, len(a.domains), a.heldout_fraction)
+    held = torch.isin(ro.prompt, torch.tensor(held_ids, dtype=torch.long))
+    if bool(held.all()):
+        raise ValueError("every prompt is held out: lower --heldout_fraction or raise --prompts_per_domain")
+    res = fit_sts(*ro.rows(~held), min_rows=a.min_rows)
+    ones = torch.ones(len(res.temperatures), dtype=torch.float64)
+    heldout = None
+    if bool(held.any()):
+        heldout = tuple(position_reports(*ro.rows(held), t) for t in (ones, torch.tensor(res.temperatures)))
+    dataset = {
+        "domains": a.domains,
+        "prompts_per_domain": a.prompts_per_domain,
+        "heldout_fraction": a.heldout_fraction,
+        "rounds": int(ro.z.shape[0]),
+        "fit_rounds": int((~held).sum()),
+        "heldout_rounds": int(held.sum()),
+        "max_new_tokens": a.max_new_tokens,
+        "seed": a.seed,
+    }
     sha = read_config(a.drafter)["weights_sha256"]
-    path = save_calibration(a.drafter, res, temperature=a.temperature, dataset=dataset, weights_sha256=sha)
-    print("| position | rounds | T* | ECE raw → STS | AUROC raw → STS | Brier raw → STS | mean p → mean y |")
-    print("|---|---|---|---|---|---|---|")
-    for T, b, f in zip(res.temperatures, res.before, res.after, strict=True):
-        print(
-            f"| {f.k} | {f.rows} | {T:.3f} | {b.ece:.2%} → {f.ece:.2%} | {b.auroc:.3f} → {f.auroc:.3f} | "
-            f"{b.brier:.4f} → {f.brier:.4f} | {f.mean_p:.3f} → {f.mean_y:.3f} |"
-        )
+    path = save_calibration(a.drafter, res, temperature=a.temperature, dataset=dataset, weights_sha256=sha,
+                            heldout=heldout)  # fmt: skip
+    doc = json.loads(path.read_text())
+    print(calibration_markdown(doc))
     if a.report_dir:
         out = Path(a.report_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "calibration_report.json").write_text(json.dumps(json.loads(path.read_text()), indent=1) + "\n")
-        ones = [1.0] * len(res.temperatures)
-        plot_reliability(z, m, ell, ones, res.temperatures, out, title=f"T = {a.temperature:g}")
+        (out / "calibration_report.json").write_text(json.dumps(doc, indent=1) + "\n")
+        (out / "calibration_report.md").write_text(calibration_markdown(doc) + "\n")
+        if not a.rollouts:
+            ro.save(out / "rollouts.pt")
+        rows = held if heldout is not None else ~held
+        which = "held-out" if heldout is not None else "fit set"
+        plot_reliability(*ro.rows(rows), ones.tolist(), res.temperatures, out, title=f"{which}, T = {a.temperature:g}")
     print(f"[dspark-lightning] STS temperatures -> {path}", file=sys.stderr)
+
+
+def sweep_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="dspark-lightning threshold-sweep", description="Confidence-threshold sweep (Figure 5).")
+    _common(p, 64, 0, "(fixed: threshold)")
+    p.add_argument("--thresholds", type=float, nargs="+", default=[round(0.1 * i, 1) for i in range(10)])
+    p.add_argument("--mode", type=str, default="cumulative", help="cumulative (calibrated survival a_k) or raw")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--batch_size", type=int, default=8)
+    p.add_argument("--raw_confidences", type=bool, default=False, help="ignore the drafter's STS calibration")
+    return p
+
+
+def run_threshold_sweep(argv: list[str]) -> None:
+    from .runner import builtin_datasets
+    from .sweep import threshold_sweep, write_threshold_sweep
+
+    a = sweep_parser().parse_args(argv)
+    if len(a.drafter) != 1:
+        raise ValueError("give exactly one --drafter")
+    target, drafters = load_drafters(a.drafter, a.target)
+    doc = threshold_sweep(
+        target,
+        next(iter(drafters.values())),
+        builtin_datasets(a.domains, a.prompts_per_domain),
+        thresholds=a.thresholds,
+        mode=a.mode,
+        temperature=a.temperature,
+        max_new_tokens=a.max_new_tokens,
+        batch_size=a.batch_size,
+        calibrated=not a.raw_confidences,
+        seed=a.seed,
+    )
+    paths = write_threshold_sweep(doc, a.out)
+    print(paths["threshold_sweep.md"].read_text())
+    print(f"[dspark-lightning] threshold-sweep -> {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
+
+
+def serve_parser() -> ArgumentParser:
+    from .serve import DEFAULT_METHODS
+
+    p = ArgumentParser(prog="dspark-lightning serve-bench", description="Closed-loop concurrency study (Figures 7-8).")
+    _common(p, 64, 0, "(use --methods)")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    p.add_argument("--methods", type=str, nargs="+", default=DEFAULT_METHODS,
+                   help="plain, static:γ, threshold:θ, hardware_aware, async_hardware_aware")  # fmt: skip
+    p.add_argument("--window_s", type=float, default=20.0, help="measured seconds per cell (after warm-up)")
+    p.add_argument("--temperature", type=float, default=1.0)
+    return p
+
+
+def run_serve_bench(argv: list[str]) -> None:
+    from .runner import builtin_datasets
+    from .serve import serve_bench, write_serve_bench
+
+    a = serve_parser().parse_args(argv)
+    if len(a.drafter) > 1:
+        raise ValueError("give one --drafter (the methods compare its schedulers)")
+    target, drafters = load_drafters(a.drafter, a.target)
+    sps = None
+    if a.sps:
+        from ..infer import SPSTable
+
+        sps = SPSTable.load(a.sps)
+    datasets = builtin_datasets(a.domains, a.prompts_per_domain)
+    prompts = [p for group in zip(*(d.prompts for d in datasets), strict=True) for p in group]  # domains interleaved
+    doc = serve_bench(
+        target,
+        next(iter(drafters.values()), None),
+        prompts,
+        concurrency=tuple(a.concurrency),
+        methods=a.methods,
+        sps=sps,
+        temperature=a.temperature,
+        max_new_tokens=a.max_new_tokens,
+        window_s=a.window_s,
+        seed=a.seed,
+    )
+    paths = write_serve_bench(doc, a.out)
+    print(paths["serve_bench.md"].read_text())
+    print(f"[dspark-lightning] serve-bench -> {', '.join(str(p) for p in paths.values())}", file=sys.stderr)

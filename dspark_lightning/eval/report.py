@@ -6,7 +6,7 @@ from pathlib import Path
 
 
 def _f(v, spec: str = ".2f") -> str:
-    return "–" if v is None else format(v, spec)
+    return "–" if v is None or v != v else format(v, spec)  # None or nan
 
 
 def _table(head: list[str], rows: list[list[str]]) -> list[str]:
@@ -144,3 +144,165 @@ def plot_reliability(z, m, ell, temps_before, temps_after, out_dir: str | Path, 
         plt.close(fig)
         paths.append(path)
     return paths
+
+
+def calibration_markdown(doc: dict) -> str:
+    """Per-position table of a calibration file: T*, and ECE/AUROC/Brier raw → STS on the fit and held-out rounds."""
+    ds = doc["dataset"]
+    lines = [
+        f"STS at sampling temperature {doc['sampling_temperature']:g}: {ds.get('fit_rounds', ds.get('rounds'))} fit "
+        f"rounds, {ds.get('heldout_rounds', 0)} held-out rounds (prompts never used by the fit); "
+        f"{doc['bins']}-bin ECE of the survival a_k against 1[m ≥ k].",
+        "",
+    ]
+    held = doc.get("heldout")
+    head = ["position", "T*", "fit ECE raw → STS"]
+    if held:
+        head += [f"held-out {x} raw → STS" for x in ("ECE", "AUROC", "Brier")] + ["held-out mean a → S"]
+    else:
+        head += ["AUROC raw → STS", "Brier raw → STS", "mean a → S"]
+    rows = []
+    for i, T in enumerate(doc["temperatures"]):
+        fb, fa = doc["before"][i], doc["after"][i]
+        b, f = (held["before"][i], held["after"][i]) if held else (fb, fa)
+        rows.append([
+            str(fa["k"]), f"{T:.3f}", f"{fb['ece']:.2%} → {fa['ece']:.2%}",
+            *([f"{b['ece']:.2%} → {f['ece']:.2%}"] if held else []),
+            f"{_f(b['auroc'], '.3f')} → {_f(f['auroc'], '.3f')}", f"{b['brier']:.4f} → {f['brier']:.4f}",
+            f"{f['mean_p']:.4f} → {f['mean_y']:.4f}",
+        ])  # fmt: skip
+    return "\n".join(lines + _table(head, rows))
+
+
+def serve_markdown(doc: dict) -> str:
+    """Every cell of the serving study, then the scheduler comparison per concurrency."""
+    info, rows = doc["info"], doc["rows"]
+    lines = [
+        f"Closed-loop serving on {info['target']} ({info['threads']} threads), T = {info['temperature']:g}, "
+        f"≤ {info['max_new_tokens']} new tokens per request, {info['prompts']} prompts cycled, a "
+        f"{info['window_s']:g} s window per cell. Per-user tok/s excludes TTFT; ℓ = verified drafts per "
+        "request-round; B = tokens per target forward; draft/verify = share of the window's wall time.",
+        "",
+    ]
+    head = ["N", "method", "aggregate tok/s", "per-user tok/s", "mean ℓ", "mean B", "τ", "α", "draft", "verify"]
+    lines += _table(head, [[
+        str(r["concurrency"]), r["method"], f"{r['aggregate_tok_s']:.2f}", _f(r["per_user_tok_s"]),
+        f"{r['mean_verify_len']:.2f}", f"{r['mean_step_tokens']:.1f}", _f(r["tau"], ".3f"),
+        _f(r["acceptance_rate"], ".3f"), f"{r['draft_share']:.0%}", f"{r['verify_share']:.0%}",
+    ] for r in rows])  # fmt: skip
+    by = {(r["concurrency"], r["method"]): r for r in rows}
+    statics = [m for m in doc["methods"] if m.startswith("static")]
+    adaptive = [m for m in doc["methods"] if "hardware_aware" in m]
+    if statics and adaptive:
+        full = max(statics, key=lambda m: int(m.partition(":")[2] or 10**6))
+        lines += ["", f"Aggregate tok/s of the load-aware schedulers against the best static γ and {full}:", ""]
+        head = ["N", "best static", *(f"{m} (vs best static, vs {full})" for m in adaptive)]
+        out = []
+        for n in doc["concurrency"]:
+            best = max(statics, key=lambda m: by[(n, m)]["aggregate_tok_s"])
+            b, f = by[(n, best)]["aggregate_tok_s"], by[(n, full)]["aggregate_tok_s"]
+            cells = [f"{by[(n, m)]['aggregate_tok_s']:.2f} ({by[(n, m)]['aggregate_tok_s'] / b:.2f}×, "
+                     f"{by[(n, m)]['aggregate_tok_s'] / f:.2f}×)" for m in adaptive]  # fmt: skip
+            out.append([str(n), f"{best} {b:.2f}", *cells])
+        lines += _table(head, out)
+    return "\n".join(lines)
+
+
+def _by_method(doc: dict) -> dict[str, list[dict]]:
+    return {m: sorted((r for r in doc["rows"] if r["method"] == m), key=lambda r: r["concurrency"])
+            for m in doc["methods"]}  # fmt: skip
+
+
+def plot_frontier(doc: dict, path: str | Path) -> Path:
+    """Aggregate throughput against per-user speed, one line per method through N = 1, 2, 4, ... (Figure 7)."""
+    from ..plots import plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.6))
+    for m, rs in _by_method(doc).items():
+        rs = [r for r in rs if r["per_user_tok_s"] is not None]
+        style = "-" if "hardware_aware" in m or m == "plain" else "--"
+        ax.plot([r["per_user_tok_s"] for r in rs], [r["aggregate_tok_s"] for r in rs], style, marker="o", ms=4, label=m)
+        for r in rs:
+            ax.annotate(str(r["concurrency"]), (r["per_user_tok_s"], r["aggregate_tok_s"]), fontsize=6,
+                        xytext=(3, 2), textcoords="offset points")  # fmt: skip
+    ax.set_xlabel("per-user tokens/s (TTFT excluded)")
+    ax.set_ylabel("aggregate tokens/s")
+    ax.set_title(f"{doc['info']['target']}: throughput vs per-user speed (labels: concurrency)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_budget(doc: dict, path: str | Path) -> Path:
+    """Verified drafts per request-round, and tokens per target forward, against concurrency (Figure 8)."""
+    from ..plots import plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.6, 3.8))
+    for m, rs in _by_method(doc).items():
+        if m == "plain":
+            continue
+        ns = [r["concurrency"] for r in rs]
+        style = "-" if "hardware_aware" in m or m.startswith("threshold") else "--"
+        a1.plot(ns, [r["mean_verify_len"] for r in rs], style, marker="o", ms=4, label=m)
+        a2.plot(ns, [r["mean_step_tokens"] for r in rs], style, marker="o", ms=4, label=m)
+    for ax, label in ((a1, "mean verified drafts ℓ per request-round"), (a2, "tokens per target forward B")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency N")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    a2.set_yscale("log", base=2)
+    a1.legend(fontsize=7)
+    fig.suptitle(f"{doc['info']['target']}: verification budget against load", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def sweep_markdown(doc: dict) -> str:
+    info = doc["info"]
+    lines = [
+        f"Threshold sweep on {info['target']}, T = {info['temperature']:g}, {info['mode']} rule "
+        f"({'calibrated' if info['calibrated'] else 'raw'} confidences), ≤ {info['max_new_tokens']} new tokens, "
+        f"batch {info['batch_size']}. Per request-round: verified drafts ℓ = accepted m + rejected; α = Σm/Σℓ.",
+        "",
+    ]
+    head = ["domain", "θ", "verified/round", "accepted/round", "rejected/round", "α", "τ", "rounds with ℓ = 0"]
+    lines += _table(head, [[
+        r["domain"], f"{r['threshold']:g}", f"{r['verified_per_round']:.2f}", f"{r['accepted_per_round']:.2f}",
+        f"{r['rejected_per_round']:.2f}", _f(r["acceptance_rate"], ".1%"), f"{r['tau']:.3f}",
+        f"{r['skipped_rounds']:.0%}",
+    ] for r in doc["rows"]])  # fmt: skip
+    return "\n".join(lines)
+
+
+def plot_threshold_sweep(doc: dict, path: str | Path) -> Path:
+    """Stacked accepted/rejected drafts per round against θ with α on a second axis, per domain (Figure 5)."""
+    from ..plots import plt
+
+    domains = list(dict.fromkeys(r["domain"] for r in doc["rows"]))
+    fig, axes = plt.subplots(1, len(domains), figsize=(4.2 * len(domains), 3.6), squeeze=False)
+    for ax, dom in zip(axes[0], domains, strict=True):
+        rs = [r for r in doc["rows"] if r["domain"] == dom]
+        th = [r["threshold"] for r in rs]
+        acc, rej = [r["accepted_per_round"] for r in rs], [r["rejected_per_round"] for r in rs]
+        w = 0.8 * (min(b - a for a, b in zip(th, th[1:], strict=False)) if len(th) > 1 else 0.1)
+        ax.bar(th, acc, width=w, color="tab:green", label="accepted")
+        ax.bar(th, rej, width=w, bottom=acc, color="tab:red", alpha=0.6, label="rejected")
+        ax.set_xlabel("threshold θ")
+        ax.set_title(dom)
+        ax2 = ax.twinx()
+        pts = [(t, r["acceptance_rate"]) for t, r in zip(th, rs, strict=True) if r["acceptance_rate"] is not None]
+        ax2.plot([t for t, _ in pts], [a for _, a in pts], "ko-", ms=3, label="α")
+        ax2.set_ylim(0, 1)
+        ax2.set_ylabel("acceptance rate α")
+    axes[0][0].set_ylabel("verified drafts per round")
+    axes[0][0].legend(fontsize=7, loc="upper right")
+    fig.suptitle(f"{doc['info']['target']}: threshold sweep ({doc['info']['mode']} rule)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)

@@ -127,28 +127,12 @@ def decode(
     if not prompt_list:
         raise ValueError("decode() needs at least one prompt")
     encoded = [encode_prompt(target, p, chat) for p in prompt_list]
-    params = SamplingParams(temperature, top_k, top_p)
-    temps = temperatures_for(drafter, temperature) if calibrated and drafter is not None else None
-    proposer = make_proposer(drafter, layout=layout, conf_temperatures=temps) if drafter is not None else None
-    engine = Engine(
-        target,
-        proposer,
-        params=params,
-        scheduler=scheduler,
-        stop_token_ids=target.stop_token_ids if stop_token_ids is None else stop_token_ids,
-        stop_strings=stop,
-        seed=seed,
-        layout=layout,
-        verifier=verifier,
-    )
-    limit = getattr(target.model.config, "max_position_embeddings", None)
-    longest = max(len(p) for p in encoded) + max_new_tokens + engine.block_size + 1
-    if limit is not None and longest > limit:
-        raise ValueError(f"prompt + max_new_tokens + block needs {longest} positions; the target supports {limit}")
+    engine = make_engine(target, drafter, SamplingParams(temperature, top_k, top_p), scheduler=scheduler, seed=seed,
+                         stop_token_ids=stop_token_ids, stop=stop, layout=layout, calibrated=calibrated,
+                         verifier=verifier)  # fmt: skip
+    check_positions(target, encoded, max_new_tokens, engine.block_size)
     cap = batch_size or len(encoded)
-    bind = getattr(engine.scheduler, "bind", None)
-    if proposer is not None and bind is not None:
-        bind(target, max_tokens=min(cap * (engine.block_size + 1), 256), progress=True)  # one-time profile
+    bind_scheduler(engine, target, cap)
     bar = _bar(len(encoded), progress)
     queued = 0
     while queued < len(encoded) or engine.active:
@@ -165,6 +149,39 @@ def decode(
     if bar is not None:
         bar.close()
     return _result(engine, target, time.perf_counter() - t_start)
+
+
+def make_engine(target, drafter, params: SamplingParams, *, scheduler: Any = "static", seed: int = 0,
+                stop_token_ids: list[int] | None = None, stop: list[str] | None = None, layout: str = "padded",
+                calibrated: bool = True, verifier: str = "hf") -> Engine:  # fmt: skip
+    """The engine ``decode()`` drives (also driven directly by the closed-loop serving benchmark)."""
+    temps = temperatures_for(drafter, params.temperature) if calibrated and drafter is not None else None
+    proposer = make_proposer(drafter, layout=layout, conf_temperatures=temps) if drafter is not None else None
+    return Engine(
+        target,
+        proposer,
+        params=params,
+        scheduler=scheduler,
+        stop_token_ids=target.stop_token_ids if stop_token_ids is None else stop_token_ids,
+        stop_strings=stop,
+        seed=seed,
+        layout=layout,
+        verifier=verifier,
+    )
+
+
+def check_positions(target, encoded: list[list[int]], max_new_tokens: int, block_size: int) -> None:
+    limit = getattr(target.model.config, "max_position_embeddings", None)
+    longest = max(len(p) for p in encoded) + max_new_tokens + block_size + 1
+    if limit is not None and longest > limit:
+        raise ValueError(f"prompt + max_new_tokens + block needs {longest} positions; the target supports {limit}")
+
+
+def bind_scheduler(engine: Engine, target, max_requests: int) -> None:
+    """Give an SPS-driven scheduler its table (profiled once and cached when none was passed)."""
+    bind = getattr(engine.scheduler, "bind", None)
+    if engine.proposer is not None and bind is not None:
+        bind(target, max_tokens=min(max_requests * (engine.block_size + 1), 256), progress=True)
 
 
 def _emit(on_commit, r, new) -> None:

@@ -29,13 +29,21 @@ def test_calibrate_command_writes_the_file_and_the_report(drafter_dir, tmp_path,
     doc = json.loads((drafter_dir / calibration_file(1.0)).read_text())
     assert len(doc["temperatures"]) == 3 and all(t > 0 for t in doc["temperatures"])
     assert doc["weights_sha256"] == read_config(drafter_dir)["weights_sha256"] and doc["bins"] == 20
-    assert doc["dataset"]["prompts"] == 6 and doc["rows_per_position"][0] == doc["dataset"]["rounds"]
+    ds = doc["dataset"]
+    # 2 prompts per domain, half held out: prompt 1 of each domain's pair never reaches the fit
+    assert ds["fit_rounds"] + ds["heldout_rounds"] == ds["rounds"] and ds["heldout_rounds"] > 0
+    assert doc["rows_per_position"][0] == ds["fit_rounds"] and doc["heldout"]["after"][0]["rows"] == ds["heldout_rounds"]
     for before, after in zip(doc["before"], doc["after"], strict=True):
-        assert after["ece"] <= before["ece"] + 1e-12  # T = 1 is in the grid, so STS never does worse
+        assert after["ece"] <= before["ece"] + 1e-12  # T = 1 is in the grid, so STS never does worse on the fit set
     assert sorted(p.name for p in report.iterdir()) == [
-        "calibration_report.json", *(f"reliability_pos{k}.png" for k in (1, 2, 3))
+        "calibration_report.json", "calibration_report.md", *(f"reliability_pos{k}.png" for k in (1, 2, 3)),
+        "rollouts.pt",
     ]  # fmt: skip
-    assert "| 1 |" in out and "ECE raw → STS" in out
+    assert "| 1 |" in out and "held-out ECE raw → STS" in out
+    # a refit from the saved rollouts decodes nothing and gives the same temperatures
+    code, out2, err = run_main(args + ["--min_rows", "10", "--rollouts", str(report / "rollouts.pt")], capsys)
+    assert code == 0, err[-2000:]
+    assert json.loads((drafter_dir / calibration_file(1.0)).read_text())["temperatures"] == doc["temperatures"]
 
 
 def _save(drafter_dir, temps, sha=None):

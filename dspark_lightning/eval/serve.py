@@ -1,0 +1,185 @@
+"""``dspark-lightning serve-bench``: a closed-loop serving study on this machine (the paper's Figures 7–8).
+
+    dspark-lightning serve-bench --drafter outputs/compare/dspark/tb/version_0/drafter \
+        --sps docs/data/sps_smollm2_cpu.json --out docs/data/serve_bench
+
+For every concurrency N and every method (plain decoding, static γ, threshold, hardware-aware and its
+asynchronous variant) one :class:`~dspark_lightning.infer.engine.Engine` really decodes: N requests are
+active at all times and each finished request is replaced at once by the next prompt of the pool
+(cycled). After the N first prefills and ``warmup_steps`` rounds, a window of ``window_s`` seconds
+is measured:
+
+- aggregate tok/s: tokens delivered by all requests in the window / window wall time (the prefills of
+  replacement requests are inside the window: they are part of serving);
+- per-user tok/s: tokens each request received after its first token, over the time it was active in
+  the window after its first token, pooled over requests (TTFT excluded);
+- verification length: mean ℓ per request-round, and mean B = Σ_r (1 + ℓ_r) per target forward;
+- the time split (prefill, draft, schedule, verify, accept) inside the window.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+OUTPUT_FILES = {
+    "serve_bench.json": "run info and one row per concurrency x method",
+    "serve_bench.md": "the same as Markdown tables",
+    "frontier.png": "aggregate tok/s against per-user tok/s, one line per method over concurrency",
+    "budget.png": "mean verified drafts per request-round and per step against concurrency",
+}
+DEFAULT_METHODS = ["plain", "static:1", "static:3", "static:5", "static:7", "threshold:0.5", "hardware_aware",
+                   "async_hardware_aware"]  # fmt: skip
+
+
+def method_scheduler(method: str, sps: Any = None) -> tuple[bool, Any]:
+    """``name[:arg]`` -> (uses the drafter, scheduler spec). plain | static:γ | threshold:θ | [async_]hardware_aware."""
+    name, _, arg = method.partition(":")
+    if name == "plain":
+        return False, "static"
+    if name == "static":
+        return True, {"name": "static", "gamma": int(arg)} if arg else "static"
+    if name == "threshold":
+        return True, {"name": "threshold", "threshold": float(arg)} if arg else "threshold"
+    if name in ("hardware_aware", "async_hardware_aware"):
+        return True, {"name": name, "sps": sps} if sps is not None else name
+    raise ValueError(f"unknown method {method!r}: plain, static:γ, threshold:θ, hardware_aware, async_hardware_aware")
+
+
+def closed_loop(
+    target,
+    drafter,
+    prompts: list[list[int]],
+    *,
+    concurrency: int,
+    scheduler: Any = "static",
+    temperature: float = 1.0,
+    max_new_tokens: int = 64,
+    window_s: float = 20.0,
+    warmup_steps: int = 2,
+    min_steps: int = 3,
+    seed: int = 0,
+) -> dict:
+    """Keep ``concurrency`` requests active for ``warmup_steps`` rounds, then measure a ``window_s`` window."""
+    from ..infer.decode import bind_scheduler, check_positions, make_engine
+    from ..infer.sampling import SamplingParams
+
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if not prompts:
+        raise ValueError("the prompt pool is empty")
+    engine = make_engine(target, drafter, SamplingParams(temperature), scheduler=scheduler, seed=seed)
+    check_positions(target, prompts, max_new_tokens, engine.block_size)
+    bind_scheduler(engine, target, concurrency)
+    added = 0
+
+    def refill() -> None:
+        nonlocal added
+        while (room := concurrency - len(engine.active)) > 0:  # a prompt can finish at prefill: loop
+            batch = [prompts[(added + i) % len(prompts)] for i in range(room)]
+            engine.add(batch, max_new_tokens, first_index=added)
+            added += room
+
+    refill()
+    for _ in range(warmup_steps):
+        engine.step()
+        refill()
+    base = {r.rid: len(r.output) for r in engine.requests}  # tokens delivered before the window
+    n0, s0, time0 = len(engine.log.ell), len(engine.log.step_tokens), dict(engine.time_s)
+    t0 = time.perf_counter()
+    steps = 0
+    while steps < min_steps or time.perf_counter() - t0 < window_s:
+        engine.step()
+        refill()
+        steps += 1
+    t1 = time.perf_counter()
+
+    tokens, user_tokens, user_time = 0, 0, 0.0
+    for r in engine.requests:
+        before = base.get(r.rid, 0)
+        tokens += len(r.output) - before
+        first = max(before, 1)  # the first token (prefill) is TTFT, not per-user decoding speed
+        start, end = max(t0, r.t_first), (r.t_done if r.done else t1)
+        if end > start and len(r.output) > first:
+            user_tokens += len(r.output) - first
+            user_time += end - start
+    ell, m = engine.log.ell[n0:], engine.log.accepted[n0:]
+    step_b = engine.log.step_tokens[s0:]
+    wall = t1 - t0
+    split = {k: engine.time_s[k] - time0[k] for k in engine.time_s}
+    return {
+        "concurrency": concurrency,
+        "window_s": wall,
+        "steps": steps,
+        "request_rounds": len(ell),
+        "tokens": tokens,
+        "aggregate_tok_s": tokens / wall,
+        "per_user_tok_s": user_tokens / user_time if user_time > 0 else None,
+        "mean_verify_len": sum(ell) / len(ell) if ell else 0.0,
+        "mean_step_tokens": sum(step_b) / len(step_b) if step_b else 0.0,
+        "tau": sum(engine.log.committed[n0:]) / len(ell) if ell else None,
+        "acceptance_rate": sum(m) / sum(ell) if sum(ell) else None,
+        "requests_started": len(engine.requests) - len(base),
+        "requests_finished": sum(r.done and r.t_done >= t0 for r in engine.requests),
+        "time_split_s": split,
+        "draft_share": split["draft"] / wall,
+        "verify_share": split["verify"] / wall,
+    }
+
+
+def serve_bench(
+    target,
+    drafter,
+    prompts: list[str],
+    *,
+    concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
+    methods: list[str] | None = None,
+    sps: Any = None,
+    temperature: float = 1.0,
+    max_new_tokens: int = 64,
+    window_s: float = 20.0,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
+    """Every concurrency x method cell, methods in alternating order per concurrency level."""
+    from tqdm.auto import tqdm
+
+    from .runner import run_info, warmup
+
+    methods = list(methods or DEFAULT_METHODS)
+    specs = {m: method_scheduler(m, sps) for m in methods}
+    if drafter is None and any(uses for uses, _ in specs.values()):
+        raise ValueError("every method but 'plain' needs a drafter")
+    ids = [target.render_prompt([{"role": "user", "content": p}]) for p in prompts]
+    warmup(target, {"d": drafter} if drafter is not None else {})
+    rows = []
+    bar = tqdm(total=len(concurrency) * len(methods), desc="serve-bench", unit="cell", disable=not progress)
+    for i, n in enumerate(concurrency):
+        for method in methods if i % 2 == 0 else methods[::-1]:  # slow drift hits every method alike
+            bar.set_postfix_str(f"N={n} {method}")
+            uses, sched = specs[method]
+            row = closed_loop(target, drafter if uses else None, ids, concurrency=n, scheduler=sched,
+                              temperature=temperature, max_new_tokens=max_new_tokens, window_s=window_s,
+                              seed=seed)  # fmt: skip
+            rows.append({"method": method, **row})
+            bar.update()
+    bar.close()
+    rows.sort(key=lambda r: (r["concurrency"], methods.index(r["method"])))
+    info = run_info(target, temperature=temperature, max_new_tokens=max_new_tokens, window_s=window_s, seed=seed,
+                    prompts=len(prompts), sps=None if sps is None else getattr(sps, "meta", None))  # fmt: skip
+    return {"info": info, "methods": methods, "concurrency": list(concurrency), "rows": rows}
+
+
+def write_serve_bench(doc: dict, out: str | Path) -> dict[str, Path]:
+    from .report import plot_budget, plot_frontier, serve_markdown
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {name: out / name for name in OUTPUT_FILES}
+    paths["serve_bench.json"].write_text(json.dumps(doc, indent=1) + "\n")
+    paths["serve_bench.md"].write_text(serve_markdown(doc) + "\n")
+    plot_frontier(doc, paths["frontier.png"])
+    plot_budget(doc, paths["budget.png"])
+    return paths
