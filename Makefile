@@ -3,7 +3,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup run test test-fast lint bench bench-decode compare eval-compare bench-compare ablations
+.PHONY: setup run test test-fast lint bench bench-decode compare eval-compare bench-compare ablations \
+	calibrate threshold-sweep serve-bench serve-study
 
 $(VENV)/.setup-done: pyproject.toml scripts/setup.sh plugins/dspark_example_head/pyproject.toml
 	bash scripts/setup.sh
@@ -51,3 +52,17 @@ bench-compare: setup
 ablations: setup
 	bash scripts/fit_queue.sh recipes/ablations/*.yaml
 	$(PY) scripts/ablation_tables.py --out docs/data/ablations
+
+# Calibration and load-aware serving (docs/results.md): STS on the equal-budget DSpark drafter, the threshold sweep
+# and the closed-loop concurrency study, all at T = 1.
+DSPARK := $(C)/dspark/tb/version_0/drafter
+calibrate: setup
+	$(VENV)/bin/dspark-lightning calibrate --drafter $(DSPARK) --prompts_per_domain 32 --max_new_tokens 128 --report_dir docs/data/calibration_t1
+
+threshold-sweep: setup
+	$(VENV)/bin/dspark-lightning threshold-sweep --drafter $(DSPARK) --prompts_per_domain 6 --max_new_tokens 48 --out docs/data/threshold_sweep
+
+serve-bench: setup
+	$(VENV)/bin/dspark-lightning serve-bench --drafter $(DSPARK) --sps docs/data/sps_smollm2_cpu.json --prompts_per_domain 8 --window_s 20 --out docs/data/serve_bench
+
+serve-study: calibrate threshold-sweep serve-bench

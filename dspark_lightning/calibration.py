@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 import torch
 
 N_BINS = 20
-MIN_ROWS = 200
+MIN_ROWS = 200  # SPEC §5
+MIN_CLASS = 10  # our guard: fewer surviving (or failing) rounds than this at a position copies the previous T
 EPS = 1e-8
 
 
@@ -67,6 +68,20 @@ def reported_ece(p: torch.Tensor, y: torch.Tensor, n_bins: int = N_BINS) -> floa
     return float(binary_calibration_error(p, y.long(), n_bins=n_bins, norm="l1", validate_args=False))
 
 
+def ece_floor(p: torch.Tensor, n_bins: int = N_BINS, draws: int = 200, seed: int = 0) -> float:
+    """The ECE a *perfectly calibrated* predictor with these scores would show on this many rows: the mean ECE
+    against y ~ Bernoulli(p) over Monte-Carlo draws. ECE is biased upwards on finite samples; below this floor a
+    measured ECE says nothing more."""
+    if p.numel() == 0:
+        return float("nan")
+    g = torch.Generator().manual_seed(seed)
+    p = p.double().clamp(EPS, 1 - EPS)
+    return (
+        sum(ece(p, (torch.rand(p.shape, generator=g, dtype=torch.float64) < p).double(), n_bins) for _ in range(draws))
+        / draws
+    )
+
+
 def survival_probs(z: torch.Tensor, temps: torch.Tensor) -> torch.Tensor:
     """p_k = Π_{j≤k} σ(z_j / T_j), clamped to [1e-8, 1 − 1e-8]: (N, γ)."""
     c = torch.sigmoid(z.double() / temps.double())
@@ -82,6 +97,7 @@ class PositionReport:
     ece: float
     auroc: float
     brier: float
+    ece_floor: float = float("nan")  # expected ECE of a perfectly calibrated predictor on these rows
 
 
 def position_reports(z, m, ell, temps) -> list[PositionReport]:
@@ -100,6 +116,7 @@ def position_reports(z, m, ell, temps) -> list[PositionReport]:
                 reported_ece(pk, yk),
                 auroc(pk, yk),
                 brier(pk, yk),
+                ece_floor(pk),
             )
         )
     return out
@@ -120,6 +137,7 @@ def fit_sts(
     ell: torch.Tensor,  # (N,) effective verified lengths
     grid: torch.Tensor | None = None,
     min_rows: int = MIN_ROWS,
+    min_class: int = MIN_CLASS,
 ) -> STSResult:
     """T*_k = argmin_T ECE_k(G_{k−1}·σ(z_k/T)), ties broken by the smallest |log T|, left to right."""
     grid = default_grid() if grid is None else grid.double()
@@ -132,9 +150,10 @@ def fit_sts(
     for k in range(g):
         rows = ell >= k + 1
         y = (m[rows] >= k + 1).double()
-        # too few rows, or one class only (every T then scores ECE = |mean p - y|, which only pushes T to the grid's
-        # edge): keep the previous position's temperature
-        if int(rows.sum()) < min_rows or y.numel() == 0 or bool((y == y[0]).all()):
+        # too few rows, or (almost) one class only (with no positive every T scores ECE = mean p, which only pushes
+        # T to the grid's edge; with a handful the argmin fits noise): keep the previous position's temperature
+        n_pos = int(y.sum())
+        if int(rows.sum()) < min_rows or min(n_pos, y.numel() - n_pos) < min_class:
             temps[k] = temps[k - 1] if k > 0 else 1.0
             copied.append(k + 1)
         else:
@@ -146,7 +165,8 @@ def fit_sts(
         prefix = prefix * torch.sigmoid(z[:, k] / temps[k])
     if copied:
         msg = (
-            f"STS: fewer than {min_rows} rows or one class only at positions {copied}; copied the previous temperature"
+            f"STS: fewer than {min_rows} rows or than {min_class} rounds of a class at positions {copied}; "
+            "copied the previous temperature"
         )
         warnings.warn(msg, stacklevel=2)
     return STSResult(

@@ -145,6 +145,7 @@ def calibrate_parser() -> ArgumentParser:
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--min_rows", type=int, default=200, help="fewer rounds at a position: copy the previous T")
+    p.add_argument("--min_class", type=int, default=10, help="fewer surviving or failing rounds: copy the previous T")
     p.add_argument("--report_dir", type=str | None, default=None, help="also write report JSON, PNGs and rollouts.pt")
     p.add_argument("--rollouts", type=str | None, default=None, help="refit from a saved rollouts.pt (no decoding)")
     return p
@@ -174,7 +175,7 @@ def run_calibrate(argv: list[str]) -> None:
     held = torch.isin(ro.prompt, torch.tensor(held_ids, dtype=torch.long))
     if bool(held.all()):
         raise ValueError("every prompt is held out: lower --heldout_fraction or raise --prompts_per_domain")
-    res = fit_sts(*ro.rows(~held), min_rows=a.min_rows)
+    res = fit_sts(*ro.rows(~held), min_rows=a.min_rows, min_class=a.min_class)
     ones = torch.ones(len(res.temperatures), dtype=torch.float64)
     heldout = None
     if bool(held.any()):

@@ -152,13 +152,15 @@ def calibration_markdown(doc: dict) -> str:
     lines = [
         f"STS at sampling temperature {doc['sampling_temperature']:g}: {ds.get('fit_rounds', ds.get('rounds'))} fit "
         f"rounds, {ds.get('heldout_rounds', 0)} held-out rounds (prompts never used by the fit); "
-        f"{doc['bins']}-bin ECE of the survival a_k against 1[m ≥ k].",
+        f"{doc['bins']}-bin ECE of the survival a_k against 1[m ≥ k]. Floor: the ECE a perfectly calibrated "
+        "predictor with the STS scores would show on these rows (finite-sample bias; mean of 200 draws).",
         "",
     ]
     held = doc.get("heldout")
     head = ["position", "T*", "fit ECE raw → STS"]
     if held:
-        head += [f"held-out {x} raw → STS" for x in ("ECE", "AUROC", "Brier")] + ["held-out mean a → S"]
+        head += ["held-out ECE raw → STS (floor)"]
+        head += [f"held-out {x} raw → STS" for x in ("AUROC", "Brier")] + ["held-out mean a → S"]
     else:
         head += ["AUROC raw → STS", "Brier raw → STS", "mean a → S"]
     rows = []
@@ -167,7 +169,7 @@ def calibration_markdown(doc: dict) -> str:
         b, f = (held["before"][i], held["after"][i]) if held else (fb, fa)
         rows.append([
             str(fa["k"]), f"{T:.3f}", f"{fb['ece']:.2%} → {fa['ece']:.2%}",
-            *([f"{b['ece']:.2%} → {f['ece']:.2%}"] if held else []),
+            *([f"{b['ece']:.2%} → {f['ece']:.2%} ({_f(f.get('ece_floor'), '.2%')})"] if held else []),
             f"{_f(b['auroc'], '.3f')} → {_f(f['auroc'], '.3f')}", f"{b['brier']:.4f} → {f['brier']:.4f}",
             f"{f['mean_p']:.4f} → {f['mean_y']:.4f}",
         ])  # fmt: skip

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,7 +158,7 @@ def make_engine(target, drafter, params: SamplingParams, *, scheduler: Any = "st
     """The engine ``decode()`` drives (also driven directly by the closed-loop serving benchmark)."""
     temps = temperatures_for(drafter, params.temperature) if calibrated and drafter is not None else None
     proposer = make_proposer(drafter, layout=layout, conf_temperatures=temps) if drafter is not None else None
-    return Engine(
+    engine = Engine(
         target,
         proposer,
         params=params,
@@ -168,6 +169,15 @@ def make_engine(target, drafter, params: SamplingParams, *, scheduler: Any = "st
         layout=layout,
         verifier=verifier,
     )
+    if temps is None and getattr(drafter, "conf_head", None) is not None and hasattr(engine.scheduler, "bind"):
+        # SPEC §5: the hardware-aware schedulers read absolute confidences; raw heads are overconfident
+        warnings.warn(
+            f"{type(engine.scheduler).__name__} is driven by uncalibrated confidences (no STS file for "
+            f"T = {params.temperature:g}{'' if calibrated else ', or calibrated=False'}); run `dspark-lightning "
+            "calibrate` on this drafter for calibrated verification budgets",
+            stacklevel=3,
+        )
+    return engine
 
 
 def check_positions(target, encoded: list[list[int]], max_new_tokens: int, block_size: int) -> None:

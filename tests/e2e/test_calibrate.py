@@ -24,7 +24,7 @@ def drafter_dir(tmp_path):
 def test_calibrate_command_writes_the_file_and_the_report(drafter_dir, tmp_path, capsys):
     report = tmp_path / "report"
     args = ["calibrate", "--drafter", str(drafter_dir), "--prompts_per_domain", "2", "--max_new_tokens", "16"]
-    code, out, err = run_main(args + ["--min_rows", "10", "--report_dir", str(report)], capsys)
+    code, out, err = run_main(args + ["--min_rows", "10", "--min_class", "1", "--report_dir", str(report)], capsys)
     assert code == 0, err[-2000:]
     doc = json.loads((drafter_dir / calibration_file(1.0)).read_text())
     assert len(doc["temperatures"]) == 3 and all(t > 0 for t in doc["temperatures"])
@@ -32,7 +32,9 @@ def test_calibrate_command_writes_the_file_and_the_report(drafter_dir, tmp_path,
     ds = doc["dataset"]
     # 2 prompts per domain, half held out: prompt 1 of each domain's pair never reaches the fit
     assert ds["fit_rounds"] + ds["heldout_rounds"] == ds["rounds"] and ds["heldout_rounds"] > 0
-    assert doc["rows_per_position"][0] == ds["fit_rounds"] and doc["heldout"]["after"][0]["rows"] == ds["heldout_rounds"]
+    assert (
+        doc["rows_per_position"][0] == ds["fit_rounds"] and doc["heldout"]["after"][0]["rows"] == ds["heldout_rounds"]
+    )
     for before, after in zip(doc["before"], doc["after"], strict=True):
         assert after["ece"] <= before["ece"] + 1e-12  # T = 1 is in the grid, so STS never does worse on the fit set
     assert sorted(p.name for p in report.iterdir()) == [
@@ -41,7 +43,9 @@ def test_calibrate_command_writes_the_file_and_the_report(drafter_dir, tmp_path,
     ]  # fmt: skip
     assert "| 1 |" in out and "held-out ECE raw → STS" in out
     # a refit from the saved rollouts decodes nothing and gives the same temperatures
-    code, out2, err = run_main(args + ["--min_rows", "10", "--rollouts", str(report / "rollouts.pt")], capsys)
+    code, out2, err = run_main(
+        args + ["--min_rows", "10", "--min_class", "1", "--rollouts", str(report / "rollouts.pt")], capsys
+    )
     assert code == 0, err[-2000:]
     assert json.loads((drafter_dir / calibration_file(1.0)).read_text())["temperatures"] == doc["temperatures"]
 
@@ -78,3 +82,21 @@ def test_a_calibration_for_other_weights_is_ignored(drafter_dir):
     with pytest.warns(UserWarning, match="other weights"):
         drafter = load_drafter(drafter_dir, load_target("tiny-debug"))
     assert drafter.calibrations == {}
+
+
+def test_hardware_aware_warns_on_uncalibrated_confidences(drafter_dir):
+    import warnings
+
+    from dspark_lightning.infer import SPSTable
+
+    target = load_target("tiny-debug")
+    sps = SPSTable.from_points({1: 10.0, 2: 9.0, 4: 8.0, 8: 4.0})
+    kw = {"max_new_tokens": 4, "temperature": 1.0, "scheduler": {"name": "hardware_aware", "sps": sps}}
+    with pytest.warns(UserWarning, match="uncalibrated confidences"):
+        decode(target, load_drafter(drafter_dir, target), ["hi"], **kw)
+    _save(drafter_dir, [1.5, 1.5, 1.5])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # calibrated: no warning at all
+        decode(target, load_drafter(drafter_dir, target), ["hi"], **kw)
+    with pytest.warns(UserWarning, match="calibrated=False"):
+        decode(target, load_drafter(drafter_dir, target), ["hi"], calibrated=False, **kw)

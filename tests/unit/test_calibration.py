@@ -63,3 +63,46 @@ def test_sts_copies_the_temperature_when_no_round_survives_a_position():
     with pytest.warns(UserWarning, match="positions \\[3, 4\\]"):
         res = fit_sts(z, m, ell)
     assert res.temperatures[2] == res.temperatures[3] == res.temperatures[1]
+    m[:5] = 4  # five survivors: below min_class = 10, still copied; with min_class = 5, fitted
+    with pytest.warns(UserWarning, match="positions \\[3, 4\\]"):
+        fit_sts(z, m, ell)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fit_sts(z, m, ell, min_class=5)
+
+
+def test_heldout_prompts_interleave_within_each_domain():
+    from dspark_lightning.calibration import heldout_prompts
+
+    assert heldout_prompts(4, 2, 0.5) == [1, 3, 5, 7]
+    assert heldout_prompts(4, 3, 0.25) == [3, 7, 11]
+    assert heldout_prompts(5, 1, 0.0) == []
+    with pytest.raises(ValueError, match="heldout_fraction"):
+        heldout_prompts(4, 1, 1.0)
+
+
+def test_rollouts_round_trip(tmp_path):
+    from dspark_lightning.calibration import Rollouts
+
+    z, m, ell = synthetic_rounds(n=50)
+    ro = Rollouts(z, m, ell, torch.arange(50) % 5)
+    ro.save(tmp_path / "r.pt")
+    back = Rollouts.load(tmp_path / "r.pt")
+    for k in ("z", "m", "ell", "prompt"):
+        assert torch.equal(getattr(back, k), getattr(ro, k))
+    zs, ms, es = back.rows(back.prompt == 2)
+    assert zs.shape == (10, 4) and torch.equal(ms, m[2::5])
+
+
+def test_ece_floor_is_the_finite_sample_bias_of_a_calibrated_predictor():
+    from dspark_lightning.calibration import ece_floor
+
+    g = torch.Generator().manual_seed(3)
+    small, large = torch.rand(400, generator=g) * 0.9 + 0.05, torch.rand(40000, generator=g) * 0.9 + 0.05
+    f_small, f_large = ece_floor(small), ece_floor(large)
+    assert f_large < f_small / 5  # shrinks like 1/sqrt(N): 10x here
+    y = (torch.rand(40000, generator=g) < large).double()  # labels drawn from the scores: calibrated by construction
+    assert ece(large, y) < 2.5 * f_large
+    assert ece(large, torch.zeros(40000)) > 0.4 > 20 * f_large  # a miscalibrated one stands far above it
