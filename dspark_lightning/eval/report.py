@@ -269,13 +269,15 @@ def sweep_markdown(doc: dict) -> str:
     lines = [
         f"Threshold sweep on {info['target']}, T = {info['temperature']:g}, {info['mode']} rule "
         f"({'calibrated' if info['calibrated'] else 'raw'} confidences), ≤ {info['max_new_tokens']} new tokens, "
-        f"batch {info['batch_size']}. Per request-round: verified drafts ℓ = accepted m + rejected; α = Σm/Σℓ.",
+        f"batch {info['batch_size']}. Per request-round: verified drafts ℓ = accepted m + rejected; α = Σm/Σℓ over the "
+        "(number of) verified drafts.",
         "",
     ]
-    head = ["domain", "θ", "verified/round", "accepted/round", "rejected/round", "α", "τ", "rounds with ℓ = 0"]
+    head = ["domain", "θ", "verified/round", "accepted/round", "rejected/round", "α (drafts)", "τ", "rounds with ℓ = 0"]
     lines += _table(head, [[
         r["domain"], f"{r['threshold']:g}", f"{r['verified_per_round']:.2f}", f"{r['accepted_per_round']:.2f}",
-        f"{r['rejected_per_round']:.2f}", _f(r["acceptance_rate"], ".1%"), f"{r['tau']:.3f}",
+        f"{r['rejected_per_round']:.2f}", f"{_f(r['acceptance_rate'], '.1%')} ({r['verified_drafts']})",
+        f"{r['tau']:.3f}",
         f"{r['skipped_rounds']:.0%}",
     ] for r in doc["rows"]])  # fmt: skip
     return "\n".join(lines)
@@ -284,6 +286,7 @@ def sweep_markdown(doc: dict) -> str:
 def plot_threshold_sweep(doc: dict, path: str | Path) -> Path:
     """Stacked accepted/rejected drafts per round against θ with α on a second axis, per domain (Figure 5)."""
     from ..plots import plt
+    from .sweep import MIN_DRAFTS_FOR_ALPHA
 
     domains = list(dict.fromkeys(r["domain"] for r in doc["rows"]))
     fig, axes = plt.subplots(1, len(domains), figsize=(4.2 * len(domains), 3.6), squeeze=False)
@@ -297,12 +300,17 @@ def plot_threshold_sweep(doc: dict, path: str | Path) -> Path:
         ax.set_xlabel("threshold θ")
         ax.set_title(dom)
         ax2 = ax.twinx()
-        pts = [(t, r["acceptance_rate"]) for t, r in zip(th, rs, strict=True) if r["acceptance_rate"] is not None]
-        ax2.plot([t for t, _ in pts], [a for _, a in pts], "ko-", ms=3, label="α")
+        pts = [
+            (t, r["acceptance_rate"])
+            for t, r in zip(th, rs, strict=True)
+            if r["verified_drafts"] >= MIN_DRAFTS_FOR_ALPHA
+        ]
+        ax2.plot([t for t, _ in pts], [a for _, a in pts], "ko-", ms=3, label=f"α (≥ {MIN_DRAFTS_FOR_ALPHA} drafts)")
         ax2.set_ylim(0, 1)
         ax2.set_ylabel("acceptance rate α")
     axes[0][0].set_ylabel("verified drafts per round")
     axes[0][0].legend(fontsize=7, loc="upper right")
+    ax2.legend(fontsize=7, loc="upper right")
     fig.suptitle(f"{doc['info']['target']}: threshold sweep ({doc['info']['mode']} rule)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -5,8 +5,10 @@
 
 For every domain's held-out prompts and every θ, real decoding with the ``threshold`` scheduler: the
 average verified drafts per request-round split into accepted (m) and rejected (ℓ − m), and the
-acceptance rate α = Σ m / Σ ℓ. ``--mode cumulative`` (default) cuts where the calibrated survival
-a_k falls below θ; ``--mode raw`` is the reference's rule on each position's own raw confidence.
+acceptance rate α = Σ m / Σ ℓ (plotted only where at least ``MIN_DRAFTS_FOR_ALPHA`` drafts were verified:
+above that θ almost no round verifies anything, and α of a handful of drafts is noise). ``--mode cumulative``
+(default) cuts where the calibrated survival a_k falls below θ; ``--mode raw`` is the reference's rule on each
+position's own raw confidence.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ OUTPUT_FILES = {
     "threshold_sweep.md": "the same as a Markdown table",
     "threshold_sweep.png": "stacked accepted/rejected drafts per round and α against θ, one panel per domain",
 }
+MIN_DRAFTS_FOR_ALPHA = 20
 DEFAULT_THRESHOLDS = [round(0.1 * i, 1) for i in range(10)]
 
 
@@ -57,6 +60,7 @@ def threshold_sweep(
                 "domain": ds.domain, "dataset": ds.name, "threshold": theta, "rounds": n,
                 "verified_per_round": sum(ell) / n, "accepted_per_round": sum(m) / n,
                 "rejected_per_round": (sum(ell) - sum(m)) / n,
+                "verified_drafts": sum(ell),
                 "acceptance_rate": sum(m) / sum(ell) if sum(ell) else None, "tau": res.stats.tau,
                 "skipped_rounds": sum(e == 0 for e in ell) / n,
             })  # fmt: skip
