@@ -253,6 +253,7 @@ def serve_parser() -> ArgumentParser:
     p.add_argument("--methods", type=str, nargs="+", default=DEFAULT_METHODS,
                    help="plain, static:γ, threshold:θ, hardware_aware, async_hardware_aware")  # fmt: skip
     p.add_argument("--window_s", type=float, default=20.0, help="measured seconds per cell (after warm-up)")
+    p.add_argument("--repeats", type=int, default=1, help="runs per cell (order reversed each time); rows are means")
     p.add_argument("--temperature", type=float, default=1.0)
     return p
 
@@ -282,6 +283,7 @@ def run_serve_bench(argv: list[str]) -> None:
         temperature=a.temperature,
         max_new_tokens=a.max_new_tokens,
         window_s=a.window_s,
+        repeats=a.repeats,
         seed=a.seed,
     )
     paths = write_serve_bench(doc, a.out)

@@ -182,13 +182,15 @@ def serve_markdown(doc: dict) -> str:
     lines = [
         f"Closed-loop serving on {info['target']} ({info['threads']} threads), T = {info['temperature']:g}, "
         f"≤ {info['max_new_tokens']} new tokens per request, {info['prompts']} prompts cycled, a "
-        f"{info['window_s']:g} s window per cell. Per-user tok/s excludes TTFT; ℓ = verified drafts per "
+        f"{info['window_s']:g} s window per cell, {info.get('repeats', 1)} run(s) per cell (mean; min–max in "
+        "brackets). Per-user tok/s excludes TTFT; ℓ = verified drafts per "
         "request-round; B = tokens per target forward; draft/verify = share of the window's wall time.",
         "",
     ]
     head = ["N", "method", "aggregate tok/s", "per-user tok/s", "mean ℓ", "mean B", "τ", "α", "draft", "verify"]
     lines += _table(head, [[
-        str(r["concurrency"]), r["method"], f"{r['aggregate_tok_s']:.2f}", _f(r["per_user_tok_s"]),
+        str(r["concurrency"]), r["method"], f"{r['aggregate_tok_s']:.2f}{_spread(r['runs_aggregate_tok_s'])}",
+        _f(r["per_user_tok_s"]),
         f"{r['mean_verify_len']:.2f}", f"{r['mean_step_tokens']:.1f}", _f(r["tau"], ".3f"),
         _f(r["acceptance_rate"], ".3f"), f"{r['draft_share']:.0%}", f"{r['verify_share']:.0%}",
     ] for r in rows])  # fmt: skip
@@ -208,6 +210,10 @@ def serve_markdown(doc: dict) -> str:
             out.append([str(n), f"{best} {b:.2f}", *cells])
         lines += _table(head, out)
     return "\n".join(lines)
+
+
+def _spread(runs: list[float]) -> str:
+    return f" ({min(runs):.1f}–{max(runs):.1f})" if len(runs) > 1 else ""
 
 
 def _by_method(doc: dict) -> dict[str, list[dict]]:

@@ -140,36 +140,60 @@ def serve_bench(
     temperature: float = 1.0,
     max_new_tokens: int = 64,
     window_s: float = 20.0,
+    repeats: int = 1,
     seed: int = 0,
     progress: bool = True,
 ) -> dict:
-    """Every concurrency x method cell, methods in alternating order per concurrency level."""
+    """Every concurrency x method cell ``repeats`` times; the method order reverses at every other level and
+    repeat. A row holds the mean over repeats of every number, and each repeat's tok/s in ``runs_*``."""
     from tqdm.auto import tqdm
 
     from .runner import run_info, warmup
 
     methods = list(methods or DEFAULT_METHODS)
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     specs = {m: method_scheduler(m, sps) for m in methods}
     if drafter is None and any(uses for uses, _ in specs.values()):
         raise ValueError("every method but 'plain' needs a drafter")
     ids = [target.render_prompt([{"role": "user", "content": p}]) for p in prompts]
     warmup(target, {"d": drafter} if drafter is not None else {})
-    rows = []
-    bar = tqdm(total=len(concurrency) * len(methods), desc="serve-bench", unit="cell", disable=not progress)
-    for i, n in enumerate(concurrency):
-        for method in methods if i % 2 == 0 else methods[::-1]:  # slow drift hits every method alike
-            bar.set_postfix_str(f"N={n} {method}")
-            uses, sched = specs[method]
-            row = closed_loop(target, drafter if uses else None, ids, concurrency=n, scheduler=sched,
-                              temperature=temperature, max_new_tokens=max_new_tokens, window_s=window_s,
-                              seed=seed)  # fmt: skip
-            rows.append({"method": method, **row})
-            bar.update()
+    runs: dict[tuple[int, str], list[dict]] = {}
+    bar = tqdm(total=repeats * len(concurrency) * len(methods), desc="serve-bench", unit="cell", disable=not progress)
+    for rep in range(repeats):
+        for i, n in enumerate(concurrency):
+            for method in methods if (i + rep) % 2 == 0 else methods[::-1]:  # drift hits every method alike
+                bar.set_postfix_str(f"N={n} {method}")
+                uses, sched = specs[method]
+                row = closed_loop(target, drafter if uses else None, ids, concurrency=n, scheduler=sched,
+                                  temperature=temperature, max_new_tokens=max_new_tokens, window_s=window_s,
+                                  seed=seed + rep)  # fmt: skip
+                runs.setdefault((n, method), []).append(row)
+                bar.update()
     bar.close()
-    rows.sort(key=lambda r: (r["concurrency"], methods.index(r["method"])))
+    rows = [{"method": m, **merge_runs(runs[(n, m)])} for n in concurrency for m in methods]
     info = run_info(target, temperature=temperature, max_new_tokens=max_new_tokens, window_s=window_s, seed=seed,
+                    repeats=repeats,
                     prompts=len(prompts), sps=None if sps is None else getattr(sps, "meta", None))  # fmt: skip
     return {"info": info, "methods": methods, "concurrency": list(concurrency), "rows": rows}
+
+
+def merge_runs(runs: list[dict]) -> dict:
+    """Mean over repeats of every number (None stays None when any run has None); each run's tok/s kept."""
+
+    def mean(xs):
+        return None if any(x is None for x in xs) else sum(xs) / len(xs)
+
+    out = {}
+    for k, v in runs[0].items():
+        if isinstance(v, dict):
+            out[k] = {kk: mean([r[k][kk] for r in runs]) for kk in v}
+        else:
+            out[k] = mean([r[k] for r in runs])
+    out["concurrency"] = runs[0]["concurrency"]
+    out["runs_aggregate_tok_s"] = [r["aggregate_tok_s"] for r in runs]
+    out["runs_per_user_tok_s"] = [r["per_user_tok_s"] for r in runs]
+    return out
 
 
 def write_serve_bench(doc: dict, out: str | Path) -> dict[str, Path]:
