@@ -63,6 +63,6 @@ threshold-sweep: setup
 	$(VENV)/bin/dspark-lightning threshold-sweep --drafter $(DSPARK) --prompts_per_domain 6 --max_new_tokens 48 --out docs/data/threshold_sweep
 
 serve-bench: setup
-	$(VENV)/bin/dspark-lightning serve-bench --drafter $(DSPARK) --sps docs/data/sps_smollm2_cpu.json --prompts_per_domain 8 --window_s 20 --out docs/data/serve_bench
+	$(VENV)/bin/dspark-lightning serve-bench --drafter $(DSPARK) --sps docs/data/sps_smollm2_cpu.json --prompts_per_domain 8 --window_s 15 --repeats 2 --out docs/data/serve_bench
 
 serve-study: calibrate threshold-sweep serve-bench

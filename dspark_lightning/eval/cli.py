@@ -13,7 +13,8 @@ from pathlib import Path
 from jsonargparse import ArgumentParser
 
 
-def _common(p: ArgumentParser, max_new: int, seed: int, scheduler_help: str) -> None:
+def _common(p: ArgumentParser, max_new: int, seed: int, scheduler_help: str | None, sps: bool = True) -> None:
+    """The options every command shares; ``scheduler_help=None`` for commands that choose schedulers themselves."""
     p.add_argument(
         "--drafter",
         type=str,
@@ -26,8 +27,10 @@ def _common(p: ArgumentParser, max_new: int, seed: int, scheduler_help: str) -> 
     p.add_argument("--prompts_per_domain", type=int, default=8)
     p.add_argument("--max_new_tokens", type=int, default=max_new)
     p.add_argument("--seed", type=int, default=seed)
-    p.add_argument("--scheduler", type=str, default="static", help=scheduler_help)
-    p.add_argument("--sps", type=str | None, default=None, help="SPS table JSON for hardware_aware schedulers")
+    if scheduler_help is not None:
+        p.add_argument("--scheduler", type=str, default="static", help=scheduler_help)
+    if sps:
+        p.add_argument("--sps", type=str | None, default=None, help="SPS table JSON for hardware_aware schedulers")
     p.add_argument("--out", type=str, required=True, help="output directory")
 
 
@@ -210,7 +213,7 @@ def run_calibrate(argv: list[str]) -> None:
 
 def sweep_parser() -> ArgumentParser:
     p = ArgumentParser(prog="dspark-lightning threshold-sweep", description="Confidence-threshold sweep (Figure 5).")
-    _common(p, 64, 0, "(fixed: threshold)")
+    _common(p, 64, 0, None, sps=False)
     p.add_argument("--thresholds", type=float, nargs="+", default=[round(0.1 * i, 1) for i in range(10)])
     p.add_argument("--mode", type=str, default="cumulative", help="cumulative (calibrated survival a_k) or raw")
     p.add_argument("--temperature", type=float, default=1.0)
@@ -248,12 +251,13 @@ def serve_parser() -> ArgumentParser:
     from .serve import DEFAULT_METHODS
 
     p = ArgumentParser(prog="dspark-lightning serve-bench", description="Closed-loop concurrency study (Figures 7-8).")
-    _common(p, 64, 0, "(use --methods)")
+    _common(p, 64, 0, None)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--methods", type=str, nargs="+", default=DEFAULT_METHODS,
                    help="plain, static:γ, threshold:θ, hardware_aware, async_hardware_aware")  # fmt: skip
     p.add_argument("--window_s", type=float, default=20.0, help="measured seconds per cell (after warm-up)")
     p.add_argument("--repeats", type=int, default=1, help="runs per cell (order reversed each time); rows are means")
+    p.add_argument("--layout", type=str, default="padded", help="cache layout: padded or flat (docs/inference.md)")
     p.add_argument("--temperature", type=float, default=1.0)
     return p
 
@@ -285,6 +289,7 @@ def run_serve_bench(argv: list[str]) -> None:
         window_s=a.window_s,
         repeats=a.repeats,
         seed=a.seed,
+        layout=a.layout,
     )
     paths = write_serve_bench(doc, a.out)
     print(paths["serve_bench.md"].read_text())

@@ -187,12 +187,14 @@ def serve_markdown(doc: dict) -> str:
         "request-round; B = tokens per target forward; draft/verify = share of the window's wall time.",
         "",
     ]
-    head = ["N", "method", "aggregate tok/s", "per-user tok/s", "mean ℓ", "mean B", "τ", "α", "draft", "verify"]
+    head = ["N", "method", "aggregate tok/s", "per-user tok/s", "mean ℓ", "mean B", "τ", "α", "draft", "verify",
+            "draft ms/step", "verify ms/step", "SPS table ms at B"]  # fmt: skip
     lines += _table(head, [[
         str(r["concurrency"]), r["method"], f"{r['aggregate_tok_s']:.2f}{_spread(r['runs_aggregate_tok_s'])}",
         _f(r["per_user_tok_s"]),
         f"{r['mean_verify_len']:.2f}", f"{r['mean_step_tokens']:.1f}", _f(r["tau"], ".3f"),
         _f(r["acceptance_rate"], ".3f"), f"{r['draft_share']:.0%}", f"{r['verify_share']:.0%}",
+        _f(r.get("draft_ms_per_step"), ".0f"), _f(r.get("verify_ms_per_step"), ".0f"), _f(r.get("sps_table_ms"), ".0f"),
     ] for r in rows])  # fmt: skip
     by = {(r["concurrency"], r["method"]): r for r in rows}
     statics = [m for m in doc["methods"] if m.startswith("static")]
@@ -226,13 +228,16 @@ def plot_frontier(doc: dict, path: str | Path) -> Path:
     from ..plots import plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
-    for m, rs in _by_method(doc).items():
+    for i, (m, rs) in enumerate(_by_method(doc).items()):
         rs = [r for r in rs if r["per_user_tok_s"] is not None]
         style = "-" if "hardware_aware" in m or m == "plain" else "--"
-        ax.plot([r["per_user_tok_s"] for r in rs], [r["aggregate_tok_s"] for r in rs], style, marker="o", ms=4, label=m)
+        x, y = [r["per_user_tok_s"] for r in rs], [r["aggregate_tok_s"] for r in rs]
+        ax.plot(x, y, style, color=f"C{i}", marker="o", ms=4, label=m)
         for r in rs:
             ax.annotate(str(r["concurrency"]), (r["per_user_tok_s"], r["aggregate_tok_s"]), fontsize=6,
                         xytext=(3, 2), textcoords="offset points")  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_yscale("log")
     ax.set_xlabel("per-user tokens/s (TTFT excluded)")
     ax.set_ylabel("aggregate tokens/s")
     ax.set_title(f"{doc['info']['target']}: throughput vs per-user speed (labels: concurrency)", fontsize=9)
@@ -249,13 +254,13 @@ def plot_budget(doc: dict, path: str | Path) -> Path:
     from ..plots import plt
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.6, 3.8))
-    for m, rs in _by_method(doc).items():
-        if m == "plain":
-            continue
+    for i, (m, rs) in enumerate(_by_method(doc).items()):
         ns = [r["concurrency"] for r in rs]
-        style = "-" if "hardware_aware" in m or m.startswith("threshold") else "--"
-        a1.plot(ns, [r["mean_verify_len"] for r in rs], style, marker="o", ms=4, label=m)
-        a2.plot(ns, [r["mean_step_tokens"] for r in rs], style, marker="o", ms=4, label=m)
+        style = "-" if "hardware_aware" in m or m.startswith("threshold") or m == "plain" else "--"
+        kw = {"color": f"C{i}", "marker": "o", "ms": 4, "label": m}  # the frontier plot's colours
+        if m != "plain":  # plain verifies no draft: only its B = N line is drawn
+            a1.plot(ns, [r["mean_verify_len"] for r in rs], style, **kw)
+        a2.plot(ns, [r["mean_step_tokens"] for r in rs], style, **kw)
     for ax, label in ((a1, "mean verified drafts ℓ per request-round"), (a2, "tokens per target forward B")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("concurrency N")

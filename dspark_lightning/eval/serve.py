@@ -61,6 +61,7 @@ def closed_loop(
     warmup_steps: int = 2,
     min_steps: int = 3,
     seed: int = 0,
+    layout: str = "padded",
 ) -> dict:
     """Keep ``concurrency`` requests active for ``warmup_steps`` rounds, then measure a ``window_s`` window."""
     from ..infer.decode import bind_scheduler, check_positions, make_engine
@@ -70,7 +71,7 @@ def closed_loop(
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     if not prompts:
         raise ValueError("the prompt pool is empty")
-    engine = make_engine(target, drafter, SamplingParams(temperature), scheduler=scheduler, seed=seed)
+    engine = make_engine(target, drafter, SamplingParams(temperature), scheduler=scheduler, seed=seed, layout=layout)
     check_positions(target, prompts, max_new_tokens, engine.block_size)
     bind_scheduler(engine, target, concurrency)
     added = 0
@@ -142,6 +143,7 @@ def serve_bench(
     window_s: float = 20.0,
     repeats: int = 1,
     seed: int = 0,
+    layout: str = "padded",
     progress: bool = True,
 ) -> dict:
     """Every concurrency x method cell ``repeats`` times; the method order reverses at every other level and
@@ -167,15 +169,29 @@ def serve_bench(
                 uses, sched = specs[method]
                 row = closed_loop(target, drafter if uses else None, ids, concurrency=n, scheduler=sched,
                                   temperature=temperature, max_new_tokens=max_new_tokens, window_s=window_s,
-                                  seed=seed + rep)  # fmt: skip
+                                  seed=seed + rep, layout=layout)  # fmt: skip
                 runs.setdefault((n, method), []).append(row)
                 bar.update()
     bar.close()
     rows = [{"method": m, **merge_runs(runs[(n, m)])} for n in concurrency for m in methods]
+    add_step_costs(rows, sps)
     info = run_info(target, temperature=temperature, max_new_tokens=max_new_tokens, window_s=window_s, seed=seed,
-                    repeats=repeats,
+                    repeats=repeats, layout=layout,
                     prompts=len(prompts), sps=None if sps is None else getattr(sps, "meta", None))  # fmt: skip
     return {"info": info, "methods": methods, "concurrency": list(concurrency), "rows": rows}
+
+
+def add_step_costs(rows: list[dict], sps: Any = None) -> None:
+    """Per-step drafting and verification milliseconds, and what the SPS table predicts for the mean B (the cost
+    model Algorithm 1 uses), so a reader can see where the table and the engine disagree."""
+    import torch
+
+    for r in rows:
+        steps = max(r["steps"], 1)
+        r["draft_ms_per_step"] = 1000 * r["time_split_s"]["draft"] / steps
+        r["verify_ms_per_step"] = 1000 * r["time_split_s"]["verify"] / steps
+        if sps is not None:
+            r["sps_table_ms"] = 1000 / float(sps(torch.tensor(r["mean_step_tokens"], dtype=torch.float64)))
 
 
 def merge_runs(runs: list[dict]) -> dict:

@@ -52,6 +52,9 @@ def test_serve_bench_writes_every_file(drafter_dir, sps_file, tmp_path, capsys):
         assert r["request_rounds"] == r["steps"] * n  # closed loop: every step serves all N requests (mean of 2 runs)
         assert r["mean_step_tokens"] == pytest.approx(n * (1 + r["mean_verify_len"]))
         assert set(r["time_split_s"]) == {"prefill", "draft", "schedule", "verify", "accept"}
+        assert r["verify_ms_per_step"] == pytest.approx(1000 * r["time_split_s"]["verify"] / r["steps"])
+        # the cost model Algorithm 1 sees: the made-up table at the cell's mean B (100 steps/s up to B = 2)
+        assert r["sps_table_ms"] >= 10.0 - 1e-9 and (r["mean_step_tokens"] > 2 or r["sps_table_ms"] < 10.11)
         assert r["requests_started"] >= r["requests_finished"] - n
     for n in (1, 4):
         assert rows[(n, "plain")]["mean_verify_len"] == 0 and rows[(n, "plain")]["time_split_s"]["draft"] == 0
