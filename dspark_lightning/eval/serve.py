@@ -35,7 +35,8 @@ DEFAULT_METHODS = ["plain", "static:1", "static:3", "static:5", "static:7", "thr
 
 
 def method_scheduler(method: str, sps: Any = None) -> tuple[bool, Any]:
-    """``name[:arg]`` -> (uses the drafter, scheduler spec). plain | static:γ | threshold:θ | [async_]hardware_aware."""
+    """``name[:arg]`` -> (uses the drafter, scheduler spec): plain | static:γ | threshold:θ | [async_]hardware_aware,
+    or any other registered scheduler by name (plugins included)."""
     name, _, arg = method.partition(":")
     if name == "plain":
         return False, "static"
@@ -45,7 +46,14 @@ def method_scheduler(method: str, sps: Any = None) -> tuple[bool, Any]:
         return True, {"name": "threshold", "threshold": float(arg)} if arg else "threshold"
     if name in ("hardware_aware", "async_hardware_aware"):
         return True, {"name": name, "sps": sps} if sps is not None else name
-    raise ValueError(f"unknown method {method!r}: plain, static:γ, threshold:θ, hardware_aware, async_hardware_aware")
+    from ..registry import names
+
+    if name in names("scheduler") and not arg:  # a plugin's scheduler, with its defaults
+        return True, name
+    raise ValueError(
+        f"unknown method {method!r}: plain, static:γ, threshold:θ, hardware_aware, async_hardware_aware, "
+        f"or a registered scheduler ({', '.join(names('scheduler'))})"
+    )
 
 
 def closed_loop(
