@@ -61,8 +61,10 @@ calibrate: setup
 
 threshold-sweep: setup
 	$(VENV)/bin/dspark-lightning threshold-sweep --drafter $(DSPARK) --prompts_per_domain 6 --max_new_tokens 48 --out docs/data/threshold_sweep
+	$(VENV)/bin/dspark-lightning threshold-sweep --drafter $(DSPARK) --prompts_per_domain 6 --max_new_tokens 48 --mode raw --raw_confidences true --out docs/data/threshold_sweep_raw
 
 serve-bench: setup
 	$(VENV)/bin/dspark-lightning serve-bench --drafter $(DSPARK) --sps docs/data/sps_smollm2_cpu.json --prompts_per_domain 8 --window_s 15 --repeats 2 --out docs/data/serve_bench
+	$(VENV)/bin/dspark-lightning serve-bench --drafter $(DSPARK) --sps docs/data/sps_smollm2_cpu.json --prompts_per_domain 8 --window_s 15 --repeats 2 --layout flat --concurrency 8 16 32 --methods plain static:1 hardware_aware async_hardware_aware --out docs/data/serve_bench_flat
 
 serve-study: calibrate threshold-sweep serve-bench
