@@ -10,7 +10,6 @@ time over the repeats.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -128,15 +127,9 @@ def _cell_rows(acc: dict[str, list[dict]], T: float, batch: int, pset: str, n_pr
 
 
 def write_bench(doc: dict, out: str | Path) -> dict[str, Path]:
-    from .report import bench_markdown
+    from .report import bench_markdown, write_outputs
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {name: out / name for name in OUTPUT_FILES}
-    paths["bench.json"].write_text(json.dumps(doc, indent=1) + "\n")
-    paths["bench.md"].write_text(bench_markdown(doc) + "\n")
-    plot_bench(doc, paths["bench.png"])
-    return paths
+    return write_outputs(doc, out, {"bench.json": None, "bench.md": bench_markdown, "bench.png": plot_bench})
 
 
 def plot_bench(doc: dict, path: Path) -> Path:

@@ -2,7 +2,26 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
+
+
+def write_outputs(doc: dict, out: str | Path, files: dict[str, Callable | None]) -> dict[str, Path]:
+    """Write a command's files into ``out``: ``*.json`` is the document itself, ``*.md`` is ``files[name](doc)``,
+    anything else (plots) is written by ``files[name](doc, path)``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for name, make in files.items():
+        path = paths[name] = out / name
+        if name.endswith(".json"):
+            path.write_text(json.dumps(doc, indent=1) + "\n")
+        elif name.endswith(".md"):
+            path.write_text(make(doc) + "\n")
+        else:
+            make(doc, path)
+    return paths
 
 
 def _f(v, spec: str = ".2f") -> str:

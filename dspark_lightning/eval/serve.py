@@ -19,7 +19,6 @@ is measured:
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -221,13 +220,8 @@ def merge_runs(runs: list[dict]) -> dict:
 
 
 def write_serve_bench(doc: dict, out: str | Path) -> dict[str, Path]:
-    from .report import plot_budget, plot_frontier, serve_markdown
+    from .report import plot_budget, plot_frontier, serve_markdown, write_outputs
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {name: out / name for name in OUTPUT_FILES}
-    paths["serve_bench.json"].write_text(json.dumps(doc, indent=1) + "\n")
-    paths["serve_bench.md"].write_text(serve_markdown(doc) + "\n")
-    plot_frontier(doc, paths["frontier.png"])
-    plot_budget(doc, paths["budget.png"])
-    return paths
+    files = {"serve_bench.json": None, "serve_bench.md": serve_markdown, "frontier.png": plot_frontier,
+             "budget.png": plot_budget}  # fmt: skip
+    return write_outputs(doc, out, files)

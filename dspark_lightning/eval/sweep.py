@@ -13,7 +13,6 @@ position's own raw confidence.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 OUTPUT_FILES = {
@@ -72,12 +71,8 @@ def threshold_sweep(
 
 
 def write_threshold_sweep(doc: dict, out: str | Path) -> dict[str, Path]:
-    from .report import plot_threshold_sweep, sweep_markdown
+    from .report import plot_threshold_sweep, sweep_markdown, write_outputs
 
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {name: out / name for name in OUTPUT_FILES}
-    paths["threshold_sweep.json"].write_text(json.dumps(doc, indent=1) + "\n")
-    paths["threshold_sweep.md"].write_text(sweep_markdown(doc) + "\n")
-    plot_threshold_sweep(doc, paths["threshold_sweep.png"])
-    return paths
+    files = {"threshold_sweep.json": None, "threshold_sweep.md": sweep_markdown,
+             "threshold_sweep.png": plot_threshold_sweep}  # fmt: skip
+    return write_outputs(doc, out, files)
