@@ -19,7 +19,8 @@ from .schedulers import (
 )
 from .sps import SPSTable, load_or_profile, profile_sps
 from .stats import DecodeStats, RoundLog, summarize
-from .verify import HFVerifier
+from .lean import LeanVerifier
+from .verify import HFVerifier, build_verifier
 
 __all__ = [
     "Acceptance",
@@ -30,6 +31,7 @@ __all__ = [
     "Engine",
     "HFVerifier",
     "HardwareAwareScheduler",
+    "LeanVerifier",
     "Proposal",
     "Request",
     "RoundLog",
@@ -41,6 +43,7 @@ __all__ = [
     "ThresholdScheduler",
     "accept",
     "build_scheduler",
+    "build_verifier",
     "decode",
     "encode_prompt",
     "load_or_profile",

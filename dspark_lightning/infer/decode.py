@@ -91,7 +91,7 @@ def decode(
     batch_size: int | None = None,
     layout: str = "padded",
     calibrated: bool = True,
-    verifier: str = "hf",
+    verifier: str = "auto",
     on_commit=None,
     progress: bool = False,
 ) -> DecodeResult:
@@ -113,7 +113,8 @@ def decode(
         layout: target/drafter cache layout, ``padded`` or ``flat`` (see :mod:`.kvcache`).
         calibrated: apply the drafter's STS confidence temperatures for this sampling temperature when it has
             them (``calibration_T<T>.json`` in its directory); False uses the raw confidence head.
-        verifier: registered verifier name (``hf``).
+        verifier: ``auto`` (the lean forward where it supports the target, else ``hf``) or a registered
+            verifier name (``lean``, ``hf``).
         on_commit: ``fn(prompt_index, new_token_ids)`` after every round (streaming).
         progress: show a progress bar over finished requests.
     """
@@ -154,7 +155,7 @@ def decode(
 
 def make_engine(target, drafter, params: SamplingParams, *, scheduler: Any = "static", seed: int = 0,
                 stop_token_ids: list[int] | None = None, stop: list[str] | None = None, layout: str = "padded",
-                calibrated: bool = True, verifier: str = "hf") -> Engine:  # fmt: skip
+                calibrated: bool = True, verifier: str = "auto") -> Engine:  # fmt: skip
     """The engine ``decode()`` drives (also driven directly by the closed-loop serving benchmark)."""
     temps = temperatures_for(drafter, params.temperature) if calibrated and drafter is not None else None
     proposer = make_proposer(drafter, layout=layout, conf_temperatures=temps) if drafter is not None else None

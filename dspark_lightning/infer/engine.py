@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..registry import create
 from .accept import accept
 from .sampling import SamplingParams, probs, sample
 from .schedulers import build_scheduler, survival
 from .stats import RoundLog
+from .verify import build_verifier
 
 ACCEPT_SEED_OFFSET = 0x5EED  # drafting and acceptance use separate, seeded RNG streams
 
@@ -58,11 +58,11 @@ class Engine:
         stop_strings: list[str] | None = None,
         seed: int = 0,
         layout: str = "padded",
-        verifier: str = "hf",
+        verifier: str = "auto",
     ) -> None:
         self.target = target
         self.params = params
-        self.verifier = create("verifier", verifier, target, layout=layout)
+        self.verifier = build_verifier(verifier, target, layout)
         self.proposer = proposer
         self.scheduler = build_scheduler(scheduler if scheduler is not None else "static")
         if hasattr(self.scheduler, "reset"):
@@ -108,7 +108,7 @@ class Engine:
         start = torch.zeros_like(lengths)
         out = self.verifier.prefill(ids, [r.prompt for r in new])
         rows = torch.arange(len(new), device=self.device)
-        p = probs(self.target.logits(out.hidden[rows, lengths - 1]), self.params)  # (R, V)
+        p = probs(self.verifier.logits(out.hidden[rows, lengths - 1]), self.params)  # (R, V)
         first = sample(p, self.params, self.accept_gen).tolist()
         if self.proposer is not None:
             self.proposer.add(ids)
@@ -152,7 +152,7 @@ class Engine:
         W = int(ell.max()) + 1
         tokens = anchors[:, None] if prop is None else torch.cat([anchors[:, None], prop.tokens[:, : W - 1]], 1)
         out = self.verifier.forward(ids, tokens, ell + 1, apos)
-        p = probs(self.target.logits(out.hidden), self.params)  # (R, W, V) p_t,1..p_t,W in fp32
+        p = probs(self.verifier.logits(out.hidden), self.params)  # (R, W, V) p_t,1..p_t,W in fp32
         t1 = time.perf_counter()
         self.time_s["verify"] += t1 - t0
 

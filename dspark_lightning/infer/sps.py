@@ -115,7 +115,10 @@ def default_path(target, context_len: int) -> Path:
     dev = next(target.model.parameters())
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", str(target.name))
     dtype = str(dev.dtype).split(".")[-1]
-    return cache_root() / "sps" / f"{name}-{device_tag(dev.device)}-{dtype}-ctx{context_len}.json"
+    from .lean import lean_unsupported
+
+    impl = "lean" if lean_unsupported(target) is None else "hf"  # the verifier decode() picks by default
+    return cache_root() / "sps" / f"{name}-{device_tag(dev.device)}-{dtype}-{impl}-ctx{context_len}.json"
 
 
 @torch.no_grad()
@@ -127,9 +130,11 @@ def profile_sps(
     repeats: int = 5,
     warmup: int = 2,
     progress: bool = True,
+    verifier: str = "auto",
 ) -> SPSTable:
-    """Time the target's verification forward for every B in ``grid`` (up to ``max_tokens``)."""
-    from .verify import HFVerifier
+    """Time the target's verification forward for every B in ``grid`` (up to ``max_tokens``), with the verifier
+    ``decode()`` uses (``auto``: the lean forward where it supports the target)."""
+    from .verify import build_verifier
 
     points = [b for b in grid if max_tokens is None or b <= max_tokens]
     if not points:
@@ -138,7 +143,7 @@ def profile_sps(
     V = target.geometry.vocab_size
     gen = torch.Generator().manual_seed(0)
     one = torch.tensor([0], device=dev)
-    v = HFVerifier(target, layout="flat")
+    v = build_verifier(verifier, target, layout="padded")  # one request: padded == flat
     v.prefill([0], [torch.randint(0, V, (context_len,), generator=gen).tolist()])
     times: list[float] = []
     for B in _bar(points, progress, f"profiling SPS of {target.name}"):
@@ -148,7 +153,7 @@ def profile_sps(
             _sync(dev)
             t0 = time.perf_counter()
             out = v.forward([0], toks, torch.tensor([B], device=dev), torch.tensor([context_len], device=dev))
-            target.logits(out.hidden).float().softmax(-1)
+            v.logits(out.hidden).float().softmax(-1)
             _sync(dev)
             if i >= warmup:
                 samples.append(time.perf_counter() - t0)
@@ -160,6 +165,7 @@ def profile_sps(
         "device": device_tag(dev),
         "dtype": str(next(target.model.parameters()).dtype).split(".")[-1],
         "threads": torch.get_num_threads(),
+        "verifier": type(v).__name__,
         "context_len": context_len,
         "repeats": repeats,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

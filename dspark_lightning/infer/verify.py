@@ -122,7 +122,21 @@ class HFVerifier:
             context[sel, :P] = out.context
         return SegmentOutput(hidden=hidden, context=context)
 
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Target logits (..., V) through its own LM head."""
+        return self.target.logits(hidden)
+
     def commit(self, ids: torch.Tensor, keep_pos: torch.Tensor) -> None:
         """Roll request ids[i] back to positions <= keep_pos[i] (drops its rejected drafts' K/V)."""
         self.kv.release_after(ids, keep_pos)
         self.kv.compact()
+
+
+def build_verifier(name: str, target, layout: str = "padded"):
+    """A registered verifier; ``auto`` is the lean forward where it supports the target and layout, else ``hf``."""
+    from ..registry import create
+    from .lean import lean_unsupported
+
+    if name == "auto":
+        name = "lean" if lean_unsupported(target, layout) is None else "hf"
+    return create("verifier", name, target, layout=layout)

@@ -1,0 +1,329 @@
+"""A lean target forward for decoding: the ``lean`` verifier (Llama / Qwen2 / Qwen3 / Mistral families).
+
+Why it exists: on a CPU the HF forward of a small target is dominated by per-op overhead, not by
+its matrix products (docs/inference.md, "Verification cost"). For SmolLM2-135M the products of one
+1-token forward take ~8 ms at this machine's cache bandwidth, the HF forward 30-35 ms; and a
+forward over 8 new tokens costs ~2x a 1-token one, mostly from kernel choice (``F.linear`` on a
+row-major weight) and from the cache being concatenated every step. This verifier computes the
+same function with:
+
+- **fused projections**: one [q; k; v] and one [gate; up] product per layer (3 products instead of 7);
+- **MKL-packed weights on CPU** (:class:`Linear`): 1.4-1.8x faster products for 2-16 rows than ``F.linear``;
+- **a preallocated KV cache written in place**: one row per request, positions contiguous, rollback
+  is moving a length pointer (rejected drafts are always the newest entries);
+- **no dense mask** where none is needed (one request: a 1-token query sees the whole row; a block
+  uses a tiny (W, S) mask built from two ``arange`` comparisons);
+- the tapped layers' raw outputs taken directly from the loop (no hooks).
+
+Outputs equal the HF forward up to floating-point reassociation (tested against :class:`HFVerifier`
+and, through ``decode()``, greedy equality with HF ``generate()``). Only the padded layout exists:
+each request owns one cache row. Unsupported architectures raise :class:`NotImplementedError`, and
+``verifier="auto"`` falls back to ``hf`` for them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..registry import register
+from .verify import SegmentOutput
+
+SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def lean_unsupported(target, layout: str = "padded") -> str | None:
+    """Why the lean verifier cannot run this target (None when it can)."""
+    cfg = target.model.config
+    kind = getattr(cfg, "model_type", "?")
+    if layout != "padded":
+        return f"layout {layout!r} (the lean verifier has one cache row per request: padded only)"
+    if kind not in SUPPORTED:
+        return f"architecture {kind!r} (supported: {', '.join(SUPPORTED)})"
+    if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", kind == "mistral"):
+        return "sliding-window attention"
+    if getattr(cfg, "mlp_bias", False) or getattr(cfg, "hidden_act", "silu") != "silu":
+        return "an MLP other than a bias-free SwiGLU"
+    return None
+
+
+PACK_ROWS = 8  # MKL packs weights for this many input rows (one request's anchor + 7 drafts)
+PACK_MIN = 4  # fewer rows run faster unpadded through F.linear
+
+
+def mkl_packed_available() -> bool:
+    try:
+        w = torch.zeros(4, 4)
+        torch.ops.mkl._mkl_linear(torch.zeros(1, 4), torch.ops.mkl._mkl_reorder_linear_weight(w, 1), w, None, 1)
+        return True
+    except (AttributeError, RuntimeError):
+        return False
+
+
+class Linear:
+    """y = x W^T (+ b) with the fastest kernel this device has for a few rows.
+
+    On CPUs with MKL the weight is also packed once (``cblas_sgemm_pack``) for blocks of exactly ``PACK_ROWS``
+    rows, the only row count MKL's packed path serves: 4-8 rows are zero-padded to 8. On SmolLM2's shapes a
+    block of 8 costs ~1.35x one row, against ~2x with ``F.linear``; padding 2 rows, or running 16-32 rows as
+    blocks of 8, loses to ``F.linear`` (profile in docs/inference.md). Other row counts use ``F.linear``; so do
+    GPUs and non-fp32 weights.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> None:
+        self.weight, self.bias = weight, bias
+        self.packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, PACK_ROWS) if pack else None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        M = x2.shape[0]
+        if self.packed is None or not PACK_MIN <= M <= PACK_ROWS:
+            return F.linear(x, self.weight, self.bias)
+        if M < PACK_ROWS:
+            x2 = torch.cat([x2, x2.new_zeros(PACK_ROWS - M, shape[-1])])
+        y = torch.ops.mkl._mkl_linear(x2, self.packed, self.weight, self.bias, PACK_ROWS)
+        return y[:M].view(*shape[:-1], -1)
+
+
+class _Layer:
+    """One decoder layer's weights, rearranged for the fused products."""
+
+    def __init__(self, layer, pack: bool) -> None:
+        att, mlp = layer.self_attn, layer.mlp
+        cat = torch.cat
+        b = [getattr(p, "bias", None) for p in (att.q_proj, att.k_proj, att.v_proj)]
+        qkv = cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight])  # ((H+2Hkv)Dh, d)
+        self.qkv = Linear(qkv, None if b[0] is None else cat(b), pack)
+        self.o = Linear(att.o_proj.weight, att.o_proj.bias, pack)
+        self.gu = Linear(cat([mlp.gate_proj.weight, mlp.up_proj.weight]), None, pack)  # (2F, d)
+        self.down = Linear(mlp.down_proj.weight, None, pack)
+        self.ln_in = (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
+        self.ln_post = (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
+        qn, kn = getattr(att, "q_norm", None), getattr(att, "k_norm", None)
+        self.q_norm = None if qn is None else (qn.weight, qn.variance_epsilon)
+        self.k_norm = None if kn is None else (kn.weight, kn.variance_epsilon)
+        self.scaling = att.scaling
+
+
+def rms_norm(x: torch.Tensor, weight_eps: tuple[torch.Tensor, float]) -> torch.Tensor:
+    """HF Llama RMSNorm: normalise in fp32, cast back, scale."""
+    w, eps = weight_eps
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), w, eps)
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE (rotate-half convention), x (R, H, W, Dh), cos/sin (R, 1, W, Dh)."""
+    h = x.shape[-1] // 2
+    rot = torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+    return x * cos + rot * sin
+
+
+@register("verifier", "lean")
+class LeanVerifier:
+    """Verifies drafts with a lean re-implementation of the target's forward (see the module docstring).
+
+    Args:
+        target: the frozen target (Llama-family HF model).
+        layout: must be ``padded``.
+        capacity: initial cache length per request (grows by doubling).
+        pack: MKL-packed weights (None: on a CPU with MKL and an fp32 target).
+    """
+
+    def __init__(self, target, layout: str = "padded", capacity: int = 1024, pack: bool | None = None) -> None:
+        why = lean_unsupported(target, layout)
+        if why is not None:
+            raise NotImplementedError(f"the lean verifier cannot run target {target.name!r}: {why}; use verifier='hf'")
+        self.target = target
+        self.layout = layout
+        p = next(target.model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        cfg = target.model.config
+        dec = target.decoder
+        if pack is None:
+            pack = self.device.type == "cpu" and self.dtype == torch.float32 and mkl_packed_available()
+        self.layers = [_Layer(layer, pack) for layer in dec.layers]
+        self.embed = dec.embed_tokens
+        self.final = (dec.norm.weight, dec.norm.variance_epsilon)
+        self.rotary = dec.rotary_emb
+        g = target.geometry
+        self.H, self.Hkv, self.Dh = g.num_heads, g.num_kv_heads, g.head_dim
+        self.tap = {lid: i for i, lid in enumerate(g.layer_ids)}
+        self.head = Linear(target.lm_head.weight, getattr(target.lm_head, "bias", None), pack)
+        self.max_pos = getattr(cfg, "max_position_embeddings", None)
+        self.rows: dict[int, int] = {}  # request id -> cache row
+        self.lens = torch.zeros(0, dtype=torch.long, device=self.device)  # committed length per row
+        self.cap = capacity
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self._alloc(0, capacity)
+
+    # --- cache -----------------------------------------------------------------------------
+    def _alloc(self, rows: int, cap: int) -> None:
+        shape = (rows, self.Hkv, cap, self.Dh)
+        old_k, old_v = self.k, self.v
+        self.k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
+        self.v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
+        for new, old in zip(self.k + self.v, old_k + old_v, strict=False):
+            r, s = min(rows, old.shape[0]), min(cap, old.shape[2])
+            new[:r, :, :s] = old[:r, :, :s]
+        self.cap = cap
+
+    def _ensure(self, rows: int, length: int) -> None:
+        have_rows = self.k[0].shape[0]
+        if rows <= have_rows and length <= self.cap:
+            return
+        cap = self.cap
+        while cap < length:
+            cap *= 2
+        self._alloc(max(rows, 2 * have_rows if rows > have_rows else have_rows), cap)
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.rows)
+
+    def remove(self, ids: list[int]) -> None:
+        """Free the rows of finished requests; the last rows move into the holes (rows stay 0..n-1)."""
+        for rid in ids:
+            if rid not in self.rows:
+                continue
+            row, last = self.rows.pop(rid), len(self.rows)
+            if row != last:
+                mover = next(r for r, i in self.rows.items() if i == last)
+                for t in self.k + self.v:
+                    t[row] = t[last]
+                self.lens[row] = self.lens[last]
+                self.rows[mover] = row
+        self.lens = self.lens[: len(self.rows)].clone()
+
+    def commit(self, ids: torch.Tensor, keep_pos: torch.Tensor) -> None:
+        """Keep positions <= keep_pos[i] of request ids[i] (the rejected drafts are the newest entries)."""
+        rows = torch.as_tensor([self.rows[int(r)] for r in ids.tolist()], dtype=torch.long, device=self.device)
+        self.lens[rows] = torch.minimum(self.lens[rows], keep_pos.to(self.lens) + 1)
+
+    # --- forward ---------------------------------------------------------------------------
+    def _order(self, ids: list[int]) -> tuple[torch.Tensor | None, int]:
+        """Cache rows of ``ids``: they must be a permutation of a contiguous row range [r0, r0 + R)."""
+        rows = [self.rows[r] for r in ids]
+        r0 = min(rows)
+        if sorted(rows) != list(range(r0, r0 + len(rows))):
+            raise RuntimeError("the lean verifier forwards every live request at once (or a freshly added group)")
+        if rows == list(range(r0, r0 + len(rows))):
+            return None, r0
+        inv = torch.empty(len(rows), dtype=torch.long, device=self.device)
+        inv[torch.as_tensor(rows, device=self.device) - r0] = torch.arange(len(rows), device=self.device)
+        return inv, r0  # inv[row - r0] = index in ``ids``
+
+    @torch.no_grad()
+    def forward(
+        self,
+        ids: list[int],
+        tokens: torch.Tensor,  # (R, W) tokens of each request, valid up to lengths[r]
+        lengths: torch.Tensor,  # (R,)
+        start: torch.Tensor,  # (R,) position of each request's first token (== its committed length)
+    ) -> SegmentOutput:
+        inv, r0 = self._order(ids)
+        if inv is not None:  # into row order
+            tokens, lengths, start = tokens[inv], lengths[inv], start[inv]
+        hidden, context = self._run(r0, tokens, lengths, start)
+        if inv is not None:  # back to the caller's order
+            back = torch.empty_like(inv)
+            back[inv] = torch.arange(len(inv), device=self.device)
+            hidden, context = hidden[back], context[back]
+        return SegmentOutput(hidden=hidden, context=context)
+
+    def _run(self, r0: int, tokens, lengths, start) -> tuple[torch.Tensor, torch.Tensor]:
+        R, W = tokens.shape
+        rows = slice(r0, r0 + R)
+        base = self.lens[rows]
+        if not torch.equal(base, start.to(base)):
+            raise RuntimeError("verification must start at each request's committed length")
+        end = int(base.max()) + W
+        self._ensure(self.k[0].shape[0], end)
+        dev = self.device
+        j = torch.arange(W, device=dev)
+        pos = base[:, None] + j  # (R, W)
+        single = R == 1 or bool((base == base[0]).all())
+        mask = None
+        if not (single and W == 1):  # key c visible to query i of row r iff c <= base_r + i
+            mask = torch.arange(end, device=dev)[None, None, :] <= pos[:, :, None]  # (R, W, end)
+            mask = mask[:, None]
+        x = self.embed(tokens)  # (R, W, d)
+        cos, sin = self.rotary(x, pos)
+        cos, sin = cos[:, None], sin[:, None]  # (R, 1, W, Dh)
+        H, Hkv, Dh = self.H, self.Hkv, self.Dh
+        write_rows = torch.arange(r0, r0 + R, device=dev)[:, None, None]
+        heads = torch.arange(Hkv, device=dev)[None, :, None]
+        cols = pos[:, None, :]  # (R, 1, W)
+        taps = [None] * len(self.tap)
+        for li, L in enumerate(self.layers):
+            h = rms_norm(x, L.ln_in)
+            qkv = L.qkv(h)
+            q, k, v = qkv.split([H * Dh, Hkv * Dh, Hkv * Dh], dim=-1)
+            q = q.view(R, W, H, Dh).transpose(1, 2)  # (R, H, W, Dh)
+            k = k.view(R, W, Hkv, Dh).transpose(1, 2)
+            v = v.view(R, W, Hkv, Dh).transpose(1, 2)
+            if L.q_norm is not None:
+                q, k = rms_norm(q, L.q_norm), rms_norm(k, L.k_norm)
+            q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            if single:  # every row writes the same columns: a plain slice
+                c0 = int(base[0])
+                self.k[li][rows, :, c0 : c0 + W] = k
+                self.v[li][rows, :, c0 : c0 + W] = v
+            else:
+                self.k[li][write_rows, heads, cols] = k
+                self.v[li][write_rows, heads, cols] = v
+            K, V = self.k[li][rows, :, :end], self.v[li][rows, :, :end]
+            a = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=L.scaling, enable_gqa=H != Hkv)
+            x = x + L.o(a.transpose(1, 2).reshape(R, W, H * Dh))
+            g, u = L.gu(rms_norm(x, L.ln_post)).chunk(2, dim=-1)
+            x = x + L.down(F.silu(g) * u)
+            if li in self.tap:
+                taps[self.tap[li]] = x
+        self.lens[rows] = base + lengths.to(base)
+        return rms_norm(x, self.final), torch.cat(taps, dim=-1)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Target logits (..., V) through the LM head (packed on CPU)."""
+        return self.head(hidden)
+
+    @torch.no_grad()
+    def prefill(self, ids: list[int], prompts: list[list[int]]) -> SegmentOutput:
+        """Give each new request a cache row and run its prompt (grouped by length, no padding compute)."""
+        R, P_max = len(prompts), max(len(p) for p in prompts)
+        first = len(self.rows)
+        self._ensure(first + R, P_max)
+        for i, rid in enumerate(ids):
+            self.rows[rid] = first + i
+        self.lens = torch.cat([self.lens, self.lens.new_zeros(R)])
+        hidden = context = None
+        groups: dict[int, list[int]] = {}
+        for i, p in enumerate(prompts):
+            groups.setdefault(len(p), []).append(i)
+        for P, idx in groups.items():
+            # a group's rows must be contiguous: run it row by row unless it is the whole contiguous range
+            for chunk in _contiguous(idx):
+                x = torch.as_tensor([prompts[i] for i in chunk], dtype=torch.long, device=self.device)
+                zero = torch.zeros(len(chunk), dtype=torch.long, device=self.device)
+                h, c = self._run(first + chunk[0], x, torch.full_like(zero, P), zero)
+                if hidden is None:
+                    hidden = h.new_zeros((R, P_max, h.shape[-1]))
+                    context = c.new_zeros((R, P_max, c.shape[-1]))
+                hidden[chunk[0] : chunk[-1] + 1, :P] = h
+                context[chunk[0] : chunk[-1] + 1, :P] = c
+        return SegmentOutput(hidden=hidden, context=context)
+
+
+def _contiguous(idx: list[int]) -> list[list[int]]:
+    """Split sorted indices into runs of consecutive values."""
+    runs: list[list[int]] = []
+    for i in idx:
+        if runs and runs[-1][-1] == i - 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
