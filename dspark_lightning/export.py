@@ -16,7 +16,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .calibration import load_calibrations
-from .drafters import CONVENTION, Drafter, build_part, compose
+from .drafters import CONVENTION, Drafter, build_part, compose, draft_geometry
+from .drafters.drafter import check_draft_vocab
 from .registry import create
 
 FORMAT_VERSION = 1
@@ -97,14 +98,22 @@ def load_drafter(path: str | Path, target: Any = None, map_location: str | torch
     if "drafter" in cfg:  # a drafter that is one registered piece (eagle3, mtp1)
         drafter = create("drafter", cfg["drafter"], target, block_size=cfg["block_size"], **cfg["drafter_args"])
     else:
+        n_vocab = cfg["geometry"].get("draft_vocab_size")
+        g = draft_geometry(target, n_vocab)
         bb = build_part("backbone", cfg["backbone"], g)
         sh = build_part("seq_head", cfg["seq_head"], g)
         ch = build_part("conf_head", cfg["conf_head"], g, getattr(sh, "token_dim", 0)) if cfg["conf_head"] else None
-        drafter = compose(target, bb, sh, ch, cfg["block_size"], cfg["mask_token_id"])
+        drafter = compose(target, bb, sh, ch, cfg["block_size"], cfg["mask_token_id"], n_vocab)
     state = load_file(str(path / "model.safetensors"), device=str(map_location))
     if weights_sha256(state) != cfg["weights_sha256"]:
         raise DrafterLoadError(f"{path}/model.safetensors does not match the weights hash in config.json")
     drafter.load_state_dict(state, strict=True)
+    vocab = getattr(drafter, "draft_vocab", None)
+    if vocab is not None:
+        try:
+            check_draft_vocab(vocab, vocab.numel(), target.geometry.vocab_size)
+        except ValueError as exc:
+            raise DrafterLoadError(f"{path}: invalid draft vocabulary: {exc}") from None
     drafter.source_dir = str(path)
     drafter.calibrations = load_calibrations(path, cfg["weights_sha256"])  # {sampling T: STS temperatures}
     return drafter.eval()

@@ -48,7 +48,7 @@ class LossTerms:
 
 
 def dspark_loss(
-    logits: torch.Tensor,  # (N, γ, V) final draft logits z_k
+    logits: torch.Tensor,  # (N, γ, V) final draft logits z_k (-inf outside a reduced draft vocabulary)
     target_logits: torch.Tensor | None,  # (N, γ, V) target logits for the same positions (None: CE only)
     labels: torch.Tensor,  # (N, γ) data tokens x_{a+k}
     mask: torch.Tensor,  # (N, γ) supervision mask v
@@ -63,7 +63,11 @@ def dspark_loss(
     z = vw.sum().clamp_min(1e-8)
     logp = F.log_softmax(logits.float(), dim=-1)  # (N, γ, V) fp32, computed once
     ce_tok = -logp.gather(-1, labels[..., None]).squeeze(-1)  # (N, γ)
-    ce = (vw * ce_tok).sum() / z
+    # A reduced draft vocabulary gives -inf logits outside it: such labels cannot be predicted and leave the CE
+    # (their mass still counts in L1 and c*, as rejected mass).
+    in_vocab = torch.isfinite(ce_tok)
+    ce_w = vw * in_vocab
+    ce = (ce_w * ce_tok.where(in_vocab, 0.0)).sum() / ce_w.sum().clamp_min(1e-8)
     zero = logits.new_zeros(())
     soft_ce = zero
     if target_logits is not None:

@@ -11,6 +11,7 @@ Python composes by name::
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from torch import nn
@@ -36,6 +37,7 @@ __all__ = [
     "VanillaMarkovHead",
     "build_part",
     "compose",
+    "draft_geometry",
 ]
 
 Spec = str | dict[str, Any] | None
@@ -60,15 +62,16 @@ def compose(
     conf_head: nn.Module | None,
     block_size: int,
     mask_token_id: int | None = None,
+    draft_vocab_size: int | None = None,
 ) -> Drafter:
-    """Wire parts to a target: shared frozen embedding / LM head, geometry, mask token."""
+    """Wire parts to a target: shared frozen embedding / LM head, geometry, mask token, draft vocabulary size."""
     from ..targets import default_mask_token_id
 
     return Drafter(
         backbone,
         seq_head,
         conf_head,
-        geometry=target.geometry,
+        geometry=draft_geometry(target, draft_vocab_size),
         embed=target.embed_tokens,
         lm_head=target.lm_head,
         block_size=block_size,
@@ -76,12 +79,18 @@ def compose(
     )
 
 
-def _build(target: Any, block_size: int, backbone: Spec, seq_head: Spec, conf_head: Spec, mask_token_id) -> Drafter:
-    g = target.geometry
+def draft_geometry(target: Any, draft_vocab_size: int | None):
+    """The geometry a drafter's parts are built with: the target's, plus the draft vocabulary size."""
+    return replace(target.geometry, draft_vocab_size=draft_vocab_size)
+
+
+def _build(target: Any, block_size: int, backbone: Spec, seq_head: Spec, conf_head: Spec, mask_token_id,
+           draft_vocab_size: int | None) -> Drafter:  # fmt: skip
+    g = draft_geometry(target, draft_vocab_size)
     bb = build_part("backbone", backbone, g)
     sh = build_part("seq_head", seq_head, g)
     ch = build_part("conf_head", conf_head, g, getattr(sh, "token_dim", 0))
-    return compose(target, bb, sh, ch, block_size, mask_token_id)
+    return compose(target, bb, sh, ch, block_size, mask_token_id, draft_vocab_size)
 
 
 @register("drafter", "dspark")
@@ -92,12 +101,19 @@ def dspark(
     seq_head: Spec = "vanilla",
     conf_head: Spec = "linear",
     mask_token_id: int | None = None,
+    draft_vocab_size: int | None = None,
 ) -> Drafter:
-    """DSpark: parallel backbone + sequential head + confidence head."""
-    return _build(target, block_size, backbone, seq_head, conf_head, mask_token_id)
+    """DSpark: parallel backbone + sequential head + confidence head (optionally over a reduced draft vocabulary)."""
+    return _build(target, block_size, backbone, seq_head, conf_head, mask_token_id, draft_vocab_size)
 
 
 @register("drafter", "dflash")
-def dflash(target: Any, block_size: int = 7, backbone: Spec = "dense", mask_token_id: int | None = None) -> Drafter:
+def dflash(
+    target: Any,
+    block_size: int = 7,
+    backbone: Spec = "dense",
+    mask_token_id: int | None = None,
+    draft_vocab_size: int | None = None,
+) -> Drafter:
     """DFlash baseline: the same backbone, no sequential head, no confidence head."""
-    return _build(target, block_size, backbone, None, None, mask_token_id)
+    return _build(target, block_size, backbone, None, None, mask_token_id, draft_vocab_size)

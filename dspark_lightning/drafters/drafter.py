@@ -28,15 +28,21 @@ CONVENTION = "shifted"
 
 @dataclass
 class DraftOutput:
-    logits: torch.Tensor  # (B, A, γ, V) final draft logits z_k = U_k + B_k
+    logits: torch.Tensor  # (B, A, γ, V) final draft logits z_k = U_k + B_k (-inf outside a reduced draft vocabulary)
     conf_logits: torch.Tensor | None  # (B, A, γ) raw confidence logits, or None without a confidence head
     hidden: torch.Tensor  # (B, A, γ, d) backbone outputs h_k
 
 
 class SharesTargetParts:
-    """The target's token embedding and LM head, held by reference in ``self._shared`` (never trained or saved)."""
+    """The target's token embedding and LM head, held by reference in ``self._shared`` (never trained or saved),
+    and the optional reduced draft vocabulary (FR-Spec / EAGLE-3): ``draft_vocab`` (N,) sorted target token ids,
+    a persistent buffer (saved, hash-checked). The drafter's LM head is then the N rows of the target's, its
+    sequential head's W2 has N outputs, and its law q is exactly zero outside the subset (so acceptance stays
+    lossless: a draft is always a token with q > 0 and the residual max(0, p_t - q) covers the rest).
+    """
 
     _shared: tuple[nn.Embedding, nn.Linear]
+    draft_vocab: torch.Tensor | None
 
     @property
     def embed(self) -> nn.Embedding:
@@ -45,6 +51,59 @@ class SharesTargetParts:
     @property
     def lm_head(self) -> nn.Linear:
         return self._shared[1]
+
+    def _init_draft_vocab(self, geometry: TargetGeometry) -> None:
+        n = geometry.draft_vocab_size
+        if n is not None and not 0 < n <= geometry.vocab_size:
+            raise ValueError(f"draft_vocab_size must be in [1, {geometry.vocab_size}], got {n}")
+        # -1 = not chosen yet: training picks the most frequent tokens of its data (set_draft_vocab)
+        self.register_buffer("draft_vocab", None if n is None else torch.full((n,), -1, dtype=torch.long))
+
+    @property
+    def vocab_ready(self) -> bool:
+        return self.draft_vocab is None or bool((self.draft_vocab >= 0).all())
+
+    def set_draft_vocab(self, ids: torch.Tensor) -> None:
+        """Fix the draft vocabulary: N distinct target token ids (sorted here)."""
+        ids = torch.as_tensor(ids, dtype=torch.long).flatten().unique()  # sorted, distinct
+        check_draft_vocab(ids, self.draft_vocab.numel() if self.draft_vocab is not None else -1, self.embed.num_embeddings)
+        self.draft_vocab.copy_(ids.to(self.draft_vocab.device))
+
+    def draft_head_weight(self) -> torch.Tensor:
+        """(N or V, d): the rows of the target LM head the drafter projects onto."""
+        w = self.lm_head.weight
+        if self.draft_vocab is None:
+            return w
+        if not self.vocab_ready:
+            raise RuntimeError("the draft vocabulary is not set: call set_draft_vocab(ids) (fit does it from its data)")
+        return w.index_select(0, self.draft_vocab)
+
+    def draft_logits(self, h: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """Base logits over the draft vocabulary (..., N or V); ``weight`` = a cached :meth:`draft_head_weight`."""
+        w = self.draft_head_weight() if weight is None else weight
+        b = getattr(self.lm_head, "bias", None)
+        if b is not None and self.draft_vocab is not None:
+            b = b.index_select(0, self.draft_vocab)
+        return torch.nn.functional.linear(h, w, b)
+
+    def full_logits(self, z: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits (..., N) -> target-vocabulary logits (..., V), -inf outside the subset."""
+        if self.draft_vocab is None:
+            return z
+        out = z.new_full((*z.shape[:-1], self.embed.num_embeddings), float("-inf"))
+        return out.index_copy(-1, self.draft_vocab, z)
+
+
+def check_draft_vocab(ids: torch.Tensor, size: int, vocab_size: int) -> None:
+    """A draft vocabulary must be ``size`` distinct, sorted ids in [0, vocab_size)."""
+    if size < 0:
+        raise ValueError("this drafter was built without a reduced draft vocabulary (draft_vocab_size)")
+    if ids.numel() != size:
+        raise ValueError(f"the draft vocabulary needs {size} distinct token ids, got {ids.numel()}")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(f"draft vocabulary ids must lie in [0, {vocab_size})")
+    if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
+        raise ValueError("draft vocabulary ids must be sorted and distinct")
 
 
 class Drafter(SharesTargetParts, nn.Module):
@@ -78,6 +137,7 @@ class Drafter(SharesTargetParts, nn.Module):
         self.mask_token_id = int(mask_token_id)
         self.convention = CONVENTION
         self._shared = (embed, lm_head)  # a tuple attribute is not a registered sub-module
+        self._init_draft_vocab(geometry)
 
     def config(self) -> dict[str, Any]:
         """Everything needed to rebuild this drafter from the registry (see export.py)."""
@@ -89,7 +149,7 @@ class Drafter(SharesTargetParts, nn.Module):
             "convention": self.convention,
             "block_size": self.block_size,
             "mask_token_id": self.mask_token_id,
-            "geometry": self.geometry.to_dict(),
+            "geometry": self.geometry.to_dict(),  # draft_vocab_size: the reduced vocabulary's size (None = full)
             "backbone": part(self.backbone),
             "seq_head": part(self.seq_head),
             "conf_head": part(self.conf_head),
@@ -121,11 +181,12 @@ class Drafter(SharesTargetParts, nn.Module):
         ctx_kv = self.backbone.context_kv(fused, ctx_pos)
         mask = per_layer_masks(self.backbone, lambda w: block_attention_mask(anchors, valid, S, g, w))
         h = self.backbone(x, positions, ctx_kv, mask).view(B * A, g, -1)  # (B*A, γ, d)
-        logits = self.lm_head(h)  # (B*A, γ, V) base logits U_k
+        logits = self.draft_logits(h)  # (B*A, γ, N) base logits U_k over the draft vocabulary
         prev = prev.view(B * A, g)
         feat = None
         if self.seq_head is not None:
             bias, feat = self.seq_head.teacher_forced(h, prev)
             logits = logits + bias
         conf = None if self.conf_head is None else self.conf_head(h, feat).view(B, A, g)
+        logits = self.full_logits(logits)  # (B*A, γ, V), -inf outside a reduced draft vocabulary
         return DraftOutput(logits=logits.view(B, A, g, -1), conf_logits=conf, hidden=h.view(B, A, g, -1))

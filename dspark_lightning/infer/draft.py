@@ -91,6 +91,8 @@ class BlockProposer:
             if temps.shape != (self.block_size,) or bool((temps <= 0).any()):
                 raise ValueError(f"conf_temperatures must be {self.block_size} positive numbers, got {temps.tolist()}")
             self.temps = temps
+        self.head_w = drafter.draft_head_weight()  # (N or V, d), gathered once for a reduced draft vocabulary
+        self.vocab = drafter.draft_vocab  # (N,) target ids of the draft vocabulary, or None
 
     def add(self, ids: list[int]) -> None:
         self.kv.add_requests(ids)
@@ -144,7 +146,7 @@ class BlockProposer:
         ctx_kv = [(layer.keys, layer.values) for layer in self.kv.layers]
         h = d.backbone(x, grid.scatter(pos, 0), ctx_kv, per_layer_masks(d.backbone, mask))
         h = grid.gather(h)  # (R, γ, d)
-        base = d.lm_head(h)  # (R, γ, V) U_k
+        base = d.draft_logits(h, self.head_w)  # (R, γ, N) U_k over the draft vocabulary
         return self._sequential(h, base, anchors, params, generator, teacher_tokens)
 
     def _sequential(self, h, base, anchors, params, generator, teacher_tokens) -> Proposal:
@@ -159,7 +161,7 @@ class BlockProposer:
             if sh is not None:
                 bias, feat, state = sh.step(h[:, k], prev, state)
                 z = z + bias
-            q = probs(z, params)  # (R, V) fp32: sampled from and tested against
+            q = probs(z, params)  # (R, N) fp32: sampled from and tested against
             if ch is not None:
                 logit = ch(h[:, k], feat).float()
                 raw.append(logit)
@@ -167,6 +169,8 @@ class BlockProposer:
             else:
                 c = draft_confidence(q, z, params)
             x = sample(q, params, generator)
+            if self.vocab is not None:
+                x = self.vocab[x]  # draft-vocabulary index -> target token id
             if teacher_tokens is not None:
                 x = teacher_tokens[:, k]
             toks.append(x)
@@ -174,10 +178,14 @@ class BlockProposer:
             confs.append(c)
             zs.append(z)
             prev = x
+        q, z = torch.stack(qs, 1), torch.stack(zs, 1)  # (R, γ, N)
+        if self.vocab is not None:  # to the target vocabulary: q exactly 0 and z = -inf outside the subset
+            q = q.new_zeros((*q.shape[:-1], d.embed.num_embeddings)).index_copy_(-1, self.vocab, q)
+            z = d.full_logits(z)
         return Proposal(
             tokens=torch.stack(toks, 1),
-            q=torch.stack(qs, 1),
+            q=q,
             conf=torch.stack(confs, 1),
-            logits=torch.stack(zs, 1),
+            logits=z,
             conf_logits=torch.stack(raw, 1) if raw else None,
         )

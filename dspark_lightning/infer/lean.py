@@ -200,6 +200,10 @@ class LeanVerifier:
                 self.rows[mover] = row
         self.lens = self.lens[: len(self.rows)].clone()
 
+    def cached_length(self, rid: int) -> int:
+        """Live cached positions of request ``rid`` (0 once removed)."""
+        return int(self.lens[self.rows[rid]]) if rid in self.rows else 0
+
     def commit(self, ids: torch.Tensor, keep_pos: torch.Tensor) -> None:
         """Keep positions <= keep_pos[i] of request ids[i] (the rejected drafts are the newest entries)."""
         rows = torch.as_tensor([self.rows[int(r)] for r in ids.tolist()], dtype=torch.long, device=self.device)

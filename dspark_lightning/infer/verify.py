@@ -122,6 +122,10 @@ class HFVerifier:
             context[sel, :P] = out.context
         return SegmentOutput(hidden=hidden, context=context)
 
+    def cached_length(self, rid: int) -> int:
+        """Live cached positions of request ``rid`` (0 once removed)."""
+        return int((self.kv.owner == rid).sum())
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Target logits (..., V) through its own LM head."""
         return self.target.logits(hidden)

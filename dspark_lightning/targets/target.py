@@ -54,10 +54,16 @@ class TargetGeometry:
     rope_theta: float
     rms_norm_eps: float
     layer_ids: tuple[int, ...] = field(default_factory=tuple)
+    draft_vocab_size: int | None = None  # a drafter's reduced output vocabulary (None: the whole vocabulary)
 
     @property
     def n_tapped(self) -> int:
         return len(self.layer_ids)
+
+    @property
+    def out_vocab(self) -> int:
+        """Width of a drafter's output layers: the draft vocabulary if reduced, else the target vocabulary."""
+        return self.draft_vocab_size or self.vocab_size
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

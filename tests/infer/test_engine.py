@@ -24,41 +24,45 @@ class ScriptedProposer(StatelessProposer):
         return Proposal(tokens=toks, q=q, conf=torch.ones(1, self.block_size), logits=q)
 
 
-def run_engine(target, prompt, proposer, stop_ids, max_new=30):
-    eng = Engine(target, proposer, params=SamplingParams(0.0), scheduler="static", stop_token_ids=stop_ids)
+def run_engine(target, prompt, proposer, stop_ids, max_new=30, verifier="auto"):
+    eng = Engine(
+        target, proposer, params=SamplingParams(0.0), scheduler="static", stop_token_ids=stop_ids, verifier=verifier
+    )
     eng.add([prompt], max_new)
     steps = []
     while eng.active:
         r = eng.active[0]
         eng.step()
-        live = int((eng.verifier.kv.owner == r.rid).sum()) if not r.done else None
+        live = eng.verifier.cached_length(r.rid) if not r.done else None
         steps.append((eng.log.accepted[-1], eng.log.committed[-1], r.pos, live))
     return eng, steps
 
 
-def test_cache_holds_exactly_the_committed_positions(varied_target, prompts):
+@pytest.mark.parametrize("verifier", ["lean", "hf"])
+def test_cache_holds_exactly_the_committed_positions(varied_target, prompts, verifier):
     script = hf_greedy(varied_target, prompts[0], 30, varied_target.stop_token_ids)
     prop = ScriptedProposer(script, len(prompts[0]), 4, varied_target.geometry.vocab_size, wrong_at=2)
-    eng, steps = run_engine(varied_target, prompts[0], prop, varied_target.stop_token_ids)
+    eng, steps = run_engine(varied_target, prompts[0], prop, varied_target.stop_token_ids, verifier=verifier)
     assert eng.requests[0].output == script
     for m, e, pos, live in steps[:-1]:
         assert m == 2 and e == 3  # drafts 1-2 match, draft 3 is wrong: recovered token
         assert live == pos  # target cache = positions 0..P+m (anchor + accepted); the new anchor is not cached
 
 
-def test_accepted_stop_token_ends_the_round_without_bonus(varied_target, prompts):
+@pytest.mark.parametrize("verifier", ["lean", "hf"])
+def test_accepted_stop_token_ends_the_round_without_bonus(varied_target, prompts, verifier):
     script = hf_greedy(varied_target, prompts[1], 30, [])
     P = len(prompts[1])
     # round 1: anchor script[0], drafts script[1..5] (all accepted), bonus script[6]; round 2 drafts script[7..11]
     j = next(i for i in range(7, 12) if script[i] not in script[:i])
     stop, first = script[j], j
     prop = ScriptedProposer(script, P, 5, varied_target.geometry.vocab_size)
-    eng, steps = run_engine(varied_target, prompts[1], prop, [stop])
+    eng, steps = run_engine(varied_target, prompts[1], prop, [stop], verifier=verifier)
     r = eng.requests[0]
     assert r.output == script[: first + 1] and r.finish_reason == "stop"
     assert len(steps) == 2 and eng.log.accepted[0] == 5  # round 1 accepts a whole block (+ bonus)
     assert eng.log.committed[-1] == eng.log.ell[-1] == eng.log.accepted[-1] == 1  # l_eff = m = e = j = 1: no bonus
-    assert not eng.verifier.kv.live().any() and not eng.active  # finished requests leave both caches
+    assert eng.verifier.cached_length(r.rid) == 0 and not eng.active  # finished requests leave both caches
 
 
 @pytest.mark.parametrize("seq_head", [*names("seq_head"), None])

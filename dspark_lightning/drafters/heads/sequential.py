@@ -35,12 +35,12 @@ class SeqHead(Protocol):
 
 
 class LowRank(nn.Module):
-    """W1 (lookup of the previous token) and W2 (r -> V projection)."""
+    """W1 (lookup of the previous token, any target token) and W2 (r -> the draft vocabulary)."""
 
-    def __init__(self, vocab_size: int, rank: int) -> None:
+    def __init__(self, vocab_size: int, rank: int, out_size: int | None = None) -> None:
         super().__init__()
         self.w1 = nn.Embedding(vocab_size, rank)
-        self.w2 = nn.Linear(rank, vocab_size, bias=False)
+        self.w2 = nn.Linear(rank, out_size or vocab_size, bias=False)
 
 
 @register("seq_head", "vanilla")
@@ -51,7 +51,7 @@ class VanillaMarkovHead(nn.Module):
         super().__init__()
         self.hparams = capture_args(locals())
         self.token_dim = rank
-        self.lr = LowRank(geometry.vocab_size, rank)
+        self.lr = LowRank(geometry.vocab_size, rank, geometry.out_vocab)
         self.apply(init_weights)
 
     def teacher_forced(self, h, prev):
@@ -74,7 +74,7 @@ class GatedMarkovHead(nn.Module):
         super().__init__()
         self.hparams = capture_args(locals())
         self.token_dim = rank
-        self.lr = LowRank(geometry.vocab_size, rank)
+        self.lr = LowRank(geometry.vocab_size, rank, geometry.out_vocab)
         self.gate = nn.Linear(geometry.hidden_size + rank, rank)
         self.apply(init_weights)
 
@@ -104,7 +104,7 @@ class RNNHead(nn.Module):
         super().__init__()
         self.hparams = capture_args(locals())
         self.token_dim = self.rank = rank
-        self.lr = LowRank(geometry.vocab_size, rank)
+        self.lr = LowRank(geometry.vocab_size, rank, geometry.out_vocab)
         self.cell = nn.Linear(2 * rank + geometry.hidden_size, 3 * rank)
         self.apply(init_weights)
 

@@ -31,7 +31,7 @@ class MLPMarkovHead(nn.Module):
         super().__init__()
         self.hparams = capture_args(locals())  # recorded in exported drafters
         self.token_dim = rank  # width of the token feature handed to the confidence head
-        self.lr = LowRank(geometry.vocab_size, rank)  # W1 (V x r) and W2 (r -> V)
+        self.lr = LowRank(geometry.vocab_size, rank, geometry.out_vocab)  # W1 (V x r), W2 (r -> draft vocab)
         self.mlp = nn.Sequential(nn.Linear(rank, rank), nn.SiLU(), nn.Linear(rank, rank))
         self.apply(init_weights)
 
@@ -59,7 +59,7 @@ class BigramMarkovHead(nn.Module):
         self.hparams = capture_args(locals())
         self.token_dim = rank
         self.vocab_size = geometry.vocab_size
-        self.lr = LowRank(geometry.vocab_size, rank)  # W1 (previous token), W2
+        self.lr = LowRank(geometry.vocab_size, rank, geometry.out_vocab)  # W1 (previous token), W2
         self.u = nn.Embedding(geometry.vocab_size + 1, rank)  # U (token before the previous one; row V = start)
         self.apply(init_weights)
 
