@@ -75,7 +75,7 @@ def main() -> None:
     toks = {B: torch.randint(0, V, (1, B)) for B in a.tokens}
     samples = {(n, B): [] for n in variants for B in a.tokens}
     with torch.no_grad():
-        for n, v in variants.items():  # warm-up
+        for v in variants.values():  # warm-up
             for B in a.tokens:
                 step_fn(v, toks[B], a.context)()
         for r in range(a.rounds):
@@ -105,13 +105,19 @@ def main() -> None:
     (out / "verify_profile.json").write_text(json.dumps({"info": info, "rows": rows, "breakdown": prof}, indent=2))
     lines = [f"Verification step (forward + LM head + fp32 softmax + rollback), {a.target}, {a.context}-token cache, "
              f"median of {a.rounds} interleaved rounds; {info['device']}, commit {commit}, {info['date']}", "",
-             "| B | " + " | ".join(f"{n} ms" for n in variants) + " | " + " | ".join(f"{n} / B=1" for n in variants) + " |",
+             "| B | " + " | ".join([*(f"{n} ms" for n in variants), *(f"{n} / B=1" for n in variants)]) + " |",
              "|---|" + "---|" * (2 * len(variants))]  # fmt: skip
     for row in rows:
         lines.append(f"| {row['B']} | " + " | ".join(f"{row[f'{n}_ms']:.1f}" for n in variants) + " | "
                      + " | ".join(f"{row[f'{n}_vs_B1']:.2f}" for n in variants) + " |")  # fmt: skip
     for B, ops in prof.items():
-        lines += ["", f"Self time per step, lean verifier, B = {B}:", "", "| op | ms / step | calls / step |", "|---|---|---|"]
+        lines += [
+            "",
+            f"Self time per step, lean verifier, B = {B}:",
+            "",
+            "| op | ms / step | calls / step |",
+            "|---|---|---|",
+        ]
         lines += [f"| `{o['op']}` | {o['ms_per_step']:.2f} | {o['calls']} |" for o in ops]
     (out / "verify_profile.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

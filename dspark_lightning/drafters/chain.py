@@ -22,6 +22,7 @@ this with a cache of step-0 keys of committed positions.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -95,6 +96,7 @@ class ChainDrafter(SharesTargetParts, nn.Module):
         ttt_steps: int | None = None,
         intermediate_size: int | None = None,
         name: str | None = None,
+        draft_vocab_size: int | None = None,
     ) -> None:
         super().__init__()
         if block_size < 1:
@@ -108,9 +110,14 @@ class ChainDrafter(SharesTargetParts, nn.Module):
             self.fc = nn.Linear(geometry.n_tapped * geometry.hidden_size, geometry.hidden_size, bias=False)  # W_f
         self.registered_name = name or ("eagle3" if kind == "eagle3" else "mtp1")
         self.hparams = {"ttt_steps": self.ttt_steps, "intermediate_size": intermediate_size}
+        if draft_vocab_size is not None:
+            self.hparams["draft_vocab_size"] = draft_vocab_size
+            geometry = replace(geometry, draft_vocab_size=draft_vocab_size)
+            self.geometry = geometry
         self.convention = CONVENTION
         self.seq_head = self.conf_head = None  # no sequential or confidence head: ĉ is the draft's top probability
         self._shared = (embed, lm_head)  # a tuple attribute is not a registered sub-module
+        self._init_draft_vocab(geometry)
 
     def config(self) -> dict[str, Any]:
         return {
@@ -129,8 +136,9 @@ class ChainDrafter(SharesTargetParts, nn.Module):
             raise ValueError("the MTP drafter needs the target's final hidden states")
         return hidden.float()
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.layer.norm(h))
+    def logits(self, h: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """Draft logits over the draft vocabulary (…, N or V); ``weight`` = a cached :meth:`draft_head_weight`."""
+        return self.draft_logits(self.layer.norm(h), weight)
 
     def make_proposer(self, layout: str = "padded", conf_temperatures=None):
         from ..infer.chain import ChainProposer
@@ -178,7 +186,7 @@ class ChainDrafter(SharesTargetParts, nn.Module):
             vs.append(v)
             outs.append(h)
         hs = torch.stack(outs, 2)  # (B, A, g, d)
-        return DraftOutput(logits=self.logits(hs), conf_logits=None, hidden=hs)
+        return DraftOutput(logits=self.full_logits(self.logits(hs)), conf_logits=None, hidden=hs)
 
 
 def _chain(target: Any, kind: str, name: str, block_size: int, **kwargs) -> ChainDrafter:
@@ -195,15 +203,25 @@ def _chain(target: Any, kind: str, name: str, block_size: int, **kwargs) -> Chai
 
 @register("drafter", "eagle3")
 def eagle3(
-    target: Any, block_size: int = 7, ttt_steps: int | None = None, intermediate_size: int | None = None
+    target: Any,
+    block_size: int = 7,
+    ttt_steps: int | None = None,
+    intermediate_size: int | None = None,
+    draft_vocab_size: int | None = None,
 ) -> ChainDrafter:
     """EAGLE-3: one autoregressive layer on fused tapped target features, TTT over γ steps, chain drafting."""
-    return _chain(target, "eagle3", "eagle3", block_size, ttt_steps=ttt_steps, intermediate_size=intermediate_size)
+    return _chain(target, "eagle3", "eagle3", block_size, ttt_steps=ttt_steps, intermediate_size=intermediate_size,
+                  draft_vocab_size=draft_vocab_size)  # fmt: skip
 
 
 @register("drafter", "mtp1")
 def mtp1(
-    target: Any, block_size: int = 1, ttt_steps: int | None = None, intermediate_size: int | None = None
+    target: Any,
+    block_size: int = 1,
+    ttt_steps: int | None = None,
+    intermediate_size: int | None = None,
+    draft_vocab_size: int | None = None,
 ) -> ChainDrafter:
     """MTP-1 (DeepSeek-V3 style) on the target's final hidden state; ``block_size=k`` is static MTP-k."""
-    return _chain(target, "mtp", "mtp1", block_size, ttt_steps=ttt_steps, intermediate_size=intermediate_size)
+    return _chain(target, "mtp", "mtp1", block_size, ttt_steps=ttt_steps, intermediate_size=intermediate_size,
+                  draft_vocab_size=draft_vocab_size)  # fmt: skip

@@ -66,7 +66,9 @@ class SharesTargetParts:
     def set_draft_vocab(self, ids: torch.Tensor) -> None:
         """Fix the draft vocabulary: N distinct target token ids (sorted here)."""
         ids = torch.as_tensor(ids, dtype=torch.long).flatten().unique()  # sorted, distinct
-        check_draft_vocab(ids, self.draft_vocab.numel() if self.draft_vocab is not None else -1, self.embed.num_embeddings)
+        check_draft_vocab(
+            ids, self.draft_vocab.numel() if self.draft_vocab is not None else -1, self.embed.num_embeddings
+        )
         self.draft_vocab.copy_(ids.to(self.draft_vocab.device))
 
     def draft_head_weight(self) -> torch.Tensor:

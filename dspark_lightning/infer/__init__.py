@@ -7,6 +7,7 @@ from .accept import Acceptance, accept
 from .decode import DecodeResult, decode, encode_prompt
 from .draft import BlockProposer, Proposal, StatelessProposer, make_proposer
 from .engine import Engine, Request
+from .lean import LeanVerifier
 from .sampling import SamplingParams, probs, sample
 from .schedulers import (
     AsyncHardwareAwareScheduler,
@@ -19,7 +20,6 @@ from .schedulers import (
 )
 from .sps import SPSTable, load_or_profile, profile_sps
 from .stats import DecodeStats, RoundLog, summarize
-from .lean import LeanVerifier
 from .verify import HFVerifier, build_verifier
 
 __all__ = [

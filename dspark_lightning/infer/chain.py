@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .draft import Proposal, draft_confidence
+from .draft import Proposal, draft_confidence, to_target_vocab
 from .kvcache import KVLayer, RaggedCache
 from .sampling import SamplingParams, probs, sample
 
@@ -23,6 +23,7 @@ class ChainProposer:
         self.drafter = drafter.eval()
         self.block_size = drafter.block_size
         self.device = next(drafter.parameters()).device
+        self.head_w = drafter.draft_head_weight()  # gathered once for a reduced draft vocabulary
         self.kv = RaggedCache([KVLayer()], flat=layout == "flat", device=self.device)
         self.pending: dict[int, tuple[int, torch.Tensor]] = {}  # rid -> (first position, features (L, d))
 
@@ -117,11 +118,14 @@ class ChainProposer:
         ctx_k, ctx_v = self._ctx(c_owner.shape[0])
         ks, vs = [ctx_k], [ctx_v]
         toks, qs, confs, zs = [], [], [], []
+        vocab = d.draft_vocab  # (N,) target ids of a reduced draft vocabulary, or None
         for s in range(g):
-            z = d.logits(h)  # (R, V)
+            z = d.logits(h, self.head_w)  # (R, N or V)
             q = probs(z, params)
             confs.append(draft_confidence(q, z, params))
             x = sample(q, params, generator) if teacher_tokens is None else teacher_tokens[:, s]
+            if vocab is not None and teacher_tokens is None:
+                x = vocab[x]  # draft-vocabulary index -> target token id
             toks.append(x)
             qs.append(q)
             zs.append(z)
@@ -134,6 +138,5 @@ class ChainProposer:
             k, v = lay.attn.kv(xin, cos, sin)
             ks.append(k)
             vs.append(v)
-        return Proposal(
-            tokens=torch.stack(toks, 1), q=torch.stack(qs, 1), conf=torch.stack(confs, 1), logits=torch.stack(zs, 1)
-        )
+        q, z = to_target_vocab(d, torch.stack(qs, 1), torch.stack(zs, 1))
+        return Proposal(tokens=torch.stack(toks, 1), q=q, conf=torch.stack(confs, 1), logits=z)

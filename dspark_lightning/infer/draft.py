@@ -41,6 +41,16 @@ def draft_confidence(q: torch.Tensor, z: torch.Tensor, params: SamplingParams) -
     return (q if not params.greedy else z.float().softmax(-1)).max(-1).values
 
 
+def to_target_vocab(drafter, q: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Laws and logits over a reduced draft vocabulary (…, N) -> the target vocabulary (…, V): q exactly 0 and
+    z = -inf outside the subset (unchanged without a reduced vocabulary)."""
+    vocab = getattr(drafter, "draft_vocab", None)
+    if vocab is None:
+        return q, z
+    full_q = q.new_zeros((*q.shape[:-1], drafter.embed.num_embeddings)).index_copy_(-1, vocab, q)
+    return full_q, drafter.full_logits(z)
+
+
 class StatelessProposer:
     """Base for proposers that keep no per-request cache (n-gram lookups, test oracles): only ``propose`` remains."""
 
@@ -178,10 +188,7 @@ class BlockProposer:
             confs.append(c)
             zs.append(z)
             prev = x
-        q, z = torch.stack(qs, 1), torch.stack(zs, 1)  # (R, γ, N)
-        if self.vocab is not None:  # to the target vocabulary: q exactly 0 and z = -inf outside the subset
-            q = q.new_zeros((*q.shape[:-1], d.embed.num_embeddings)).index_copy_(-1, self.vocab, q)
-            z = d.full_logits(z)
+        q, z = to_target_vocab(d, torch.stack(qs, 1), torch.stack(zs, 1))
         return Proposal(
             tokens=torch.stack(toks, 1),
             q=q,

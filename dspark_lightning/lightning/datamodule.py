@@ -10,8 +10,9 @@ from torch.utils.data import DataLoader
 
 from ..data.anchors import AnchorCollator
 from ..data.features import resolve_feature_dtype
-from ..data.prepare import DataPaths, RegenConfig, check_caches, open_split, prepare
-from ..data.sources import build_source
+from ..data.prepare import DataPaths, RegenConfig, check_caches, open_split, prepare, tokenized_split
+from ..data.sources import build_source, mixture
+from ..data.vocab import response_token_counts
 from ..targets import ChatFormat, load_target
 
 DEFAULT_SOURCES = [{"name": "gsm_symbolic", "limit": 64}, {"name": "humaneval", "limit": 64}, {"name": "mtbench"}]
@@ -108,6 +109,13 @@ class DSparkDataModule(L.LightningDataModule):
                 self.datasets[split] = open_split(
                     self.target, self.sources, self.work_dir, split, **self._split_kwargs()
                 )
+
+    def token_counts(self, split: str = "train"):
+        """Occurrences (V,) of each target token in the split's regenerated responses (supervised tokens only)."""
+        ids = {p.id for p in mixture(self.sources, split, self.heldout_fraction, self.split_seed)}
+        tgt = self.target
+        rows = tokenized_split(tgt, DataPaths(Path(self.work_dir)), split, ids, self.max_length, self.min_supervised)
+        return response_token_counts(rows, tgt.geometry.vocab_size)
 
     def set_epoch(self, epoch: int) -> None:
         """Re-seed training anchors per epoch (called by the module at each epoch start)."""

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from ..data.features import features_for_batch
-from ..drafters import build_part, compose
+from ..data.vocab import coverage, frequent_tokens
+from ..drafters import build_part, compose, draft_geometry
 from ..losses import dspark_loss, expected_tau, position_weights, supervision_mask
 from ..modules import moe_aux_loss, moe_loads
 from ..registry import create
@@ -75,6 +76,9 @@ class DSparkModule(L.LightningModule):
         mask_token_id: token id for mask slots (null = the target's default unused special token).
         drafter: a registered drafter built whole instead of from parts: a name (``eagle3``, ``mtp1``) or
             ``{name: ..., <its arguments>}``; ``block_size`` is passed to it.
+        draft_vocab_size: reduced draft vocabulary (FR-Spec): the drafter's LM head, sequential-head output and
+            sampling law cover the N most frequent target tokens of the training responses (stop tokens always
+            included), chosen when training starts; null = the whole target vocabulary. Lossless either way.
         loss: loss weights and position decay.
         optim: optimizer and schedule.
     """
@@ -92,25 +96,30 @@ class DSparkModule(L.LightningModule):
         loss: LossConfig | None = None,
         optim: OptimConfig | None = None,
         drafter: str | dict | None = None,
+        draft_vocab_size: int | None = None,
     ) -> None:
         super().__init__()
         self.loss_cfg = loss or LossConfig()
         self.optim_cfg = optim or OptimConfig()
         tgt = load_target(target, layer_ids=layer_ids, chat=ChatFormat(system_prompt=system_prompt))
         self.__dict__["_target"] = tgt  # not a sub-module: never trained, saved or wrapped by DDP
-        g = tgt.geometry
+        g = draft_geometry(tgt, draft_vocab_size)
         if drafter is not None:  # one registered drafter (eagle3, mtp1, a plugin's) instead of parts
             if backbone is not None or seq_head is not None or conf_head is not None:
                 raise ValueError("give either model.drafter or model.backbone/seq_head/conf_head, not both")
             spec = {"name": drafter} if isinstance(drafter, str) else dict(drafter)
             name = spec.pop("name")
-            self.drafter = create("drafter", name, tgt, block_size=block_size, **spec.pop("args", spec))
+            kwargs = spec.pop("args", spec)
+            if draft_vocab_size is not None:
+                kwargs["draft_vocab_size"] = draft_vocab_size
+            self.drafter = create("drafter", name, tgt, block_size=block_size, **kwargs)
         else:
             if backbone is None:
                 raise ValueError("model.backbone is required (or name a registered model.drafter)")
             sh = _part("seq_head", seq_head, g)
             ch = _part("conf_head", conf_head, g, getattr(sh, "token_dim", 0))
-            self.drafter = compose(tgt, _part("backbone", backbone, g), sh, ch, block_size, mask_token_id)
+            bb = _part("backbone", backbone, g)
+            self.drafter = compose(tgt, bb, sh, ch, block_size, mask_token_id, draft_vocab_size)
         self.block_size = block_size
         self.register_buffer("pos_w", position_weights(block_size, self.loss_cfg.decay), persistent=False)
         self.val_acc = PositionAcceptance(block_size, DOMAINS)
@@ -126,6 +135,25 @@ class DSparkModule(L.LightningModule):
             "target": self.target.describe(),
             "drafter": self.drafter.config(),
         }
+
+    def setup(self, stage: str) -> None:
+        """Pick the reduced draft vocabulary from the training responses (a resumed checkpoint restores the same)."""
+        d = self.drafter
+        if getattr(d, "draft_vocab", None) is None or d.vocab_ready:
+            return
+        dm = self.trainer.datamodule
+        if not hasattr(dm, "token_counts"):
+            raise ValueError("model.draft_vocab_size needs a datamodule with token_counts() (the DSpark datamodule)")
+        counts = dm.token_counts("train")
+        ids = frequent_tokens(counts, d.draft_vocab.numel(), always=self.target.stop_token_ids)
+        d.set_draft_vocab(ids)
+        held = dm.token_counts("heldout")
+        print(
+            f"[dspark-lightning] draft vocabulary: {ids.numel()} of {counts.numel()} tokens, covering "
+            f"{100 * coverage(counts, ids):.2f}% of training and {100 * coverage(held, ids):.2f}% of held-out "
+            "response tokens",
+            flush=True,
+        )
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # Not as hyper_parameters: LightningCLI re-parses those as init args on --ckpt_path (config.yaml has them).

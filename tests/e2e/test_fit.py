@@ -84,3 +84,21 @@ def test_validate_and_test_from_a_checkpoint(workdir, capsys):
         code, out, err = run_main([sub, "--config", TINY, f"--ckpt_path={ckpt}"], capsys)
         assert code == 0, err[-2000:]
         assert f"{'val' if sub == 'validate' else 'test'}/tau_hat" in out
+
+
+def test_fit_with_a_reduced_draft_vocabulary(workdir):
+    """model.draft_vocab_size: fit picks the most frequent response tokens (stop tokens forced in) and exports them."""
+    from dspark_lightning import load_drafter
+    from dspark_lightning.data.vocab import frequent_tokens
+    from dspark_lightning.lightning.cli import DSparkCLI
+    from dspark_lightning.lightning.datamodule import DSparkDataModule
+    from dspark_lightning.lightning.module import DSparkModule
+
+    args = ["fit", "--config", TINY, "--trainer.max_steps=2", "--model.draft_vocab_size=48"]
+    cli = DSparkCLI(DSparkModule, DSparkDataModule, args=args)
+    loaded = load_drafter(Path(cli.trainer.log_dir) / "drafter")
+    vocab = loaded.draft_vocab
+    counts = cli.datamodule.token_counts("train")
+    assert vocab.numel() == 48 and torch.equal(vocab, frequent_tokens(counts, 48, cli.model.target.stop_token_ids))
+    assert set(cli.model.target.stop_token_ids) <= set(vocab.tolist())
+    assert loaded.seq_head.lr.w2.out_features == 48
