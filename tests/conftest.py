@@ -16,6 +16,14 @@ def tiny_target():
 
 
 @pytest.fixture(scope="session")
+def varied_target():
+    """A tiny random Llama whose greedy and sampled continuations vary (see tests/infer/conftest.py)."""
+    from dspark_lightning.testing import random_target
+
+    return random_target(vocab=260, hidden=64, layers=4, init=0.3, seed=0)
+
+
+@pytest.fixture(scope="session")
 def tiny_batch(tiny_target):
     """Features of two random sequences from the tiny target: (context, hidden, ids)."""
     g = torch.Generator().manual_seed(0)

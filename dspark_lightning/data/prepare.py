@@ -34,6 +34,10 @@ class RegenConfig:
     top_k: int | None = None
     max_turns: int | None = None
     """answer at most this many user turns per conversation (null = all)"""
+    engine: str = "dspark"
+    """dspark: our decoding engine with continuous batching over conversations; hf: HF generate in batches"""
+    concurrency: int = 32
+    """turns decoding together with the dspark engine (batch_size is the HF engine's batch)"""
 
 
 @dataclass

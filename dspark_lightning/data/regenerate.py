@@ -10,10 +10,17 @@ never duplicates a row (pitfall 19). Row schema::
      "gen": {<settings>, "new_tokens": [int per assistant turn], "stopped": [bool per assistant turn]},
      "meta": {...}}  # only when the prompt record has meta
 
-Sampling is per row: temperature, top-k and top-p filtering, then a Gumbel-max draw from a
-generator seeded by (seed, id, turn) inside HF ``generate`` (greedy on the perturbed scores). A
-row's response therefore does not depend on which other rows share its batch, and a resume
-reproduces the same text (up to float effects of padding).
+Two engines, both seeding each (conversation, turn) from (seed, id, turn), so a row's response does
+not depend on which other rows share its batch and a resume reproduces the same text (up to float
+effects of batching):
+
+- ``dspark`` (default): our own decoding engine (:class:`~dspark_lightning.infer.Engine`, plain
+  decoding with the lean verifier) with **continuous batching over conversations**: up to
+  ``concurrency`` turns decode together, and when one finishes the next waiting turn (a new
+  conversation, or the same conversation's next user turn) joins at once. Sampling is the runtime's
+  law (temperature, top-k, top-p as HF's warpers) from a per-request stream.
+- ``hf``: HF ``generate`` on left-padded batches of ``batch_size`` conversations, a turn at a time,
+  with temperature, top-k and top-p filtering then a per-row Gumbel-max draw.
 """
 
 from __future__ import annotations
@@ -92,13 +99,79 @@ def _sample(
     if cfg["temperature"] > 0:
         procs.append(_PerRowSampler(seeds, cfg["temperature"], cfg["top_p"], cfg["top_k"]))
     out = target.model.generate(input_ids=ids, attention_mask=mask, generation_config=gc, logits_processor=procs)
-    results = []
-    for row in out[:, width:].tolist():
-        cut = next((j for j, t in enumerate(row) if t in stop), None)
-        body = row if cut is None else row[:cut]
-        text = tok.decode(body, skip_special_tokens=True).strip()
-        results.append((text, len(body) + (cut is not None), cut is not None))
-    return results
+    return [_split_output(target, row) for row in out[:, width:].tolist()]
+
+
+def _rows_of(recs: list[PromptRecord], alive, history, n_tok, stopped, cfg) -> list[dict]:
+    rows = []
+    for i in sorted(alive):
+        r = recs[i]
+        row = {
+            "id": r.id,
+            "domain": r.domain,
+            "source": r.source,
+            "turns": history[i],
+            "gen": {**cfg, "new_tokens": n_tok[i], "stopped": stopped[i]},
+        }
+        if r.meta:
+            row["meta"] = r.meta
+        rows.append(row)
+    return rows
+
+
+def _split_output(target: Any, out: list[int]) -> tuple[str, int, bool]:
+    """Generated ids -> (text before the first stop token, tokens generated, stopped)."""
+    stop = set(target.stop_token_ids)
+    cut = next((j for j, t in enumerate(out) if t in stop), None)
+    body = out if cut is None else out[:cut]
+    return target.tokenizer.decode(body, skip_special_tokens=True).strip(), len(body) + (cut is not None), cut is not None
+
+
+class EngineRegenerator:
+    """Continuous batching over conversations with our decoding engine (see the module docstring)."""
+
+    def __init__(self, target: Any, cfg: dict[str, Any], concurrency: int) -> None:
+        from ..infer import Engine, SamplingParams
+
+        self.target, self.cfg, self.concurrency = target, cfg, concurrency
+        params = SamplingParams(cfg["temperature"], cfg["top_k"], cfg["top_p"] if cfg["temperature"] > 0 else None)
+        self.engine = Engine(target, None, params=params, stop_token_ids=target.stop_token_ids)
+
+    def answer(self, recs: list[PromptRecord]) -> tuple[list[dict], int, int]:
+        """Regenerate every turn of ``recs``; returns (rows in input order, generated tokens, rows dropped)."""
+        from collections import deque
+
+        cfg, eng, limit = self.cfg, self.engine, self.cfg["max_turns"]
+        turns = [r.turns if limit is None else r.turns[:limit] for r in recs]
+        history: list[list[dict[str, str]]] = [[] for _ in recs]
+        n_tok: list[list[int]] = [[] for _ in recs]
+        stopped: list[list[bool]] = [[] for _ in recs]
+        alive, total = set(range(len(recs))), 0
+        waiting = deque((i, 0) for i in range(len(recs)))
+        running: dict[int, tuple[int, int]] = {}  # request id -> (conversation, turn)
+        while waiting or running:
+            while waiting and len(running) < self.concurrency:
+                i, t = waiting.popleft()
+                history[i].append({"role": "user", "content": turns[i][t]})
+                seed = _row_seed(cfg["seed"], recs[i].id, t)
+                req = eng.add([self.target.render_prompt(history[i])], cfg["max_new_tokens"], seeds=[seed])[0]
+                running[req.rid] = (i, t)
+            if any(not r.done for r in eng.requests):
+                eng.step()
+            for r in [r for r in eng.requests if r.done and r.rid in running]:
+                i, t = running.pop(r.rid)
+                text, n, stop = _split_output(self.target, r.output)
+                total += n
+                if not text:
+                    alive.discard(i)
+                    continue
+                history[i].append({"role": "assistant", "content": text})
+                n_tok[i].append(n)
+                stopped[i].append(stop)
+                if t + 1 < len(turns[i]):
+                    waiting.appendleft((i, t + 1))  # the conversation's next turn goes first
+            eng.requests = [r for r in eng.requests if not r.done]  # finished requests leave the engine
+        return _rows_of(recs, alive, history, n_tok, stopped, cfg), total, len(recs) - len(alive)
 
 
 def _answer_batch(target: Any, recs: list[PromptRecord], cfg: dict[str, Any]) -> tuple[list[dict], int, int]:
@@ -125,20 +198,7 @@ def _answer_batch(target: Any, recs: list[PromptRecord], cfg: dict[str, Any]) ->
             history[i].append({"role": "assistant", "content": text})
             n_tok[i].append(n)
             stopped[i].append(stop)
-    rows = []
-    for i in sorted(alive):
-        r = recs[i]
-        row = {
-            "id": r.id,
-            "domain": r.domain,
-            "source": r.source,
-            "turns": history[i],
-            "gen": {**cfg, "new_tokens": n_tok[i], "stopped": stopped[i]},
-        }
-        if r.meta:
-            row["meta"] = r.meta
-        rows.append(row)
-    return rows, total, len(recs) - len(rows)
+    return _rows_of(recs, alive, history, n_tok, stopped, cfg), total, len(recs) - len(alive)
 
 
 def _scan_rows(path: Path) -> tuple[list[tuple[int, dict]], int | None]:
@@ -204,10 +264,14 @@ def regenerate(
     top_k: int | None = None,
     seed: int = 42,
     max_turns: int | None = None,
+    engine: str = "dspark",
+    concurrency: int = 32,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Answer every user turn of ``prompts`` with ``target`` and append rows to ``out_path`` (resumable).
 
+    ``engine``: ``dspark`` (our engine, continuous batching of up to ``concurrency`` turns; rows are written
+    every ``max(batch_size, 4 * concurrency)`` conversations) or ``hf`` (``generate`` on batches of ``batch_size``).
     ``temperature=0`` is greedy. Rows with an empty response at any turn are dropped. Returns stats:
     ``written``, ``skipped`` (already in the file), ``dropped_empty``, ``tokens``, ``seconds``, ``tokens_per_s``.
     """
@@ -220,9 +284,11 @@ def regenerate(
         dup = sorted({i for i in ids if i in seen or seen.add(i)})
         raise ValueError(f"regenerate: duplicate prompt ids {dup[:5]} (rows are keyed by id)")
     bad_k = (top_k is not None and top_k < 1) or (max_turns is not None and max_turns < 1)
-    if batch_size < 1 or max_new_tokens < 1 or temperature < 0 or not 0 < top_p <= 1 or bad_k:
+    if engine not in ("dspark", "hf"):
+        raise ValueError(f"regenerate: engine must be 'dspark' or 'hf', got {engine!r}")
+    if batch_size < 1 or concurrency < 1 or max_new_tokens < 1 or temperature < 0 or not 0 < top_p <= 1 or bad_k:
         raise ValueError(
-            "regenerate: need batch_size >= 1, max_new_tokens >= 1, temperature >= 0, 0 < top_p <= 1, "
+            "regenerate: need batch_size >= 1, concurrency >= 1, max_new_tokens >= 1, temperature >= 0, 0 < top_p <= 1, "
             "top_k and max_turns None or >= 1"
         )
     cfg = {
@@ -232,6 +298,7 @@ def regenerate(
         "max_new_tokens": max_new_tokens,
         "seed": seed,
         "max_turns": max_turns,
+        "engine": engine,
         "target": target.name,
         "chat": target.chat.to_dict(),
     }
@@ -245,9 +312,13 @@ def regenerate(
 
     start = time.perf_counter()
     bar = tqdm(total=len(prompts), initial=stats["skipped"], unit="conv", desc="regenerate", disable=not progress)
+    if engine == "dspark":
+        worker, step = EngineRegenerator(target, cfg, concurrency).answer, max(batch_size, 4 * concurrency)
+    else:
+        worker, step = (lambda recs: _answer_batch(target, recs, cfg)), batch_size
     with open(path, "a", encoding="utf-8") as f:
-        for b in range(0, len(todo), batch_size):
-            rows, n_tok, dropped = _answer_batch(target, todo[b : b + batch_size], cfg)
+        for b in range(0, len(todo), step):
+            rows, n_tok, dropped = worker(todo[b : b + step])
             f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
             f.flush()
             os.fsync(f.fileno())

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import SamplingParams, sample
+from .sampling import Generators, SamplingParams, sample, uniforms
 
 RESIDUAL_GUARD = 1e-8
 
@@ -30,7 +30,7 @@ def accept(
     p: torch.Tensor,  # (R, W, V) fp32 target laws p_t,1..p_t,W with W >= max(l) + 1
     lengths: torch.Tensor,  # (R,) verification lengths l_r
     params: SamplingParams,
-    generator: torch.Generator | None = None,
+    generator: Generators = None,  # one stream, or one per request
 ) -> Acceptance:
     R, g = drafts.shape
     W = p.shape[1]
@@ -43,7 +43,7 @@ def accept(
     if params.greedy:
         ok = x == p[:, :k].argmax(-1)
     else:
-        u = torch.rand(R, k, generator=generator, device=drafts.device)
+        u = uniforms(R, k, generator, drafts.device)
         pt = p[:, :k].gather(-1, x[..., None]).squeeze(-1)  # (R, k) p_t,k(x_k)
         qd = q[:, :k].gather(-1, x[..., None]).squeeze(-1)  # (R, k) q_k(x_k)
         ok = u * qd < pt  # u < p/q without dividing (q(x_k) > 0 for a sampled x_k)

@@ -38,6 +38,7 @@ class Request:
     t_added: float = 0.0
     t_first: float = 0.0  # first token (after prefill)
     t_done: float = 0.0
+    generator: torch.Generator | None = None  # own acceptance/sampling stream (seeded per request), else shared
 
     @property
     def done(self) -> bool:
@@ -92,16 +93,25 @@ class Engine:
 
     # --- prefill ---------------------------------------------------------------------------
     @torch.no_grad()
-    def add(self, prompts: list[list[int]], max_new_tokens: int, first_index: int = 0) -> list[Request]:
-        """Prefill new requests and sample their first token (not a round)."""
+    def add(
+        self, prompts: list[list[int]], max_new_tokens: int, first_index: int = 0, seeds: list[int] | None = None
+    ) -> list[Request]:
+        """Prefill new requests and sample their first token (not a round).
+
+        ``seeds``: one per prompt, giving each request its own sampling stream, so that (with no drafter) its
+        output does not depend on which other requests share its batch (response regeneration relies on it).
+        """
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if not prompts:
             return []
         t0 = time.perf_counter()
         new = []
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
         for i, p in enumerate(prompts):
-            new.append(Request(first_index + i, self._next_rid, list(p), max_new_tokens, t_added=t0))
+            gen = None if seeds is None else torch.Generator(device=self.device).manual_seed(int(seeds[i]))
+            new.append(Request(first_index + i, self._next_rid, list(p), max_new_tokens, t_added=t0, generator=gen))
             self._next_rid += 1
         ids = [r.rid for r in new]
         lengths = self._tensor([len(r.prompt) for r in new])
@@ -109,7 +119,7 @@ class Engine:
         out = self.verifier.prefill(ids, [r.prompt for r in new])
         rows = torch.arange(len(new), device=self.device)
         p = probs(self.verifier.logits(out.hidden[rows, lengths - 1]), self.params)  # (R, V)
-        first = sample(p, self.params, self.accept_gen).tolist()
+        first = sample(p, self.params, self._generators(new)).tolist()
         if self.proposer is not None:
             self.proposer.add(ids)
             self.proposer.extend(ids, out.context, start, lengths, hidden=out.hidden)
@@ -158,7 +168,7 @@ class Engine:
 
         drafts = prop.tokens if prop is not None else tokens[:, :0]
         q = prop.q if prop is not None else p[:, :0]
-        res = accept(drafts, q, p, ell, self.params, self.accept_gen)
+        res = accept(drafts, q, p, ell, self.params, self._generators(act))
         m_all, y_all = res.accepted.tolist(), res.next_token.tolist()
         ell_l = ell.tolist()
         self.log.step_tokens.append(int((ell + 1).sum()))
@@ -194,6 +204,15 @@ class Engine:
         return committed
 
     # --- bookkeeping -----------------------------------------------------------------------
+    def _generators(self, reqs: list[Request]):
+        """The shared acceptance stream, or one stream per request when every request has its own."""
+        own = [r.generator for r in reqs]
+        if all(g is None for g in own):
+            return self.accept_gen
+        if any(g is None for g in own):
+            raise ValueError("mix of seeded and unseeded requests in one engine")
+        return own
+
     def _commit(self, r: Request, new: list[int], stopped: bool) -> None:
         r.output.extend(new)
         if stopped:

@@ -130,11 +130,11 @@ class LeanVerifier:
     Args:
         target: the frozen target (Llama-family HF model).
         layout: must be ``padded``.
-        capacity: initial cache length per request (grows by doubling).
+        capacity: initial cache length per request (grows by doubling as needed).
         pack: MKL-packed weights (None: on a CPU with MKL and an fp32 target).
     """
 
-    def __init__(self, target, layout: str = "padded", capacity: int = 1024, pack: bool | None = None) -> None:
+    def __init__(self, target, layout: str = "padded", capacity: int = 256, pack: bool | None = None) -> None:
         why = lean_unsupported(target, layout)
         if why is not None:
             raise NotImplementedError(f"the lean verifier cannot run target {target.name!r}: {why}; use verifier='hf'")
@@ -174,13 +174,15 @@ class LeanVerifier:
         self.cap = cap
 
     def _ensure(self, rows: int, length: int) -> None:
+        """Room for ``rows`` requests of ``length`` positions (both grow by doubling)."""
         have_rows = self.k[0].shape[0]
         if rows <= have_rows and length <= self.cap:
             return
         cap = self.cap
         while cap < length:
             cap *= 2
-        self._alloc(max(rows, 2 * have_rows if rows > have_rows else have_rows), cap)
+        new_rows = have_rows if rows <= have_rows else max(rows, 2 * have_rows, 4)
+        self._alloc(new_rows, cap)
 
     @property
     def n_rows(self) -> int:

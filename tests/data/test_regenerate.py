@@ -46,11 +46,14 @@ def test_writes_multi_turn_rows(target, tmp_path):
     assert load_conversations(out) == rows
 
 
-def test_same_seed_same_output_independent_of_batching(target, tmp_path):
+@pytest.mark.parametrize("engine", ["dspark", "hf"])
+def test_same_seed_same_output_independent_of_batching(varied_target, tmp_path, engine):
+    """A conversation's response is fixed by (seed, id, turn), whatever it is batched with."""
     a, b, c = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "c.jsonl"
-    regenerate(target, _prompts(3), a, batch_size=3, **FAST)
-    regenerate(target, _prompts(3), b, batch_size=1, **FAST)
-    regenerate(target, _prompts(3), c, batch_size=3, seed=7, **FAST)
+    kw = {**FAST, "engine": engine, "temperature": 1.0, "max_new_tokens": 12}
+    regenerate(varied_target, _prompts(5), a, batch_size=5, concurrency=5, **kw)
+    regenerate(varied_target, _prompts(5), b, batch_size=1, concurrency=1, **kw)
+    regenerate(varied_target, _prompts(5), c, batch_size=5, concurrency=5, seed=7, **kw)
     assert a.read_text() == b.read_text()
     assert [r["turns"] for r in _rows(a)] != [r["turns"] for r in _rows(c)]
 
@@ -97,19 +100,18 @@ def test_max_turns_and_greedy(target, tmp_path):
     assert _rows(out)[0]["turns"][1]["content"] == target.tokenizer.decode(body, skip_special_tokens=True).strip()
 
 
-def test_empty_responses_are_dropped(target, tmp_path, monkeypatch):
-    real = regen_mod._sample
+@pytest.mark.parametrize("engine", ["dspark", "hf"])
+def test_empty_responses_are_dropped(target, tmp_path, monkeypatch, engine):
+    real, calls = regen_mod._split_output, []
 
-    def fake(target, prompts, seeds, cfg):
-        out = real(target, prompts, seeds, cfg)
-        return [
-            ("", n, s) if "question 1" in target.tokenizer.decode(p) else (t, n, s)
-            for p, (t, n, s) in zip(prompts, out, strict=True)
-        ]
+    def fake(target, out):  # the second generated turn comes back empty
+        calls.append(out)
+        text, n, s = real(target, out)
+        return ("", n, s) if len(calls) == 2 else (text, n, s)
 
-    monkeypatch.setattr(regen_mod, "_sample", fake)
+    monkeypatch.setattr(regen_mod, "_split_output", fake)
     out = tmp_path / "gen.jsonl"
-    stats = regenerate(target, _prompts(3), out, **FAST)
+    stats = regenerate(target, _prompts(3), out, engine=engine, concurrency=1, batch_size=1, max_turns=1, **FAST)
     assert stats["written"] == 2 and stats["dropped_empty"] == 1
     assert [r["id"] for r in _rows(out)] == ["t/0", "t/2"]
 

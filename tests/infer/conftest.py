@@ -12,11 +12,6 @@ from dspark_lightning.testing import random_target
 
 
 @pytest.fixture(scope="session")
-def varied_target():
-    return random_target(vocab=260, hidden=64, layers=4, init=0.3, seed=0)
-
-
-@pytest.fixture(scope="session")
 def toy_target():
     return random_target(vocab=8, hidden=32, layers=4, init=0.15, seed=1)
 
