@@ -25,6 +25,10 @@ from dspark_lightning.data.regenerate import regenerate
 from dspark_lightning.data.sources import mixture
 
 
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="smollm2-135m-instruct")
@@ -48,15 +52,15 @@ def main() -> None:
             print(rows[-1], flush=True)
         sub = prompts[: max(4, a.concurrency // 4)]
         regenerate(target, sub, Path(tmp) / "small.jsonl", **kw, engine="dspark", concurrency=3)
-        big = {json.loads(x)["id"]: json.loads(x)["turns"] for x in (Path(tmp) / "dspark.jsonl").read_text().splitlines()}
-        small = [json.loads(x) for x in (Path(tmp) / "small.jsonl").read_text().splitlines()]
+        big = {r["id"]: r["turns"] for r in _rows(Path(tmp) / "dspark.jsonl")}
+        small = _rows(Path(tmp) / "small.jsonl")
         same = sum(big[r["id"]] == r["turns"] for r in small)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     info = {"target": a.target, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens,
             "concurrency": a.concurrency, "hf_batch": a.hf_batch, "threads": torch.get_num_threads(),
             "cpu": platform.processor(), "commit": commit,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "batching_invariance": f"{same}/{len(small)} responses identical at concurrency 3 and {a.concurrency}"}  # fmt: skip
+            "batching_invariance": f"{same}/{len(small)} identical at concurrency 3 and {a.concurrency}"}  # fmt: skip
     speed = rows[0]["tokens_per_s"] / rows[1]["tokens_per_s"]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -64,7 +68,9 @@ def main() -> None:
     lines = [f"Regeneration, {a.target}, {len(prompts)} prompts, <= {a.max_new_tokens} new tokens, T = 0.2, top-p 0.9; "
              f"{info['threads']} threads, commit {commit}, {info['date']}", "",
              "| engine | conversations | tokens | wall s | tok/s |", "|---|---|---|---|---|"]  # fmt: skip
-    lines += [f"| {r['engine']} | {r['written']} | {r['tokens']} | {r['seconds']:.1f} | {r['tokens_per_s']:.1f} |" for r in rows]
+    for r in rows:
+        cells = [r["engine"], r["written"], r["tokens"], f"{r['seconds']:.1f}", f"{r['tokens_per_s']:.1f}"]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
     lines += ["", f"dspark engine / HF generate: **{speed:.2f}x**; {info['batching_invariance']}"]
     (out / "regen_bench.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

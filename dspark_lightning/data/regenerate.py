@@ -124,7 +124,8 @@ def _split_output(target: Any, out: list[int]) -> tuple[str, int, bool]:
     stop = set(target.stop_token_ids)
     cut = next((j for j, t in enumerate(out) if t in stop), None)
     body = out if cut is None else out[:cut]
-    return target.tokenizer.decode(body, skip_special_tokens=True).strip(), len(body) + (cut is not None), cut is not None
+    stopped = cut is not None
+    return target.tokenizer.decode(body, skip_special_tokens=True).strip(), len(body) + stopped, stopped
 
 
 class EngineRegenerator:
@@ -288,8 +289,8 @@ def regenerate(
         raise ValueError(f"regenerate: engine must be 'dspark' or 'hf', got {engine!r}")
     if batch_size < 1 or concurrency < 1 or max_new_tokens < 1 or temperature < 0 or not 0 < top_p <= 1 or bad_k:
         raise ValueError(
-            "regenerate: need batch_size >= 1, concurrency >= 1, max_new_tokens >= 1, temperature >= 0, 0 < top_p <= 1, "
-            "top_k and max_turns None or >= 1"
+            "regenerate: need batch_size >= 1, concurrency >= 1, max_new_tokens >= 1, temperature >= 0, "
+            "0 < top_p <= 1, top_k and max_turns None or >= 1"
         )
     cfg = {
         "temperature": float(temperature),

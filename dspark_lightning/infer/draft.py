@@ -18,6 +18,7 @@ receives ``hidden=`` (the target's final hidden states) and ``propose`` receives
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,28 @@ class Proposal:
 def draft_confidence(q: torch.Tensor, z: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """ĉ of a drafter without a confidence head: its own top probability, known before x_k is drawn."""
     return (q if not params.greedy else z.float().softmax(-1)).max(-1).values
+
+
+class Stopwatch:
+    """Per-component wall time of a proposer (``timing`` dict, seconds), off unless ``enable()`` was called."""
+
+    def __init__(self) -> None:
+        self.timing: dict[str, float] | None = None
+        self._t = 0.0
+
+    def enable(self) -> dict[str, float]:
+        self.timing = {}
+        return self.timing
+
+    def start(self) -> None:
+        if self.timing is not None:
+            self._t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        if self.timing is not None:
+            now = time.perf_counter()
+            self.timing[name] = self.timing.get(name, 0.0) + now - self._t
+            self._t = now
 
 
 def to_target_vocab(drafter, q: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -94,6 +117,7 @@ class BlockProposer:
         self.block_size = drafter.block_size
         bb = drafter.backbone
         self.device = next(drafter.parameters()).device
+        self.dtype = next(drafter.parameters()).dtype  # the drafter may run in bf16: q is still fp32
         self.kv = RaggedCache([KVLayer() for _ in bb.layers], flat=layout == "flat", device=self.device)
         self.temps = None
         if conf_temperatures is not None:
@@ -101,8 +125,9 @@ class BlockProposer:
             if temps.shape != (self.block_size,) or bool((temps <= 0).any()):
                 raise ValueError(f"conf_temperatures must be {self.block_size} positive numbers, got {temps.tolist()}")
             self.temps = temps
-        self.head_w = drafter.draft_head_weight()  # (N or V, d), gathered once for a reduced draft vocabulary
+        self.head_w = drafter.draft_head_weight().to(self.dtype)  # (N or V, d), gathered once
         self.vocab = drafter.draft_vocab  # (N,) target ids of the draft vocabulary, or None
+        self.clock = Stopwatch()  # clock.enable() -> per-component times (scripts/profile_draft.py)
 
     def add(self, ids: list[int]) -> None:
         self.kv.add_requests(ids)
@@ -115,17 +140,19 @@ class BlockProposer:
     @torch.no_grad()
     def extend(self, ids: list[int], context: torch.Tensor, start: torch.Tensor, lengths: torch.Tensor, hidden=None):
         """Append the target features (R, W, n*d) of positions start..start+lengths-1 to the context cache."""
+        self.clock.start()
         bb = self.drafter.backbone
         grid = self.kv.grid(ids, lengths)
         W = int(lengths.max())
         rid = torch.as_tensor(ids, dtype=torch.long, device=self.device)
         pos = start[:, None] + torch.arange(W, device=self.device)
-        fused = grid.scatter(bb.fuse(context[:, :W].float()), 0.0)  # (rows, L, d)
+        fused = grid.scatter(bb.fuse(context[:, :W].to(self.dtype)), 0.0)  # (rows, L, d)
         q_pos = grid.scatter(pos, 0)
         for layer, (k, v) in zip(self.kv.layers, bb.context_kv(fused, q_pos), strict=True):
             layer.update(k, v)
         self.kv.append(grid.scatter(torch.where(grid.valid, rid[:, None], -1), -1), q_pos)
         self.kv.compact()
+        self.clock.lap("extend")
 
     @torch.no_grad()
     def propose(
@@ -140,6 +167,7 @@ class BlockProposer:
     ) -> Proposal:
         d, g = self.drafter, self.block_size
         R = len(ids)
+        self.clock.start()
         grid = self.kv.grid(ids, torch.full((R,), g, dtype=torch.long, device=self.device))
         rid = torch.as_tensor(ids, dtype=torch.long, device=self.device)
         blk = torch.full((R, g), d.mask_token_id, dtype=torch.long, device=self.device)
@@ -152,11 +180,13 @@ class BlockProposer:
         def mask(window):  # context strictly before the anchor (and within the layer's window), own block
             return torch.cat([self.kv.attend(q_owner, q_anchor, strict=True, window=window), blk_ok], dim=-1)
 
-        x = d.embed(grid.scatter(blk, d.mask_token_id))  # (rows, L, d)
+        x = d.embed(grid.scatter(blk, d.mask_token_id)).to(self.dtype)  # (rows, L, d)
         ctx_kv = [(layer.keys, layer.values) for layer in self.kv.layers]
         h = d.backbone(x, grid.scatter(pos, 0), ctx_kv, per_layer_masks(d.backbone, mask))
         h = grid.gather(h)  # (R, γ, d)
+        self.clock.lap("backbone")
         base = d.draft_logits(h, self.head_w)  # (R, γ, N) U_k over the draft vocabulary
+        self.clock.lap("lm_head")
         return self._sequential(h, base, anchors, params, generator, teacher_tokens)
 
     def _sequential(self, h, base, anchors, params, generator, teacher_tokens) -> Proposal:
@@ -166,21 +196,25 @@ class BlockProposer:
         prev = anchors
         state = sh.init_state(R, h) if sh is not None else None
         toks, qs, confs, zs, raw = [], [], [], [], []
+        clock = self.clock
         for k in range(g):
             z, feat = base[:, k], None
             if sh is not None:
                 bias, feat, state = sh.step(h[:, k], prev, state)
                 z = z + bias
-            q = probs(z, params)  # (R, N) fp32: sampled from and tested against
+                clock.lap("sequential")
             if ch is not None:
                 logit = ch(h[:, k], feat).float()
                 raw.append(logit)
                 c = torch.sigmoid(logit if self.temps is None else logit / self.temps[k])
-            else:
+                clock.lap("confidence")
+            q = probs(z, params)  # (R, N) fp32: sampled from and tested against
+            if ch is None:
                 c = draft_confidence(q, z, params)
             x = sample(q, params, generator)
             if self.vocab is not None:
                 x = self.vocab[x]  # draft-vocabulary index -> target token id
+            clock.lap("sampling")
             if teacher_tokens is not None:
                 x = teacher_tokens[:, k]
             toks.append(x)
@@ -189,6 +223,7 @@ class BlockProposer:
             zs.append(z)
             prev = x
         q, z = to_target_vocab(d, torch.stack(qs, 1), torch.stack(zs, 1))
+        clock.lap("sampling")
         return Proposal(
             tokens=torch.stack(toks, 1),
             q=q,

@@ -144,10 +144,12 @@ class Engine:
         anchors = self._tensor([r.anchor for r in act])
         apos = self._tensor([r.pos for r in act])
 
-        t0 = time.perf_counter()
+        t_step = t0 = time.perf_counter()
         prop, a = None, None
         ell = torch.zeros(R, dtype=torch.long, device=self.device)
-        if self.proposer is not None:
+        gate = getattr(self.scheduler, "wants_draft", None)
+        drafting = self.proposer is not None and (gate is None or gate(R))  # decided from earlier steps only
+        if drafting:
             prop = self.proposer.propose(ids, anchors, apos, self.params, self.draft_gen, requests=act)
             t1 = time.perf_counter()
             self.time_s["draft"] += t1 - t0
@@ -158,6 +160,8 @@ class Engine:
             a = survival(prop.conf)
             t0 = time.perf_counter()
             self.time_s["schedule"] += t0 - t1
+        elif self.proposer is not None:
+            self.log.skipped_steps += 1
 
         W = int(ell.max()) + 1
         tokens = anchors[:, None] if prop is None else torch.cat([anchors[:, None], prop.tokens[:, : W - 1]], 1)
@@ -201,6 +205,9 @@ class Engine:
                 self.proposer.extend(ext_ids, out.context[sel], apos[sel], ext_len, hidden=out.hidden[sel])
             self._extend_s = time.perf_counter() - t0
             self.time_s["draft"] += self._extend_s
+        observe_step = getattr(self.scheduler, "observe_step", None)
+        if observe_step is not None:
+            observe_step(drafting, R, sum(len(new) for _, new in committed), time.perf_counter() - t_step)
         return committed
 
     # --- bookkeeping -----------------------------------------------------------------------

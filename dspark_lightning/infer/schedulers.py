@@ -106,12 +106,78 @@ class ThresholdScheduler:
         return (score >= self.threshold).long().cumprod(-1).sum(-1)
 
 
+class DraftGate:
+    """Skip the drafter for a whole step when drafting has not paid on this machine (decided before drafting).
+
+    Every step the engine reports whether it drafted, its batch size R, the tokens it committed and its wall
+    time. The gate keeps, per R, a running (EMA) rate of committed tokens per second for drafted steps and
+    for plain steps; before measuring plain steps it uses the SPS table's R * SPS(R). It drafts while the
+    drafted rate is at least the plain rate; otherwise it skips, and probes (drafts once) after ``probe``
+    skipped steps, doubling the interval up to ``max_probe`` while skipping keeps winning, so it returns to
+    drafting when the estimate turns (a better-matched prompt, a longer context, another batch size).
+
+    Lossless: the decision at step t uses only steps < t (their tokens, acceptance and timing), never the
+    drafts of step t, so it is a non-anticipating choice of l_r = 0 for every request.
+    """
+
+    def __init__(self, probe: int = 8, max_probe: int = 64, decay: float = 0.3) -> None:
+        self.probe, self.max_probe, self.decay = probe, max_probe, decay
+        self.reset()
+
+    def reset(self) -> None:
+        self.rate: dict[tuple[bool, int], float] = {}  # (drafted, R) -> EMA tokens/s
+        self.skipped = 0
+        self.interval = self.probe
+
+    def wants_draft(self, R: int, plain_rate: float | None) -> bool:
+        drafted = self.rate.get((True, R))
+        plain = self.rate.get((False, R), plain_rate)
+        if drafted is None or plain is None or drafted >= plain:
+            self.skipped, self.interval = 0, self.probe
+            return True
+        if self.skipped >= self.interval:  # probe: draft once to refresh the estimate
+            self.skipped, self.interval = 0, min(2 * self.interval, self.max_probe)
+            return True
+        self.skipped += 1
+        return False
+
+    def observe(self, drafted: bool, R: int, tokens: int, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        key, r = (drafted, R), tokens / seconds
+        old = self.rate.get(key)
+        self.rate[key] = r if old is None else (1 - self.decay) * old + self.decay * r
+
+
 class _SPSScheduler:
-    def __init__(self, sps: SPSTable | str | None = None, context_len: int = 512, include_draft_time: bool = True):
+    def __init__(
+        self,
+        sps: SPSTable | str | None = None,
+        context_len: int = 512,
+        include_draft_time: bool = True,
+        skip_draft: bool = True,
+    ):
         self.sps = SPSTable.load(sps) if isinstance(sps, str) else sps
         self.context_len = context_len
         self.include_draft_time = include_draft_time
         self.draft_s: float | None = None  # running estimate of the per-step drafting time (seconds)
+        self.gate = DraftGate() if skip_draft else None
+
+    def reset(self) -> None:
+        if self.gate is not None:
+            self.gate.reset()
+
+    def wants_draft(self, R: int) -> bool:
+        """Whether the engine should run the drafter this step (see :class:`DraftGate`)."""
+        if self.gate is None:
+            return True
+        plain = float(R * self.sps(R)) if self.sps is not None and R <= self.sps.max_tokens else None
+        return self.gate.wants_draft(R, plain)
+
+    def observe_step(self, drafted: bool, R: int, tokens: int, seconds: float) -> None:
+        """The engine reports each finished step: drafted or not, batch size, committed tokens, wall time."""
+        if self.gate is not None:
+            self.gate.observe(drafted, R, tokens, seconds)
 
     def bind(self, target: Any, max_tokens: int | None = None, progress: bool = True) -> None:
         """Load (or profile once and cache) the target's SPS table on this device when none was given."""
@@ -141,6 +207,7 @@ class HardwareAwareScheduler(_SPSScheduler):
         sps: an :class:`SPSTable`, a path to its JSON, or None to load/profile the target's table on first use.
         context_len: context length of the profile used when ``sps`` is None.
         include_draft_time: add the measured per-step drafting time to every 1/SPS(B) (whole-step rate).
+        skip_draft: skip the drafter for whole steps while drafting has not paid (:class:`DraftGate`).
     """
 
     def __call__(self, conf: torch.Tensor) -> torch.Tensor:
@@ -157,15 +224,21 @@ class AsyncHardwareAwareScheduler(_SPSScheduler):
     """
 
     def __init__(
-        self, sps: SPSTable | str | None = None, context_len: int = 512, include_draft_time: bool = True, lag: int = 2
+        self,
+        sps: SPSTable | str | None = None,
+        context_len: int = 512,
+        include_draft_time: bool = True,
+        lag: int = 2,
+        skip_draft: bool = True,
     ) -> None:
-        super().__init__(sps, context_len, include_draft_time)
+        super().__init__(sps, context_len, include_draft_time, skip_draft)
         if lag < 1:
             raise ValueError(f"lag must be >= 1, got {lag}")
         self.lag = lag
         self.reset()
 
     def reset(self) -> None:
+        super().reset()
         self.history: deque[torch.Tensor] = deque(maxlen=self.lag)
 
     def __call__(self, conf: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,7 @@ class RoundLog:
     conf_logits: list[torch.Tensor] = field(default_factory=list)  # (γ,) raw confidence logits (drafters with a head)
     step_tokens: list[int] = field(default_factory=list)  # per batched step: B = sum_r (1 + l_r)
     step_requests: list[int] = field(default_factory=list)  # per batched step: R
+    skipped_steps: int = 0  # steps where the scheduler skipped the drafter (l = 0 for every request, no draft)
 
     def add(self, request: int, ell: int, m: int, e: int, a: torch.Tensor | None, z: torch.Tensor | None = None):
         self.request.append(request)
@@ -59,6 +60,7 @@ class DecodeStats:
     conditional_acceptance: list[float | None]  # A_k, k = 1..γ
     mean_verify_len: float  # mean l_i per request-round
     mean_step_tokens: float  # mean B = Σ_r (1 + l_r) per batched step
+    skipped_steps: int  # steps that did not run the drafter (the scheduler judged drafting not worth it)
     generated_tokens: int
     prompts: int
     time_s: dict[str, float]  # prefill, draft, schedule, verify, accept, total
@@ -76,6 +78,7 @@ class DecodeStats:
         return (
             f"tau {self.tau:.3f} | acceptance {alpha} | verify rate {self.verify_rate:.3f} | "
             f"rounds {self.rounds} | mean l {self.mean_verify_len:.2f} | "
+            f"skipped drafts {self.skipped_steps}/{self.steps} | "
             f"{self.generated_tokens} tokens in {t['total']:.2f}s = {self.tokens_per_s:.1f} tok/s | {split}"
         )
 
@@ -98,6 +101,7 @@ def summarize(log: RoundLog, block_size: int, generated: int, prompts: int, time
         conditional_acceptance=A,
         mean_verify_len=float(ell.float().mean()) if n else 0.0,
         mean_step_tokens=sum(log.step_tokens) / len(log.step_tokens) if log.step_tokens else 0.0,
+        skipped_steps=log.skipped_steps,
         generated_tokens=generated,
         prompts=prompts,
         time_s=time_s,

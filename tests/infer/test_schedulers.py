@@ -122,3 +122,34 @@ def test_whole_step_rate_includes_measured_draft_time():
     assert whole_step(conf).tolist() == [0]  # no draft time observed yet: same as target-only
     whole_step.observe_draft_time(0.073)
     assert whole_step(conf).tolist() == [3]  # (1 + 0.5) / 0.180 > 1 / 0.136, and longer blocks are almost free
+
+
+def test_draft_gate_skips_when_drafting_loses_and_probes_back():
+    from dspark_lightning.infer.schedulers import DraftGate
+
+    gate = DraftGate(probe=2, max_probe=8, decay=1.0)  # decay 1: each observation replaces the estimate
+    assert gate.wants_draft(1, plain_rate=None)  # nothing measured yet: draft
+    gate.observe(True, 1, tokens=2, seconds=1.0)  # drafting: 2 tok/s
+    assert not gate.wants_draft(1, plain_rate=3.0)  # the table says plain gives 3 tok/s: skip
+    gate.observe(False, 1, tokens=1, seconds=0.25)  # measured plain: 4 tok/s
+    decisions = [gate.wants_draft(1, plain_rate=3.0) for _ in range(12)]
+    # one more skip (2 in a row), a probe, then the interval doubles: 4 skips, a probe, then 8 skips
+    assert decisions[:2] == [False, True] and decisions[2:7] == [False] * 4 + [True] and not any(decisions[7:])
+    gate.observe(True, 1, tokens=6, seconds=1.0)  # the probe finds drafting pays again (6 tok/s > 4)
+    assert all(gate.wants_draft(1, plain_rate=3.0) for _ in range(5))
+    assert gate.wants_draft(8, plain_rate=3.0)  # another batch size has its own estimates
+
+
+def test_engine_skips_the_drafter_when_the_gate_says_so(varied_target, prompts):
+    from infer_helpers import make_drafter
+
+    from dspark_lightning.infer import HardwareAwareScheduler, SPSTable, decode
+
+    sched = HardwareAwareScheduler(SPSTable.from_points({1: 1.0, 8: 0.5, 64: 0.1}))
+    sched.wants_draft = lambda R: False  # noqa: ARG005 - a gate that always skips
+    drafter = make_drafter(varied_target, block_size=4)
+
+    res = decode(varied_target, drafter, prompts, max_new_tokens=12, scheduler=sched)
+    plain = decode(varied_target, None, prompts, max_new_tokens=12)
+    assert res.token_ids == plain.token_ids
+    assert res.stats.skipped_steps == res.stats.steps > 0 and res.stats.mean_verify_len == 0
