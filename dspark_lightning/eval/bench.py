@@ -17,6 +17,7 @@ from .hf import hf_generate
 from .runner import run_decode, run_info, warmup
 
 HF, HF_PLD, PLAIN = "HF generate", "HF prompt lookup", "plain decode()"
+PLAIN_HF = "plain decode(), HF forward"  # our loop with the HF verifier: what the lean verifier gains
 OUTPUT_FILES = {
     "bench.json": "run info and one row per cell x engine (tok/s, speedups, τ, efficiency, time split)",
     "bench.md": "the same as a Markdown table",
@@ -51,7 +52,7 @@ def bench(
 
     ids = {k: [target.render_prompt([{"role": "user", "content": p}]) for p in v] for k, v in prompt_sets.items()}
     mixed = [p for v in ids.values() for p in v]
-    engines = [HF, HF_PLD, PLAIN, *drafters]
+    engines = [HF, HF_PLD, PLAIN_HF, PLAIN, *drafters]
     cells = [(T, b, s) for T in temperatures for b in batches for s in (ids if b == 1 else ["all"])]
     warmup(target, drafters, scheduler)
     _hf(target, mixed[:1], 1.0, 1, 4, seed, prompt_lookup_tokens)
@@ -69,6 +70,7 @@ def bench(
                     )
                 else:
                     d = drafters.get(e)
+                    kw = {"verifier": "hf"} if e == PLAIN_HF else {}
                     r = run_decode(
                         target,
                         d,
@@ -78,6 +80,7 @@ def bench(
                         scheduler=scheduler if d is not None else "static",
                         max_new_tokens=max_new_tokens,
                         seed=seed,
+                        **kw,
                     )
                 acc[e].append(r)
                 bar.update()
@@ -120,6 +123,10 @@ def _cell_rows(acc: dict[str, list[dict]], T: float, batch: int, pset: str, n_pr
                 row[k] = runs[0][k]
         if "time_split_s" in runs[0]:
             row["time_split_s"] = {k: sum(r["time_split_s"][k] for r in runs) for k in runs[0]["time_split_s"]}
+            steps = sum(r["steps"] for r in runs)
+            row["steps"], row["skipped_steps"] = steps, sum(r["skipped_steps"] for r in runs)
+            if steps:  # per batched step: drafting (incl. the context-cache update) and verification
+                row["ms_per_step"] = {k: 1e3 * row["time_split_s"][k] / steps for k in ("draft", "verify", "accept")}
         if T == 0 and batch == 1 and e != HF:
             row["equals_hf"] = all(r["token_ids"] == ref for r in runs)
         out.append(row)
@@ -141,7 +148,7 @@ def plot_bench(doc: dict, path: Path) -> Path:
         rows = [r for r in doc["rows"] if (r["temperature"], r["batch"], r["prompt_set"]) == (T, b, s)]
         names = [r["engine"] for r in rows]
         vals = [r["tok_s"] or 0.0 for r in rows]
-        colors = ["0.6" if n in (HF, HF_PLD) else "0.3" if n == PLAIN else "C0" for n in names]
+        colors = ["0.6" if n in (HF, HF_PLD) else "0.3" if n in (PLAIN, PLAIN_HF) else "C0" for n in names]
         ax.bar(range(len(rows)), vals, color=colors)
         ax.set_xticks(range(len(rows)), names, rotation=60, ha="right", fontsize=7)
         ax.set_title(f"T={T:g}, batch {b}, {s}", fontsize=9)

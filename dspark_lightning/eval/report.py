@@ -93,16 +93,22 @@ def plot_acceptance(acceptance: dict, path: str | Path, title: str = "") -> Path
     return path
 
 
+def _step_ms(ms: dict | None) -> str:
+    return "" if not ms else f"{ms['draft']:.1f} · {ms['verify']:.1f}"
+
+
 def bench_markdown(doc: dict) -> str:
     info = doc["info"]
     lines = [
         f"Throughput on {info['target']} ({info['threads']} threads, {info['machine']}), ≤ {info['max_new_tokens']} "
         f"new tokens, {info['repeats']} alternating repeat(s) per cell (tok/s = total generated tokens / total time, "
         "prefill included). Speedups are against HF generate() and against our plain decoding in the same cell; "
-        "efficiency = speedup over our plain / τ.",
+        "efficiency = speedup over our plain / τ; skipped drafts = steps where the scheduler did not run the drafter; "
+        "ms/step = drafting (incl. the context-cache update) and verification time per batched step.",
         "",
     ]
-    head = ["T", "batch", "prompts", "engine", "tok/s", "vs HF", "vs plain", "τ", "efficiency", "mean ℓ", "greedy = HF"]
+    head = ["T", "batch", "prompts", "engine", "tok/s", "vs HF", "vs plain", "τ", "efficiency", "mean ℓ",
+            "skipped drafts", "ms/step draft · verify", "greedy = HF"]  # fmt: skip
     rows = []
     for r in doc["rows"]:
         eq = {True: "yes", False: "NO"}.get(r.get("equals_hf"), "")
@@ -118,6 +124,8 @@ def bench_markdown(doc: dict) -> str:
                 _f(r.get("tau"), ".3f"),
                 _f(r.get("efficiency"), ".2f"),
                 _f(r.get("mean_verify_len"), ".2f"),
+                f"{r['skipped_steps']}/{r['steps']}" if r.get("tau") is not None and "steps" in r else "",
+                _step_ms(r.get("ms_per_step")),
                 eq if r.get("tok_s") is not None else r.get("note", ""),
             ]
         )

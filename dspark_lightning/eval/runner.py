@@ -67,7 +67,9 @@ def jsonl_dataset(spec: str, n: int) -> Dataset:
     return Dataset(name, domain or recs[0].domain, [r.turns[0] for r in recs])
 
 
-def run_decode(target, drafter, prompts, *, temperature, batch_size, scheduler, max_new_tokens, seed) -> dict:
+def run_decode(
+    target, drafter, prompts, *, temperature, batch_size, scheduler, max_new_tokens, seed, verifier="auto"
+) -> dict:
     """One ``decode()`` run; the numbers every report reads."""
     from ..infer import decode
 
@@ -80,6 +82,7 @@ def run_decode(target, drafter, prompts, *, temperature, batch_size, scheduler, 
         scheduler=scheduler,
         seed=seed,
         batch_size=batch_size,
+        verifier=verifier,
     )
     s = res.stats
     return {
@@ -92,6 +95,8 @@ def run_decode(target, drafter, prompts, *, temperature, batch_size, scheduler, 
         "acceptance_rate": s.acceptance_rate,
         "verify_rate": s.verify_rate,
         "mean_verify_len": s.mean_verify_len,
+        "steps": s.steps,
+        "skipped_steps": s.skipped_steps,
         "survival": s.survival,
         "conditional_acceptance": s.conditional_acceptance,
         "time_split_s": s.time_s,

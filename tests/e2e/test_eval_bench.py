@@ -68,7 +68,7 @@ def test_bench_writes_every_file(drafters, tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir()) == sorted(BENCH_FILES)
     doc = json.loads((out / "bench.json").read_text())
     rows = doc["rows"]
-    engines = ["HF generate", "HF prompt lookup", "plain decode()", "dspark", "mtp1"]
+    engines = ["HF generate", "HF prompt lookup", "plain decode(), HF forward", "plain decode()", "dspark", "mtp1"]
     cells = {(r["temperature"], r["batch"], r["prompt_set"]) for r in rows}
     assert cells == {(T, 1, d) for T in (0.0, 1.0) for d in ("math", "code", "chat")} | {
         (0.0, 2, "all"),
@@ -85,6 +85,7 @@ def test_bench_writes_every_file(drafters, tmp_path, capsys):
             and (x["temperature"], x["batch"]) == (r["temperature"], r["batch"])))  # fmt: skip
         if r["engine"] in ("dspark", "mtp1"):
             assert r["efficiency"] == pytest.approx(r["speedup_vs_plain"] / r["tau"])
+            assert 0 <= r["skipped_steps"] <= r["steps"] and set(r["ms_per_step"]) == {"draft", "verify", "accept"}
         if r["temperature"] == 0 and r["batch"] == 1 and r["engine"] != "HF generate":
             assert r["equals_hf"] is True  # every engine reproduces HF greedy decoding
     assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"
