@@ -12,7 +12,7 @@ from dspark_lightning.data import sources
 from dspark_lightning.data.sources import LICENSES, PromptRecord, license_of, mixture, split_of
 from dspark_lightning.registry import create, names
 
-BUILTIN = {"gsm_symbolic": "math", "humaneval": "code", "mtbench": "chat", "sharegpt": "chat"}
+BUILTIN = {"gsm_symbolic": "math", "humaneval": "code", "mtbench": "chat", "sharegpt": "chat", "python_stdlib": "code"}
 KWARGS = {"gsm_symbolic": {"limit": 25}}
 
 
@@ -26,6 +26,15 @@ def test_all_sources_registered_with_licences():
     for name in LICENSES:
         assert license_of(name)
     assert "Apache-2.0" in LICENSES["gsm_symbolic"] and "MIT" in LICENSES["humaneval"]
+
+
+def test_python_stdlib_prompts_are_code_requests_with_signatures():
+    recs = _records("python_stdlib")
+    assert len(recs) > 500  # an offline code-prompt pool much larger than HumanEval's 164
+    by_id = {r.id: r.turns[0] for r in recs}
+    text = by_id["python_stdlib/textwrap.dedent"]
+    assert "dedent" in text and ("`dedent(text)`" in text or "textwrap" in text)
+    assert _records("python_stdlib", limit=10) == recs[:10]
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN))
