@@ -4,7 +4,8 @@ PY := $(VENV)/bin/python
 export HF_HUB_OFFLINE := 1
 
 .PHONY: setup run test test-fast lint bench bench-decode compare eval-compare bench-compare ablations \
-	calibrate threshold-sweep serve-bench serve-study
+	calibrate threshold-sweep serve-bench serve-study profile-verify profile-draft bench-regen long long-dflash \
+	vocab-coverage sps-lean bench-speed
 
 $(VENV)/.setup-done: pyproject.toml scripts/setup.sh plugins/dspark_example_head/pyproject.toml
 	bash scripts/setup.sh
@@ -68,3 +69,33 @@ serve-bench: setup
 	$(VENV)/bin/dspark-lightning serve-bench --drafter $(DSPARK) --sps docs/data/sps_smollm2_cpu.json --prompts_per_domain 8 --window_s 15 --repeats 2 --layout flat --concurrency 8 16 32 --methods plain static:1 hardware_aware async_hardware_aware --out docs/data/serve_bench_flat
 
 serve-study: calibrate threshold-sweep serve-bench
+
+# Speculation that pays on this machine (docs/results.md): verification and drafting cost, regeneration speed, the
+# long recipes, the draft-vocabulary coverage table and the speed benchmark. Run each alone on the machine.
+LONG ?= outputs/smollm2_dspark_long/tb/version_0/drafter
+LONG_DFLASH ?= outputs/smollm2_dflash_long/tb/version_0/drafter
+profile-verify: setup
+	$(PY) scripts/profile_verify.py --out docs/data/verify_profile
+
+profile-draft: setup
+	$(PY) scripts/profile_draft.py --drafter $(LONG) --out docs/data/draft_profile
+
+bench-regen: setup
+	$(PY) scripts/bench_regen.py --out docs/data/regen_bench
+
+long: setup
+	mkdir -p outputs/smollm2_dspark_long
+	/usr/bin/time -v -o outputs/smollm2_dspark_long/time.log $(VENV)/bin/dspark-lightning fit --config recipes/smollm2_dspark_long.yaml
+
+long-dflash: setup
+	$(VENV)/bin/dspark-lightning fit --config recipes/smollm2_dflash_long.yaml
+
+vocab-coverage: setup
+	$(PY) scripts/vocab_coverage.py --work_dir outputs/smollm2_dspark_long/data --out docs/data/vocab_coverage
+
+sps-lean: setup
+	$(VENV)/bin/dspark-lightning profile --target smollm2-135m-instruct --max_tokens 64 --out docs/data/sps_smollm2_cpu_lean.json --plot docs/img/sps_smollm2_cpu_lean.png
+
+bench-speed: setup
+	$(VENV)/bin/dspark-lightning bench --drafter long=$(LONG) --drafter default=$(DRAFTER) --sps docs/data/sps_smollm2_cpu_lean.json \
+		--prompts_per_domain 3 --max_new_tokens 128 --batches 1 8 --repeats 2 --out docs/data/bench_speed

@@ -39,6 +39,7 @@ def decode_parser() -> ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch_size", type=int | None, default=None, help="concurrent requests (default: all)")
     p.add_argument("--layout", type=str, default="padded", help="padded | flat")
+    p.add_argument("--verifier", type=str, default="auto", help="auto (lean where supported) | lean | hf")
     p.add_argument("--no_chat", type=bool, default=False, help="do not apply the chat template")
     p.add_argument("--stop", type=str, action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json_out", type=str | None, default=None, help="write texts, token ids and stats here")
@@ -53,6 +54,7 @@ def profile_parser() -> ArgumentParser:
     p.add_argument("--max_tokens", type=int | None, default=None, help="largest B profiled (default 256)")
     p.add_argument("--context_len", type=int, default=512, help="cached context tokens during the timed forward")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--verifier", type=str, default="auto", help="the verifier timed: auto | lean | hf")
     return p
 
 
@@ -110,6 +112,7 @@ def run_decode(argv: list[str]) -> None:
         stop=a.stop or None,
         batch_size=a.batch_size,
         layout=a.layout,
+        verifier=a.verifier,
         on_commit=_Streamer(target.tokenizer) if stream else None,
         progress=not stream,
     )
@@ -133,7 +136,9 @@ def run_profile(argv: list[str]) -> None:
 
     a = profile_parser().parse_args(argv)
     target = load_target(a.target)
-    table = profile_sps(target, max_tokens=a.max_tokens, context_len=a.context_len, repeats=a.repeats)
+    table = profile_sps(
+        target, max_tokens=a.max_tokens, context_len=a.context_len, repeats=a.repeats, verifier=a.verifier
+    )
     path = table.save(a.out or default_path(target, a.context_len))
     print(f"[dspark-lightning] SPS table -> {path}")
     for b, raw, s in zip(table.tokens, table.raw_sps, table.sps, strict=True):

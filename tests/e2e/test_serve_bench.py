@@ -50,7 +50,8 @@ def test_serve_bench_writes_every_file(drafter_dir, sps_file, tmp_path, capsys):
         )
         assert r["per_user_tok_s"] is not None and r["per_user_tok_s"] > 0
         assert r["request_rounds"] == r["steps"] * n  # closed loop: every step serves all N requests (mean of 2 runs)
-        assert r["mean_step_tokens"] == pytest.approx(n * (1 + r["mean_verify_len"]))
+        # B counts every verified draft; ℓ_eff is shorter for a round that ended on an accepted stop token
+        assert n * (1 + r["mean_verify_len"]) - 1e-9 <= r["mean_step_tokens"] <= n * 4
         assert set(r["time_split_s"]) == {"prefill", "draft", "schedule", "verify", "accept"}
         assert r["verify_ms_per_step"] == pytest.approx(1000 * r["time_split_s"]["verify"] / r["steps"])
         # the cost model Algorithm 1 sees: the made-up table at the cell's mean B (100 steps/s up to B = 2)
