@@ -1,0 +1,61 @@
+"""The lean target forward computes what the HF forward computes, through ragged rounds, rollbacks and removals."""
+
+import pytest
+import torch
+
+from dspark_lightning.infer import HFVerifier, LeanVerifier, build_verifier
+from dspark_lightning.infer.lean import lean_unsupported
+
+
+def close(a, b, what):
+    """Equal up to fp32 reassociation: max error <= 1e-5 of the tensor's largest magnitude."""
+    err, scale = float((a - b).abs().max()), max(1.0, float(b.abs().max()))
+    assert err <= 1e-5 * scale, (what, err, scale)
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_lean_matches_hf_through_rounds_rollbacks_and_removals(varied_target, pack):
+    V = varied_target.geometry.vocab_size
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in (5, 9, 5, 7)]
+    hf, lean = HFVerifier(varied_target), LeanVerifier(varied_target, capacity=8, pack=pack)  # capacity 8: grows
+    ids = [10, 11, 12, 13]
+    a, b = hf.prefill(ids, prompts), lean.prefill(ids, prompts)
+    close(b.hidden, a.hidden, "prefill hidden")
+    close(b.context, a.context, "prefill features")
+    pos = {rid: len(p) for rid, p in zip(ids, prompts, strict=True)}
+    for step in range(8):
+        live = list(pos)
+        order = live if step % 2 == 0 else live[::-1]  # any request order
+        n = torch.randint(1, 6, (len(order),), generator=g)  # ragged: 1..5 tokens per request (M = 4..20 rows)
+        toks = torch.randint(0, V, (len(order), int(n.max())), generator=g)
+        start = torch.tensor([pos[r] for r in order])
+        a, b = hf.forward(order, toks, n, start), lean.forward(order, toks, n, start)
+        valid = torch.arange(toks.shape[1])[None] < n[:, None]
+        close(b.hidden[valid], a.hidden[valid], f"step {step} hidden")
+        close(b.context[valid], a.context[valid], f"step {step} features")
+        close(lean.logits(b.hidden[valid]), hf.logits(a.hidden[valid]), f"step {step} logits")
+        keep = torch.minimum(torch.randint(0, 5, (len(order),), generator=g), n - 1)  # accepted drafts
+        rid_t = torch.tensor(order)
+        hf.commit(rid_t, start + keep)
+        lean.commit(rid_t, start + keep)
+        for r, k in zip(order, keep.tolist(), strict=True):
+            pos[r] += k + 1
+            assert lean.cached_length(r) == hf.cached_length(r) == pos[r]
+        if step == 3:  # a request in the middle finishes: the last row moves into its place
+            hf.remove([11])
+            lean.remove([11])
+            del pos[11]
+            assert lean.cached_length(11) == 0
+        if step == 5:  # a new request joins
+            p = torch.randint(0, V, (6,), generator=g).tolist()
+            close(lean.prefill([14], [p]).hidden, hf.prefill([14], [p]).hidden, "late prefill")
+            pos[14] = 6
+
+
+def test_auto_picks_lean_where_supported(varied_target):
+    assert isinstance(build_verifier("auto", varied_target), LeanVerifier)
+    assert isinstance(build_verifier("auto", varied_target, layout="flat"), HFVerifier)
+    assert "padded only" in lean_unsupported(varied_target, "flat")
+    with pytest.raises(NotImplementedError, match="verifier='hf'"):
+        LeanVerifier(varied_target, layout="flat")
