@@ -5,7 +5,7 @@ export HF_HUB_OFFLINE := 1
 
 .PHONY: setup run test test-fast lint bench bench-decode compare eval-compare bench-compare ablations \
 	calibrate threshold-sweep serve-bench serve-study profile-verify profile-draft bench-regen long long-dflash \
-	vocab-coverage sps-lean bench-speed
+	vocab-coverage sps-lean bench-speed speed-suite
 
 $(VENV)/.setup-done: pyproject.toml scripts/setup.sh plugins/dspark_example_head/pyproject.toml
 	bash scripts/setup.sh
@@ -97,5 +97,11 @@ sps-lean: setup
 	$(VENV)/bin/dspark-lightning profile --target smollm2-135m-instruct --max_tokens 64 --out docs/data/sps_smollm2_cpu_lean.json --plot docs/img/sps_smollm2_cpu_lean.png
 
 bench-speed: setup
-	$(VENV)/bin/dspark-lightning bench --drafter long=$(LONG) --drafter default=$(DRAFTER) --sps docs/data/sps_smollm2_cpu_lean.json \
-		--prompts_per_domain 3 --max_new_tokens 128 --batches 1 8 --repeats 2 --out docs/data/bench_speed
+	$(VENV)/bin/dspark-lightning bench --drafter long=$(LONG) --sps docs/data/sps_smollm2_cpu_lean.json --temperatures 0 1 \
+		--batches 1 --prompts_per_domain 3 --max_new_tokens 128 --repeats 2 --out docs/data/bench_speed_b1
+	$(VENV)/bin/dspark-lightning bench --drafter long=$(LONG) --sps docs/data/sps_smollm2_cpu_lean.json --temperatures 0 \
+		--batches 8 --prompts_per_domain 3 --max_new_tokens 128 --repeats 2 --out docs/data/bench_speed_b8
+
+# All of the above in one go (what docs/results.md reports), after `make long`.
+speed-suite: setup
+	bash scripts/speed_suite.sh $(LONG)
