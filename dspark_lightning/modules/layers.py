@@ -36,7 +36,7 @@ def rope_cos_sin(
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x (B, H, L, Dh) rotated by cos/sin (B, 1, L, Dh)."""
     x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+    return (x * cos + torch.cat([-x2, x1], dim=-1) * sin).to(x.dtype)  # fp32 tables keep a bf16 x in bf16
 
 
 class SwiGLU(nn.Module):
