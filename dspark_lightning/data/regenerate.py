@@ -102,21 +102,50 @@ def _sample(
     return [_split_output(target, row) for row in out[:, width:].tolist()]
 
 
-def _rows_of(recs: list[PromptRecord], alive, history, n_tok, stopped, cfg) -> list[dict]:
-    rows = []
-    for i in sorted(alive):
-        r = recs[i]
-        row = {
-            "id": r.id,
-            "domain": r.domain,
-            "source": r.source,
-            "turns": history[i],
-            "gen": {**cfg, "new_tokens": n_tok[i], "stopped": stopped[i]},
-        }
-        if r.meta:
-            row["meta"] = r.meta
-        rows.append(row)
-    return rows
+class _Conversations:
+    """Bookkeeping of a batch of conversations being regenerated turn by turn (shared by both engines)."""
+
+    def __init__(self, recs: list[PromptRecord], cfg: dict[str, Any]) -> None:
+        limit = cfg["max_turns"]
+        self.recs, self.cfg = recs, cfg
+        self.turns = [r.turns if limit is None else r.turns[:limit] for r in recs]
+        self.history: list[list[dict[str, str]]] = [[] for _ in recs]
+        self.n_tok: list[list[int]] = [[] for _ in recs]
+        self.stopped: list[list[bool]] = [[] for _ in recs]
+        self.alive, self.tokens = set(range(len(recs))), 0
+
+    def ask(self, target: Any, i: int, t: int) -> tuple[list[int], int]:
+        """Append user turn t of conversation i; returns its rendered prompt ids and its sampling seed."""
+        self.history[i].append({"role": "user", "content": self.turns[i][t]})
+        return target.render_prompt(self.history[i]), _row_seed(self.cfg["seed"], self.recs[i].id, t)
+
+    def answer(self, i: int, text: str, n: int, stop: bool) -> bool:
+        """Record the response to conversation i's last user turn; an empty one drops the conversation."""
+        self.tokens += n
+        if not text:
+            self.alive.discard(i)
+            return False
+        self.history[i].append({"role": "assistant", "content": text})
+        self.n_tok[i].append(n)
+        self.stopped[i].append(stop)
+        return True
+
+    def result(self) -> tuple[list[dict], int, int]:
+        """(rows of the surviving conversations in input order, generated tokens, conversations dropped)."""
+        rows = []
+        for i in sorted(self.alive):
+            r = self.recs[i]
+            row = {
+                "id": r.id,
+                "domain": r.domain,
+                "source": r.source,
+                "turns": self.history[i],
+                "gen": {**self.cfg, "new_tokens": self.n_tok[i], "stopped": self.stopped[i]},
+            }
+            if r.meta:
+                row["meta"] = r.meta
+            rows.append(row)
+        return rows, self.tokens, len(self.recs) - len(self.alive)
 
 
 def _split_output(target: Any, out: list[int]) -> tuple[str, int, bool]:
@@ -142,64 +171,37 @@ class EngineRegenerator:
         """Regenerate every turn of ``recs``; returns (rows in input order, generated tokens, rows dropped)."""
         from collections import deque
 
-        cfg, eng, limit = self.cfg, self.engine, self.cfg["max_turns"]
-        turns = [r.turns if limit is None else r.turns[:limit] for r in recs]
-        history: list[list[dict[str, str]]] = [[] for _ in recs]
-        n_tok: list[list[int]] = [[] for _ in recs]
-        stopped: list[list[bool]] = [[] for _ in recs]
-        alive, total = set(range(len(recs))), 0
+        eng, conv = self.engine, _Conversations(recs, self.cfg)
         waiting = deque((i, 0) for i in range(len(recs)))
         running: dict[int, tuple[int, int]] = {}  # request id -> (conversation, turn)
         while waiting or running:
             while waiting and len(running) < self.concurrency:
                 i, t = waiting.popleft()
-                history[i].append({"role": "user", "content": turns[i][t]})
-                seed = _row_seed(cfg["seed"], recs[i].id, t)
-                req = eng.add([self.target.render_prompt(history[i])], cfg["max_new_tokens"], seeds=[seed])[0]
+                prompt, seed = conv.ask(self.target, i, t)
+                req = eng.add([prompt], self.cfg["max_new_tokens"], seeds=[seed])[0]
                 running[req.rid] = (i, t)
             if any(not r.done for r in eng.requests):
                 eng.step()
             for r in [r for r in eng.requests if r.done and r.rid in running]:
                 i, t = running.pop(r.rid)
-                text, n, stop = _split_output(self.target, r.output)
-                total += n
-                if not text:
-                    alive.discard(i)
-                    continue
-                history[i].append({"role": "assistant", "content": text})
-                n_tok[i].append(n)
-                stopped[i].append(stop)
-                if t + 1 < len(turns[i]):
+                if conv.answer(i, *_split_output(self.target, r.output)) and t + 1 < len(conv.turns[i]):
                     waiting.appendleft((i, t + 1))  # the conversation's next turn goes first
             eng.requests = [r for r in eng.requests if not r.done]  # finished requests leave the engine
-        return _rows_of(recs, alive, history, n_tok, stopped, cfg), total, len(recs) - len(alive)
+        return conv.result()
 
 
 def _answer_batch(target: Any, recs: list[PromptRecord], cfg: dict[str, Any]) -> tuple[list[dict], int, int]:
     """Regenerate every turn of a batch; returns (rows, generated tokens, rows dropped for an empty response)."""
-    limit = cfg["max_turns"]
-    turns = [r.turns if limit is None else r.turns[:limit] for r in recs]
-    history: list[list[dict[str, str]]] = [[] for _ in recs]
-    n_tok: list[list[int]] = [[] for _ in recs]
-    stopped: list[list[bool]] = [[] for _ in recs]
-    alive, total = set(range(len(recs))), 0
-    for t in range(max(len(x) for x in turns)):
-        idx = [i for i in sorted(alive) if t < len(turns[i])]
+    conv = _Conversations(recs, cfg)
+    for t in range(max(len(x) for x in conv.turns)):
+        idx = [i for i in sorted(conv.alive) if t < len(conv.turns[i])]
         if not idx:
             break
-        for i in idx:
-            history[i].append({"role": "user", "content": turns[i][t]})
-        prompts = [target.render_prompt(history[i]) for i in idx]
-        seeds = [_row_seed(cfg["seed"], recs[i].id, t) for i in idx]
-        for i, (text, n, stop) in zip(idx, _sample(target, prompts, seeds, cfg), strict=True):
-            total += n
-            if not text:
-                alive.discard(i)
-                continue
-            history[i].append({"role": "assistant", "content": text})
-            n_tok[i].append(n)
-            stopped[i].append(stop)
-    return _rows_of(recs, alive, history, n_tok, stopped, cfg), total, len(recs) - len(alive)
+        asked = [conv.ask(target, i, t) for i in idx]
+        outs = _sample(target, [p for p, _ in asked], [seed for _, seed in asked], cfg)
+        for i, out in zip(idx, outs, strict=True):
+            conv.answer(i, *out)
+    return conv.result()
 
 
 def _scan_rows(path: Path) -> tuple[list[tuple[int, dict]], int | None]:
