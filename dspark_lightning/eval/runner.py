@@ -112,12 +112,19 @@ def warmup(target, drafters: dict[str, Any], scheduler: Any = "static") -> None:
 
 
 def run_info(target, **extra: Any) -> dict:
+    import subprocess
+
     import transformers
 
+    from ..infer.sps import device_tag
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
     return {
         "target": target.name,
         "threads": torch.get_num_threads(),
         "machine": platform.processor() or platform.machine(),
+        "cpu": device_tag(torch.device("cpu")),  # CPU model and thread count: compare ratios within one run only
+        "commit": commit.stdout.strip() or None,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
