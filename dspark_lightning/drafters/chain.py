@@ -59,6 +59,7 @@ class ChainLayer(nn.Module):
 
     def pair(self, feature: torch.Tensor, tok_emb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(attention input, residual) of a (feature, token) pair, both (..., d)."""
+        tok_emb = tok_emb.to(feature.dtype)  # the target's embedding may run in another precision
         if self.kind == "eagle3":
             return torch.cat([self.token_norm(tok_emb), self.feature_norm(feature)], -1), feature
         h = self.proj(torch.cat([self.feature_norm(feature), self.token_norm(tok_emb)], -1))
@@ -130,22 +131,16 @@ class ChainDrafter(SharesTargetParts, nn.Module):
 
     def features(self, context: torch.Tensor, hidden: torch.Tensor | None) -> torch.Tensor:
         """Per-position feature f_t (…, d): W_f [tapped] for EAGLE-3, the target's final hidden for MTP."""
+        dtype = self.layer.norm.weight.dtype  # the drafter's precision, whatever the target's
         if self.kind == "eagle3":
-            return self.fc(context.float())
+            return self.fc(context.to(dtype))
         if hidden is None:
             raise ValueError("the MTP drafter needs the target's final hidden states")
-        return hidden.float()
+        return hidden.to(dtype)
 
     def logits(self, h: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
         """Draft logits over the draft vocabulary (…, N or V); ``weight`` = a cached :meth:`draft_head_weight`."""
         return self.draft_logits(self.layer.norm(h), weight)
-
-    def make_proposer(self, layout: str = "padded", conf_temperatures=None):
-        from ..infer.chain import ChainProposer
-
-        if conf_temperatures is not None:
-            raise ValueError(f"{self.registered_name} has no confidence head to calibrate")
-        return ChainProposer(self, layout=layout)
 
     # --- training forward (TTT) --------------------------------------------------------------
     def forward(

@@ -86,6 +86,8 @@ class SharesTargetParts:
         b = getattr(self.lm_head, "bias", None)
         if b is not None and self.draft_vocab is not None:
             b = b.index_select(0, self.draft_vocab)
+        if w.dtype != h.dtype:  # the frozen target may run in another precision than the drafter
+            w, b = w.to(h.dtype), None if b is None else b.to(h.dtype)
         return torch.nn.functional.linear(h, w, b)
 
     def full_logits(self, z: torch.Tensor) -> torch.Tensor:

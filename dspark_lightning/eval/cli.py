@@ -12,6 +12,8 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
+from ..infer.cli import add_device_args
+
 
 def _common(p: ArgumentParser, max_new: int, seed: int, scheduler_help: str | None, sps: bool = True) -> None:
     """The options every command shares; ``scheduler_help=None`` for commands that choose schedulers themselves."""
@@ -32,6 +34,7 @@ def _common(p: ArgumentParser, max_new: int, seed: int, scheduler_help: str | No
     if sps:
         p.add_argument("--sps", type=str | None, default=None, help="SPS table JSON for hardware_aware schedulers")
     p.add_argument("--out", type=str, required=True, help="output directory")
+    add_device_args(p)
 
 
 def eval_parser() -> ArgumentParser:
@@ -60,8 +63,11 @@ def bench_parser() -> ArgumentParser:
     return p
 
 
-def load_drafters(specs: list[str], target_name: str | None):
-    """``name=path`` or ``path`` (named after the registered drafter) -> (target, {name: drafter})."""
+def load_drafters(specs: list[str], target_name: str | None, a=None):
+    """``name=path`` or ``path`` (named after the registered drafter) -> (target, {name: drafter}).
+
+    ``a``: parsed arguments with ``device`` / ``dtype`` / ``drafter_dtype`` (default: auto, the target's dtype).
+    """
     from .. import load_drafter, load_target
     from ..export import read_config
 
@@ -77,8 +83,9 @@ def load_drafters(specs: list[str], target_name: str | None):
         if not pairs:
             raise ValueError("give --target or at least one --drafter")
         target_name = pairs[0][2]["target"]["name"]
-    target = load_target(target_name)
-    return target, {n: load_drafter(Path(p), target) for n, p, _ in pairs}
+    device, dtype, ddtype = (a.device, a.dtype, a.drafter_dtype) if a is not None else ("auto", "auto", None)
+    target = load_target(target_name, dtype=dtype, device=device)
+    return target, {n: load_drafter(Path(p), target, dtype=ddtype) for n, p, _ in pairs}
 
 
 def _scheduler(a):
@@ -95,7 +102,7 @@ def run_eval(argv: list[str]) -> None:
     a = eval_parser().parse_args(argv)
     if not a.drafter:
         raise ValueError("give at least one --drafter [name=]path")
-    target, drafters = load_drafters(a.drafter, a.target)
+    target, drafters = load_drafters(a.drafter, a.target, a)
     datasets = builtin_datasets(a.domains, a.prompts_per_domain)
     datasets += [jsonl_dataset(s, a.prompts_per_domain) for s in a.dataset]
     doc = evaluate(
@@ -118,7 +125,7 @@ def run_bench(argv: list[str]) -> None:
     from .runner import builtin_datasets
 
     a = bench_parser().parse_args(argv)
-    target, drafters = load_drafters(a.drafter, a.target)
+    target, drafters = load_drafters(a.drafter, a.target, a)
     sets = {d.domain: d.prompts for d in builtin_datasets(a.domains, a.prompts_per_domain)}
     doc = bench(
         target,
@@ -151,6 +158,7 @@ def calibrate_parser() -> ArgumentParser:
     p.add_argument("--min_class", type=int, default=10, help="fewer surviving or failing rounds: copy the previous T")
     p.add_argument("--report_dir", type=str | None, default=None, help="also write report JSON, PNGs and rollouts.pt")
     p.add_argument("--rollouts", type=str | None, default=None, help="refit from a saved rollouts.pt (no decoding)")
+    add_device_args(p)
     return p
 
 
@@ -164,7 +172,7 @@ def run_calibrate(argv: list[str]) -> None:
     from .report import calibration_markdown, plot_reliability
 
     a = calibrate_parser().parse_args(argv)
-    target, drafters = load_drafters([a.drafter], None)
+    target, drafters = load_drafters([a.drafter], None, a)
     drafter = next(iter(drafters.values()))
     if a.rollouts:
         ro = Rollouts.load(a.rollouts)
@@ -229,7 +237,7 @@ def run_threshold_sweep(argv: list[str]) -> None:
     a = sweep_parser().parse_args(argv)
     if len(a.drafter) != 1:
         raise ValueError("give exactly one --drafter")
-    target, drafters = load_drafters(a.drafter, a.target)
+    target, drafters = load_drafters(a.drafter, a.target, a)
     doc = threshold_sweep(
         target,
         next(iter(drafters.values())),
@@ -269,7 +277,7 @@ def run_serve_bench(argv: list[str]) -> None:
     a = serve_parser().parse_args(argv)
     if len(a.drafter) > 1:
         raise ValueError("give one --drafter (the methods compare its schedulers)")
-    target, drafters = load_drafters(a.drafter, a.target)
+    target, drafters = load_drafters(a.drafter, a.target, a)
     sps = None
     if a.sps:
         from ..infer import SPSTable

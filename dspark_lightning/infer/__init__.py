@@ -5,7 +5,7 @@ from dspark_lightning.infer import decode
 
 from .accept import Acceptance, accept
 from .decode import DecodeResult, decode, encode_prompt
-from .draft import BlockProposer, Proposal, StatelessProposer, make_proposer
+from .draft import BlockProposer, Proposal, StatelessProposer, make_proposer, register_proposer
 from .engine import Engine, Request
 from .lean import LeanVerifier
 from .sampling import SamplingParams, probs, sample
@@ -49,6 +49,7 @@ __all__ = [
     "load_or_profile",
     "make_proposer",
     "prefix_schedule",
+    "register_proposer",
     "probs",
     "profile_sps",
     "sample",

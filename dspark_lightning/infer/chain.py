@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from .draft import Proposal, draft_confidence, to_target_vocab
+from ..drafters.chain import ChainDrafter
+from .draft import Proposal, draft_confidence, register_proposer, to_target_vocab
 from .kvcache import KVLayer, RaggedCache
 from .sampling import SamplingParams, probs, sample
 
@@ -23,7 +24,8 @@ class ChainProposer:
         self.drafter = drafter.eval()
         self.block_size = drafter.block_size
         self.device = next(drafter.parameters()).device
-        self.head_w = drafter.draft_head_weight()  # gathered once for a reduced draft vocabulary
+        self.dtype = next(drafter.parameters()).dtype
+        self.head_w = drafter.draft_head_weight().to(self.dtype)  # gathered once (reduced vocabulary), drafter dtype
         self.kv = RaggedCache([KVLayer()], flat=layout == "flat", device=self.device)
         self.pending: dict[int, tuple[int, torch.Tensor]] = {}  # rid -> (first position, features (L, d))
 
@@ -56,7 +58,7 @@ class ChainProposer:
         if layer.keys is not None:
             return layer.keys, layer.values
         attn = self.drafter.layer.attn
-        empty = torch.zeros(rows, attn.num_kv_heads, 0, attn.head_dim, device=self.device)
+        empty = torch.zeros(rows, attn.num_kv_heads, 0, attn.head_dim, device=self.device, dtype=self.dtype)
         return empty, empty
 
     @torch.no_grad()
@@ -140,3 +142,10 @@ class ChainProposer:
             vs.append(v)
         q, z = to_target_vocab(d, torch.stack(qs, 1), torch.stack(zs, 1))
         return Proposal(tokens=torch.stack(toks, 1), q=q, conf=torch.stack(confs, 1), logits=z)
+
+
+@register_proposer(ChainDrafter)
+def _chain_proposer(drafter: ChainDrafter, layout: str = "padded", conf_temperatures=None) -> ChainProposer:
+    if conf_temperatures is not None:
+        raise ValueError(f"{drafter.registered_name} has no confidence head to calibrate")
+    return ChainProposer(drafter, layout=layout)

@@ -16,6 +16,13 @@ from jsonargparse import ArgumentParser
 from .sampling import GREEDY_EPS
 
 
+def add_device_args(p: ArgumentParser) -> None:
+    """``--device`` / ``--dtype`` / ``--drafter_dtype`` for every command that runs the target."""
+    p.add_argument("--device", type=str, default="auto", help="auto (CUDA when available) | cpu | cuda | cuda:N")
+    p.add_argument("--dtype", type=str, default="auto", help="target: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32")
+    p.add_argument("--drafter_dtype", type=str | None, default=None, help="drafter (default: the target's dtype)")
+
+
 def decode_parser() -> ArgumentParser:
     p = ArgumentParser(prog="dspark-lightning decode", description="Lossless speculative decoding with a drafter.")
     p.add_argument("--target", type=str, default="smollm2-135m-instruct", help="embedded name or HF model directory")
@@ -43,6 +50,7 @@ def decode_parser() -> ArgumentParser:
     p.add_argument("--no_chat", type=bool, default=False, help="do not apply the chat template")
     p.add_argument("--stop", type=str, action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json_out", type=str | None, default=None, help="write texts, token ids and stats here")
+    add_device_args(p)
     return p
 
 
@@ -55,6 +63,7 @@ def profile_parser() -> ArgumentParser:
     p.add_argument("--context_len", type=int, default=512, help="cached context tokens during the timed forward")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--verifier", type=str, default="auto", help="the verifier timed: auto | lean | hf")
+    add_device_args(p)
     return p
 
 
@@ -89,14 +98,13 @@ class _Streamer:
 
 
 def run_decode(argv: list[str]) -> None:
-    from .. import load_target
     from .decode import decode, resolve
 
     a = decode_parser().parse_args(argv)
     prompts = list(a.prompt) + (read_prompts(a.prompts, a.limit) if a.prompts else [])
     if not prompts:
         raise ValueError("give --prompt TEXT or --prompts FILE.jsonl")
-    target, drafter = resolve(load_target(a.target), a.drafter)
+    target, drafter = resolve(a.target, a.drafter, a.device, a.dtype, a.drafter_dtype)
     stream = len(prompts) == 1
     res = decode(
         target,
@@ -135,7 +143,7 @@ def run_profile(argv: list[str]) -> None:
     from .sps import default_path, profile_sps
 
     a = profile_parser().parse_args(argv)
-    target = load_target(a.target)
+    target = load_target(a.target, dtype=a.dtype, device=a.device)
     table = profile_sps(
         target, max_tokens=a.max_tokens, context_len=a.context_len, repeats=a.repeats, verifier=a.verifier
     )

@@ -64,13 +64,26 @@ def encode_prompt(target, prompt: Prompt, chat: bool = True) -> list[int]:
     return ids
 
 
-def resolve(target, drafter):
+def resolve(target, drafter, device=None, dtype=None, drafter_dtype=None):
+    """Load a target / drafter given by name or path on ``device`` in ``dtype`` (see :mod:`..devices`); check that
+    objects passed in are where they were asked to be (moving a caller's model silently would surprise them)."""
     from .. import load_drafter, load_target
+    from ..devices import resolve_device, resolve_dtype
 
     if isinstance(target, str | os.PathLike):
-        target = load_target(target)
+        dev = resolve_device(device)
+        target = load_target(target, dtype=resolve_dtype(dtype, dev), device=dev)
+    elif device is not None and resolve_device(device).type != target.device.type:
+        raise ValueError(f"the target is on {target.device}, decode() was asked for {device}: load it there")
     if isinstance(drafter, str | os.PathLike):
-        drafter = load_drafter(Path(drafter), target)
+        drafter = load_drafter(Path(drafter), target, dtype=drafter_dtype)
+    elif isinstance(drafter, torch.nn.Module):  # third-party proposer objects carry no parameters
+        p = next(iter(drafter.parameters()), None)
+        if p is not None and p.device != target.device:
+            raise ValueError(
+                f"the drafter is on {p.device} and the target on {target.device}: "
+                "load_drafter(path, target) places it with the target"
+            )
     return target, drafter
 
 
@@ -94,6 +107,9 @@ def decode(
     verifier: str = "auto",
     on_commit=None,
     progress: bool = False,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+    drafter_dtype: str | torch.dtype | None = None,
 ) -> DecodeResult:
     """Decode ``prompts`` with the target's exact sampling law, drafting with ``drafter`` (None = plain).
 
@@ -117,9 +133,13 @@ def decode(
             verifier name (``lean``, ``hf``).
         on_commit: ``fn(prompt_index, new_token_ids)`` after every round (streaming).
         progress: show a progress bar over finished requests.
+        device, dtype: where and in which precision a target given by name runs (default ``auto``: CUDA in bf16
+            when available, else the CPU in fp32); a drafter given by path follows the target's device, in
+            ``drafter_dtype`` (default: the target's dtype). The sampling laws, the acceptance test and the
+            residual are fp32 whatever these are, so a bf16 target's output law is the bf16 target's own.
     """
     t_start = time.perf_counter()
-    target, drafter = resolve(target, drafter)
+    target, drafter = resolve(target, drafter, device, dtype, drafter_dtype)
     if isinstance(prompts, torch.Tensor):  # (S,) one prompt, (N, S) N prompts
         prompts = [prompts] if prompts.dim() == 1 else list(prompts)
     single = isinstance(prompts, str) or (

@@ -9,20 +9,24 @@ The drafter context cache holds the K/V of the fused target features of every co
 position; after each round :meth:`BlockProposer.extend` appends the anchor and accepted drafts'
 features taken from the target's verification pass (SPEC §3.7), so nothing is recomputed.
 
-Other drafter families plug in by giving the drafter a ``make_proposer(layout)`` method that
-returns an object with the same ``add / remove / extend / propose`` methods and ``block_size``
-(the chain drafters' :class:`~dspark_lightning.infer.chain.ChainProposer`); ``extend`` also
-receives ``hidden=`` (the target's final hidden states) and ``propose`` receives ``requests=``
-(prompt and output token lists) for proposers that need them.
+Other drafter families plug in on this (runtime) side: ``@register_proposer(DrafterClass)`` on a factory
+``(drafter, layout, conf_temperatures) -> proposer``, an object with the same ``add / remove / extend /
+propose`` methods and ``block_size`` (the chain drafters' :class:`~dspark_lightning.infer.chain.ChainProposer`);
+``extend`` also receives ``hidden=`` (the target's final hidden states) and ``propose`` receives ``requests=``
+(prompt and output token lists) for proposers that need them. The model layer (``drafters/``) never imports
+the runtime. A third-party drafter may instead carry a ``make_proposer(layout, conf_temperatures)`` method.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from ..drafters import Drafter
 from ..drafters.backbones import per_layer_masks
 from .kvcache import KVLayer, RaggedCache
 from .sampling import SamplingParams, probs, sample
@@ -92,15 +96,30 @@ class StatelessProposer:
         raise NotImplementedError
 
 
+PROPOSERS: dict[type, Callable[..., Any]] = {}  # drafter class -> proposer factory (runtime side)
+
+
+def register_proposer(drafter_cls: type):
+    """Class decorator / function decorator: ``factory(drafter, layout, conf_temperatures)`` runs ``drafter_cls``."""
+
+    def deco(factory):
+        PROPOSERS[drafter_cls] = factory
+        return factory
+
+    return deco
+
+
 def make_proposer(drafter, layout: str = "padded", conf_temperatures=None):
-    """The inference-side proposer of ``drafter``."""
+    """The inference-side proposer of ``drafter``: the factory registered for its class (or a base class), else
+    its own ``make_proposer`` method (third-party drafters)."""
+    from . import chain  # noqa: F401  (registers the chain drafters' proposer)
+
+    for cls in type(drafter).__mro__:
+        if cls in PROPOSERS:
+            return PROPOSERS[cls](drafter, layout=layout, conf_temperatures=conf_temperatures)
     if hasattr(drafter, "make_proposer"):
         return drafter.make_proposer(layout=layout, conf_temperatures=conf_temperatures)
-    from ..drafters import Drafter
-
-    if isinstance(drafter, Drafter):
-        return BlockProposer(drafter, layout=layout, conf_temperatures=conf_temperatures)
-    raise TypeError(f"{type(drafter).__name__} is not a drafter decode() can run (no make_proposer method)")
+    raise TypeError(f"{type(drafter).__name__} is not a drafter decode() can run (no proposer registered for it)")
 
 
 class BlockProposer:
@@ -231,3 +250,8 @@ class BlockProposer:
             logits=z,
             conf_logits=torch.stack(raw, 1) if raw else None,
         )
+
+
+@register_proposer(Drafter)
+def _block_proposer(drafter, layout: str = "padded", conf_temperatures=None) -> BlockProposer:
+    return BlockProposer(drafter, layout=layout, conf_temperatures=conf_temperatures)

@@ -146,7 +146,7 @@ class Engine:
 
         t_step = t0 = time.perf_counter()
         prop, a = None, None
-        ell = torch.zeros(R, dtype=torch.long, device=self.device)
+        ell = torch.zeros(R, dtype=torch.long)  # host: l_r sets tensor shapes
         gate = getattr(self.scheduler, "wants_draft", None)
         drafting = self.proposer is not None and (gate is None or gate(R))  # decided from earlier steps only
         if drafting:
@@ -156,7 +156,8 @@ class Engine:
             observe = getattr(self.scheduler, "observe_draft_time", None)
             if observe is not None:
                 observe(t1 - t0 + self._extend_s)
-            ell = self.scheduler(prop.conf).to(self.device).clamp(0, g)
+            # schedulers run on the host over R*γ numbers: one transfer of the confidences per round
+            ell = self.scheduler(prop.conf.detach().float().cpu()).cpu().clamp(0, g)
             a = survival(prop.conf)
             t0 = time.perf_counter()
             self.time_s["schedule"] += t0 - t1
@@ -164,35 +165,37 @@ class Engine:
             self.log.skipped_steps += 1
 
         W = int(ell.max()) + 1
+        ell_dev = ell.to(self.device, non_blocking=True)
         tokens = anchors[:, None] if prop is None else torch.cat([anchors[:, None], prop.tokens[:, : W - 1]], 1)
-        out = self.verifier.forward(ids, tokens, ell + 1, apos)
+        out = self.verifier.forward(ids, tokens, ell_dev + 1, apos)
         p = probs(self.verifier.logits(out.hidden), self.params)  # (R, W, V) p_t,1..p_t,W in fp32
         t1 = time.perf_counter()
         self.time_s["verify"] += t1 - t0
 
         drafts = prop.tokens if prop is not None else tokens[:, :0]
         q = prop.q if prop is not None else p[:, :0]
-        res = accept(drafts, q, p, ell, self.params, self._generators(act))
-        m_all, y_all = res.accepted.tolist(), res.next_token.tolist()
+        res = accept(drafts, q, p, ell_dev, self.params, self._generators(act))
+        host = _to_host(res, drafts, a, None if prop is None else prop.conf_logits)  # the round's only result sync
         ell_l = ell.tolist()
         self.log.step_tokens.append(int((ell + 1).sum()))
         self.log.step_requests.append(R)
         committed = []
         for i, r in enumerate(act):
-            m, y = m_all[i], y_all[i]
-            acc = drafts[i, :m].tolist()
+            m, y = host.accepted[i], host.next_token[i]
+            acc = host.drafts[i][:m]
             hit = [j for j, t in enumerate(acc) if t in self.stop_ids]
             if hit:  # an accepted stop token ends the round there: no bonus, later drafts dropped
                 new, ell_eff, m_eff, stopped = acc[: hit[0] + 1], hit[0] + 1, hit[0] + 1, True
             else:
                 new, ell_eff, m_eff, stopped = [*acc, y], ell_l[i], m, y in self.stop_ids
-            z = None if prop is None or prop.conf_logits is None else prop.conf_logits[i].cpu()
-            self.log.add(r.index, ell_eff, m_eff, len(new), None if a is None else a[i].float().cpu(), z)
+            z = None if host.conf_logits is None else host.conf_logits[i]
+            self.log.add(r.index, ell_eff, m_eff, len(new), None if host.survival is None else host.survival[i], z)
             keep = len(r.output)
             self._commit(r, new, stopped)
             committed.append((r, r.output[keep:]))
             r.anchor, r.pos = y, r.pos + m + 1
-        self.verifier.commit(self._tensor(ids), apos + res.accepted)
+        accepted = self._tensor(host.accepted)  # host -> device copy, no synchronisation
+        self.verifier.commit(self._tensor(ids), apos + accepted)
         finished = [r for r in act if r.done]
         self._retire(finished)
         t0 = time.perf_counter()
@@ -201,7 +204,7 @@ class Engine:
             alive = [i for i, r in enumerate(act) if not r.done]
             if alive:
                 sel = self._tensor(alive)
-                ext_ids, ext_len = [ids[i] for i in alive], res.accepted[sel] + 1
+                ext_ids, ext_len = [ids[i] for i in alive], accepted[sel] + 1
                 self.proposer.extend(ext_ids, out.context[sel], apos[sel], ext_len, hidden=out.hidden[sel])
             self._extend_s = time.perf_counter() - t0
             self.time_s["draft"] += self._extend_s
@@ -252,3 +255,28 @@ class Engine:
             self.verifier.remove(ids)
             if self.proposer is not None:
                 self.proposer.remove(ids)
+
+
+@dataclass
+class _HostRound:
+    """One round's per-request results on the host, fetched in a single device -> host transfer."""
+
+    accepted: list[int]
+    next_token: list[int]
+    drafts: list[list[int]]
+    survival: torch.Tensor | None  # (R, γ) float32, for the round log
+    conf_logits: torch.Tensor | None  # (R, γ) float32
+
+
+def _to_host(res, drafts: torch.Tensor, a: torch.Tensor | None, z: torch.Tensor | None) -> _HostRound:
+    """Pack m, y, the drafts, the survivals and the confidence logits into one float64 tensor (token ids are
+    exact in float64) and move it once: on an accelerator every ``.tolist()`` / ``.cpu()`` is a synchronisation."""
+    R, g = drafts.shape
+    parts = [res.accepted[:, None], res.next_token[:, None], drafts]
+    parts += [t for t in (a, z) if t is not None]
+    packed = torch.cat([t.double() for t in parts], 1).cpu()
+    ints = packed[:, : 2 + g].long()
+    floats = packed[:, 2 + g :].float()
+    a_h = floats[:, :g] if a is not None else None
+    z_h = floats[:, -g:] if z is not None else None
+    return _HostRound(ints[:, 0].tolist(), ints[:, 1].tolist(), ints[:, 2:].tolist(), a_h, z_h)

@@ -33,7 +33,12 @@ def survival(conf: torch.Tensor) -> torch.Tensor:
 
 
 def ranked_pool(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Candidates (r, j) with a > 0 sorted by (-a, j, r) -> (values (N,), request index (N,))."""
+    """Candidates (r, j) with a > 0 sorted by (-a, j, r) -> (values (N,), request index (N,)).
+
+    Computed on the host (the pool is R*γ numbers and the SPS table lives there): an accelerator tensor is
+    copied once here, so every scheduler accepts confidences on any device and returns host tensors.
+    """
+    a = a.detach().cpu()
     R, g = a.shape
     r = torch.arange(R).repeat_interleave(g)
     j = torch.arange(g).repeat(R)
@@ -102,6 +107,7 @@ class ThresholdScheduler:
         self.threshold, self.mode = float(threshold), mode
 
     def __call__(self, conf: torch.Tensor) -> torch.Tensor:
+        conf = conf.detach().cpu()  # host, like every scheduler
         score = survival(conf) if self.mode == "cumulative" else conf.double()
         return (score >= self.threshold).long().cumprod(-1).sum(-1)
 
@@ -211,7 +217,7 @@ class HardwareAwareScheduler(_SPSScheduler):
     """
 
     def __call__(self, conf: torch.Tensor) -> torch.Tensor:
-        return prefix_schedule(conf, self._table())
+        return prefix_schedule(conf.detach().cpu(), self._table())
 
 
 @register("scheduler", "async_hardware_aware")
@@ -243,6 +249,7 @@ class AsyncHardwareAwareScheduler(_SPSScheduler):
 
     def __call__(self, conf: torch.Tensor) -> torch.Tensor:
         sps = self._table()
+        conf = conf.detach().cpu()
         R, g = conf.shape
         a = survival(conf)
         values, req = ranked_pool(a)

@@ -56,17 +56,23 @@ def load_target(
     target: str | os.PathLike | Any,
     layer_ids: list[int] | None = None,
     chat: ChatFormat | None = None,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | str | None = torch.float32,
     tokenizer: Any = None,
+    device: torch.device | str | None = "cpu",
 ) -> Target:
     """Load a frozen :class:`Target`.
 
     ``target`` is an embedded name (``smollm2-135m-instruct``, ``tiny-debug``), a local HF model
     directory, a hub id present in the offline cache, an already-loaded HF causal LM (pass its
     ``tokenizer``), or a :class:`Target` (returned as is). Loads are memoised per process.
+    ``dtype`` and ``device`` follow :mod:`dspark_lightning.devices` (``"auto"``: bf16 on CUDA, fp32 on CPU).
     """
+    from ..devices import resolve_device, resolve_dtype
+
     if isinstance(target, Target):
         return target
+    device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device)
     chat = chat or ChatFormat()
     if isinstance(target, torch.nn.Module):
         name = getattr(target.config, "name_or_path", "") or "model"
@@ -74,13 +80,13 @@ def load_target(
             tokenizer = _tokenizer_next_to(name)
         return Target(target, tokenizer, name, layer_ids, chat)
     name = str(target)
-    key = (name, tuple(layer_ids) if layer_ids is not None else None, chat, dtype)
+    key = (name, tuple(layer_ids) if layer_ids is not None else None, chat, dtype, str(device))
     if key not in _CACHE:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         path = resolve_target_path(name)
         kw = {"local_files_only": True}
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw).to(device)
         tok = tokenizer or AutoTokenizer.from_pretrained(path, **kw)
         _CACHE[key] = Target(model, tok, name, layer_ids, chat)
     return _CACHE[key]

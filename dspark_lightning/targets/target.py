@@ -145,6 +145,14 @@ class Target(nn.Module):
         return self.model.get_output_embeddings()
 
     @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
     def eos_token_id(self) -> int:
         return int(self.tokenizer.eos_token_id)
 

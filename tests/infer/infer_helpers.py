@@ -102,3 +102,26 @@ class OracleDrafter(StatelessProposer):
             seqs = [s + [int(t)] for s, t in zip(seqs, x, strict=True)]
         q = torch.stack(qs, 1)
         return Proposal(tokens=torch.stack(toks, 1), q=q, conf=torch.stack(confs, 1), logits=q.log())
+
+
+@torch.no_grad()
+def assert_greedy_equal_up_to_ties(target, prompt: list[int], got: list[int], want: list[int], ulps: int = 2) -> bool:
+    """``got`` equals HF's greedy ``want`` token for token, or first differs where the target's own logits tie.
+
+    In bf16 the target's logits carry 8 significant bits, and a forward over several new tokens (verification)
+    rounds differently from HF's one-token steps, so at a near-tie (top logits within ``ulps`` bf16 units of
+    each other) either token is the target's greedy choice up to rounding; HF ``generate()`` itself flips such
+    tokens between batch sizes. Returns True when the sequences are identical.
+    """
+    k = next((j for j, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+    if k is None:
+        assert len(got) == len(want), (len(got), len(want))
+        return True
+    ids = torch.tensor([prompt + want[:k]], device=target.device)
+    z = target.model(input_ids=ids).logits[0, -1].float()
+    top = float(z.max())
+    ulp = 2.0 ** (torch.floor(torch.log2(torch.tensor(abs(top) + 1e-30))).item() - 7)  # bf16: 8 significant bits
+    assert top - float(z[got[k]]) <= ulps * ulp, (
+        f"diverged at {k}: got {got[k]} (logit {float(z[got[k]]):.4f}), HF {want[k]} (logit {top:.4f}), ulp {ulp}"
+    )
+    return False

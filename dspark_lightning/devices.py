@@ -1,0 +1,56 @@
+"""Device and dtype arguments, parsed one way everywhere (CLI flags, recipes, Python calls).
+
+``device``: ``"auto"``/None (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``, a torch.device.
+``dtype``: ``"auto"``/None (bf16 on CUDA, fp32 on CPU, where bf16 products were ~10x slower when measured),
+``"bf16"``/``"bfloat16"``, ``"fp16"``/``"float16"``/``"half"``, ``"fp32"``/``"float32"``, or a torch.dtype.
+The sampling law, acceptance test and residual are always computed in fp32 or wider whatever these are.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DTYPES = {
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "float": torch.float32,
+}
+
+
+def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
+    """A torch.device; ``auto``/None picks CUDA when it is available. Refuses a CUDA device this machine lacks."""
+    if device is None or (isinstance(device, str) and device == "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N)") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available on this machine")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise ValueError(f"device {device!r} requested but this machine has {torch.cuda.device_count()} CUDA devices")
+    return dev
+
+
+def resolve_dtype(dtype: str | torch.dtype | None = "auto", device: str | torch.device | None = "auto") -> torch.dtype:
+    """A floating torch.dtype; ``auto``/None = bf16 on CUDA, fp32 elsewhere."""
+    if isinstance(dtype, torch.dtype):
+        if not dtype.is_floating_point:
+            raise ValueError(f"dtype must be a floating-point type, got {dtype}")
+        return dtype
+    if dtype is None or dtype == "auto":
+        return torch.bfloat16 if resolve_device(device).type == "cuda" else torch.float32
+    key = str(dtype).lower().removeprefix("torch.")
+    if key not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose from auto, {', '.join(sorted(set(DTYPES)))}")
+    return DTYPES[key]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The short name used in configs and tables (``bf16``, ``fp16``, ``fp32``)."""
+    return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(dtype, str(dtype))
