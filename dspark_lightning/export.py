@@ -38,14 +38,22 @@ def weights_sha256(state: dict[str, torch.Tensor]) -> str:
 
 
 def save_drafter(
-    drafter: Drafter, path: str | Path, target: Any, extra: dict[str, Any] | None = None, overwrite: bool = False
+    drafter: Drafter,
+    path: str | Path,
+    target: Any,
+    extra: dict[str, Any] | None = None,
+    overwrite: bool = False,
+    state: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write ``path/config.json`` and ``path/model.safetensors``. Refuses a non-empty directory unless ``overwrite``."""
+    """Write ``path/config.json`` and ``path/model.safetensors``. Refuses a non-empty directory unless ``overwrite``.
+
+    ``state``: the weights to write (default ``drafter.state_dict()``), e.g. the full state gathered from FSDP shards.
+    """
     path = Path(path)
     if path.exists() and any(path.iterdir()) and not overwrite:
         raise FileExistsError(f"export directory {path} is not empty; refusing to overwrite it")
     path.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items()}
+    state = {k: v.detach().cpu().contiguous() for k, v in (drafter.state_dict() if state is None else state).items()}
     cfg = {
         "format_version": FORMAT_VERSION,
         "target": target.describe(),
@@ -82,12 +90,30 @@ def check_compatible(cfg: dict[str, Any], target: Any, where: str) -> None:
         raise DrafterLoadError(f"{where}: block convention {cfg.get('convention')!r}, this runtime uses {CONVENTION!r}")
 
 
-def load_drafter(path: str | Path, target: Any = None, map_location: str | torch.device = "cpu") -> Drafter:
-    """Rebuild an exported drafter. ``target`` defaults to the one recorded in config.json."""
+def load_drafter(
+    path: str | Path,
+    target: Any = None,
+    map_location: str | torch.device | None = None,
+    *,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+) -> Drafter:
+    """Rebuild an exported drafter. ``target`` defaults to the one recorded in config.json.
+
+    ``device`` (``map_location`` is its older name): where the drafter runs, default the target's device (the
+    drafter shares the target's embedding and LM head, so both must be on one device). ``dtype``: the drafter's
+    weights, default the target's dtype; its precision never affects losslessness (the laws are fp32).
+    A serving ``Qwen3DSparkModel`` directory (DeepSpec, ``dspark-lightning export --format dspark-hf``) is read
+    too; it records no target of ours, so pass ``target``.
+    """
     from .targets import ChatFormat, TargetGeometry, load_target
 
     path = Path(path)
     cfg = read_config(path)
+    from .interop import is_serving_config, load_serving_drafter
+
+    if is_serving_config(cfg):  # a serving layout (DeepSpec / vLLM / SGLang), see interop/
+        return load_serving_drafter(path, cfg, target, device if device is not None else map_location, dtype)
     if cfg.get("format_version") != FORMAT_VERSION:
         raise DrafterLoadError(f"{path}: unsupported format_version {cfg.get('format_version')}")
     tmeta = cfg["target"]
@@ -104,7 +130,7 @@ def load_drafter(path: str | Path, target: Any = None, map_location: str | torch
         sh = build_part("seq_head", cfg["seq_head"], g)
         ch = build_part("conf_head", cfg["conf_head"], g, getattr(sh, "token_dim", 0)) if cfg["conf_head"] else None
         drafter = compose(target, bb, sh, ch, cfg["block_size"], cfg["mask_token_id"], n_vocab)
-    state = load_file(str(path / "model.safetensors"), device=str(map_location))
+    state = load_file(str(path / "model.safetensors"), device="cpu")
     if weights_sha256(state) != cfg["weights_sha256"]:
         raise DrafterLoadError(f"{path}/model.safetensors does not match the weights hash in config.json")
     drafter.load_state_dict(state, strict=True)
@@ -114,6 +140,24 @@ def load_drafter(path: str | Path, target: Any = None, map_location: str | torch
             check_draft_vocab(vocab, vocab.numel(), target.geometry.vocab_size)
         except ValueError as exc:
             raise DrafterLoadError(f"{path}: invalid draft vocabulary: {exc}") from None
+    drafter = place_drafter(drafter, target, device if device is not None else map_location, dtype)
     drafter.source_dir = str(path)
     drafter.calibrations = load_calibrations(path, cfg["weights_sha256"])  # {sampling T: STS temperatures}
     return drafter.eval()
+
+
+def place_drafter(drafter: Drafter, target: Any, device=None, dtype=None) -> Drafter:
+    """Move ``drafter`` to ``device`` in ``dtype`` (defaults: the target's); refuse a device the target is not on.
+
+    The draft-vocabulary buffer keeps its integer dtype (``Module.to(dtype)`` only converts floating tensors).
+    """
+    from .devices import resolve_device, resolve_dtype
+
+    tdev = target.device
+    dev = tdev if device is None else resolve_device(device)
+    if dev != tdev and not (dev.type == tdev.type and (dev.index or 0) == (tdev.index or 0)):
+        raise ValueError(
+            f"drafter device {dev} differs from the target's ({tdev}): the drafter reads the target's embedding "
+            "and LM head, so load the target on that device too (load_target(..., device=...))"
+        )
+    return drafter.to(device=tdev, dtype=target.dtype if dtype is None else resolve_dtype(dtype, tdev))

@@ -1,0 +1,168 @@
+"""``dspark-lightning export``: an exported drafter (any layout we read) to a layout serving engines load.
+
+    dspark-lightning export --drafter outputs/.../drafter --format dspark-hf --out serving/dspark
+    dspark-lightning export --drafter outputs/.../eagle3 --format eagle3-hf --out serving/eagle3 --dtype fp32
+
+``native`` re-saves our own format; ``dspark-hf`` writes ``Qwen3DSparkModel``; ``eagle3-hf`` writes
+``LlamaForCausalLMEagle3``. A drafter a layout cannot represent is refused with the reason (exit code 2).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .common import CALIBRATION_FILE, EXPORT_DTYPES, InteropError, cast_state, prepare_out, write_layout
+from .dspark_hf import KEEP_FP32, calibration_doc, check_dspark, dspark_config, dspark_state, is_dspark_config
+from .eagle3_hf import check_eagle3, eagle3_config, eagle3_state
+
+FORMATS = ("native", "dspark-hf", "eagle3-hf")
+DEFAULT_NUM_ANCHORS = 512  # SPEC §4; informational for serving, and our native export does not record it
+
+
+@dataclass
+class ExportResult:
+    path: Path
+    format: str
+    dtype: str
+    tensors: int
+    notes: list[str] = field(default_factory=list)
+
+
+def export_drafter(
+    drafter_dir: str | Path,
+    fmt: str,
+    out: str | Path,
+    *,
+    dtype: str | None = None,
+    overwrite: bool = False,
+    target: Any = None,
+    num_anchors: int | None = None,
+    with_target_vocab: bool = False,
+) -> ExportResult:
+    """Load ``drafter_dir`` (our format or a serving one) and write it to ``out`` in ``fmt``.
+
+    ``dtype``: ``bf16`` (serving default; the confidence head stays fp32) or ``fp32`` (native default: as stored).
+    ``target``: a Target or a target name/directory; default the one a native export records.
+    """
+    from ..export import load_drafter, read_config
+
+    src, out = Path(drafter_dir), Path(out)
+    if fmt not in FORMATS:
+        raise InteropError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+    if dtype is not None and dtype not in EXPORT_DTYPES:
+        raise InteropError(f"unknown dtype {dtype!r}; choose from {', '.join(EXPORT_DTYPES)}")
+    if out.resolve() == src.resolve():
+        raise InteropError("--out must differ from --drafter")
+    cfg = read_config(src)
+    target = _target_for(src, cfg, target)
+    drafter = load_drafter(src, target)
+    anchors = num_anchors or cfg.get("num_anchors") or DEFAULT_NUM_ANCHORS
+    if fmt == "native":
+        return _native(drafter, target, src, out, dtype, overwrite)
+    return export_serving(drafter, target, fmt, out, dtype=dtype or "bf16", overwrite=overwrite,
+                          num_anchors=anchors, with_target_vocab=with_target_vocab)  # fmt: skip
+
+
+def export_serving(
+    drafter: Any,
+    target: Any,
+    fmt: str,
+    out: str | Path,
+    *,
+    dtype: str = "bf16",
+    overwrite: bool = False,
+    num_anchors: int = DEFAULT_NUM_ANCHORS,
+    with_target_vocab: bool = False,
+) -> ExportResult:
+    """Write an in-memory drafter in a serving layout (``dspark-hf`` or ``eagle3-hf``)."""
+    from ..export import weights_sha256
+
+    out, tdtype = Path(out), EXPORT_DTYPES[dtype]
+    extra: dict[str, Any] = {}
+    if fmt == "dspark-hf":
+        notes = check_dspark(drafter)
+        state = cast_state(dspark_state(drafter, with_target_vocab), tdtype, keep_fp32=KEEP_FP32)
+        config = dspark_config(drafter, target, tdtype, int(num_anchors))
+        side = calibration_doc(drafter, weights_sha256(state))
+        if side is not None:
+            extra[CALIBRATION_FILE] = side
+            notes.append(
+                f"per-position STS temperatures have no engine config key: written to {CALIBRATION_FILE} "
+                "(read back by load_drafter; SGLang's scalar sts_temperatures is not set)"
+            )
+    elif fmt == "eagle3-hf":
+        notes = check_eagle3(drafter)
+        state = cast_state(eagle3_state(drafter), tdtype)
+        config = eagle3_config(drafter, target, tdtype)
+    else:
+        raise InteropError(f"{fmt!r} is not a serving layout; choose dspark-hf or eagle3-hf")
+    prepare_out(out, overwrite)
+    write_layout(out, config, state, extra)
+    return ExportResult(out, fmt, dtype, len(state), notes)
+
+
+def _target_for(src: Path, cfg: dict[str, Any], target: Any) -> Any:
+    """The target to load ``src`` with: given, or the one a native export records (with its layer ids)."""
+    from ..targets import ChatFormat, Target, load_target
+
+    if isinstance(target, Target):
+        return target
+    if "format_version" in cfg:
+        meta = cfg["target"]
+        ids, chat = meta["geometry"]["layer_ids"], ChatFormat(**meta["chat"])
+        return load_target(target or meta["name"], layer_ids=ids, chat=chat, dtype=torch.float32, device="cpu")
+    if target is None:
+        raise InteropError(f"{src} is a serving checkpoint that does not name our target: pass --target")
+    ids = cfg.get("target_layer_ids") if is_dspark_config(cfg) else None
+    return load_target(target, layer_ids=ids, dtype=torch.float32, device="cpu")
+
+
+def _native(drafter: Any, target: Any, src: Path, out: Path, dtype: str | None, overwrite: bool) -> ExportResult:
+    """Re-save in our format; calibration files travel when the weights are unchanged (their hash matches)."""
+    from ..export import read_config, save_drafter
+
+    if dtype is not None:
+        drafter = drafter.to(EXPORT_DTYPES[dtype])
+    prepare_out(out, overwrite)
+    save_drafter(drafter, out, target, overwrite=True)
+    sha = read_config(out)["weights_sha256"]
+    notes, kept = [], 0
+    for f in sorted(src.glob("calibration_T*.json")):
+        if json.loads(f.read_text()).get("weights_sha256") == sha:
+            shutil.copy2(f, out / f.name)
+            kept += 1
+    if getattr(drafter, "calibrations", None) and not kept:
+        notes.append("STS calibration not carried over: it is tied to the source weights' hash (recalibrate)")
+    return ExportResult(out, "native", dtype or "as stored", len(drafter.state_dict()), notes)
+
+
+def export_parser():
+    from jsonargparse import ArgumentParser
+
+    p = ArgumentParser(prog="dspark-lightning export", description="Write a drafter in a layout engines serve.")
+    p.add_argument("--drafter", type=str, required=True, help="exported drafter directory (ours or Qwen3DSparkModel)")
+    p.add_argument("--format", type=str, default="dspark-hf", help="native | dspark-hf | eagle3-hf")
+    p.add_argument("--out", type=str, required=True, help="output directory")
+    p.add_argument("--dtype", type=str | None, default=None, help="bf16 | fp32 (default: bf16; native: as stored)")
+    p.add_argument("--overwrite", type=bool, default=False, help="replace an existing export in --out")
+    p.add_argument("--target", type=str | None, default=None, help="target name or HF directory (default: recorded)")
+    p.add_argument("--num_anchors", type=int | None, default=None, help="training anchors per sequence (config only)")
+    p.add_argument(
+        "--with_target_vocab", type=bool, default=False, help="also write the target's embed_tokens/lm_head copies"
+    )
+    return p
+
+
+def run_export(argv: list[str]) -> None:
+    a = export_parser().parse_args(argv)
+    res = export_drafter(a.drafter, a.format, a.out, dtype=a.dtype, overwrite=a.overwrite, target=a.target,
+                         num_anchors=a.num_anchors, with_target_vocab=a.with_target_vocab)  # fmt: skip
+    print(f"exported {a.drafter} -> {res.path} ({res.format}, {res.dtype}, {res.tensors} tensors)")
+    for note in res.notes:
+        print(f"note: {note}")
