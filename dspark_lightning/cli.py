@@ -1,10 +1,12 @@
 """The ``dspark-lightning`` console script.
 
     dspark-lightning fit|validate|test --config recipes/...yaml   (Lightning; see lightning/cli.py)
+    dspark-lightning prepare|verify --config recipes/...yaml      (regeneration + features, sharded; shard sha256)
     dspark-lightning decode --target ... --drafter ... --prompt "..."
     dspark-lightning profile --target ...
     dspark-lightning eval --drafter name=path ... --out DIR      (τ table, acceptance plot, speed)
     dspark-lightning bench --drafter name=path ... --out DIR     (side-by-side throughput)
+    dspark-lightning export --drafter DIR --format dspark-hf --out DIR   (layouts vLLM / SGLang serve)
 
 Inference subcommands never import Lightning. Bad input gives a one-line error and exit code 2.
 """
@@ -25,6 +27,12 @@ INFER_COMMANDS = {  # subcommand -> (module, function); none of them imports Lig
     "calibrate": ("dspark_lightning.eval.cli", "run_calibrate"),
     "threshold-sweep": ("dspark_lightning.eval.cli", "run_threshold_sweep"),
     "serve-bench": ("dspark_lightning.eval.cli", "run_serve_bench"),
+    "export": ("dspark_lightning.interop", "run_export"),
+}
+
+DATA_COMMANDS = {  # subcommand -> (module, function); they parse a recipe's data: section as fit does
+    "prepare": ("dspark_lightning.lightning.prepare_cli", "run_prepare"),
+    "verify": ("dspark_lightning.lightning.prepare_cli", "run_verify"),
 }
 
 
@@ -35,15 +43,18 @@ def one_line_error(exc: BaseException) -> str:
 
 def main(args: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if args is None else args)
-    if argv and argv[0] in INFER_COMMANDS:
+    commands = {**INFER_COMMANDS, **DATA_COMMANDS}
+    if argv and argv[0] in commands:
         import importlib
 
+        from .data.cache import CacheError
         from .export import DrafterLoadError
         from .registry import RegistryError
 
         errors = (ArgumentError, RegistryError, FileNotFoundError, DrafterLoadError, ValueError, NotImplementedError)
+        errors += (CacheError, FileExistsError)
         try:
-            module, func = INFER_COMMANDS[argv[0]]
+            module, func = commands[argv[0]]
             getattr(importlib.import_module(module), func)(argv[1:])
         except errors as exc:
             print(f"dspark-lightning {argv[0]}: error: {one_line_error(exc)}", file=sys.stderr)

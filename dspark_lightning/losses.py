@@ -5,14 +5,31 @@
 
 with per-position weights w_k = exp(-(k-1)/λ) and the supervision mask v; every term is a
 weighted mean Σ v·w·term / Σ v·w over the batch.
+
+Memory. The per-token terms need several fp32 (rows × V) tensors (log q, q, p_t, |q - p_t|, and their gradients),
+which at 512 anchors, γ = 7 and V = 151,936 is tens of GB. :func:`dspark_loss` therefore works on ``chunk_size``
+anchor blocks at a time, each chunk under :func:`torch.utils.checkpoint.checkpoint`: the forward keeps only the
+(N, γ) per-token results, and the backward recomputes one chunk's fp32 tensors at a time. Target logits given as
+:class:`ProjectedLogits` are projected per chunk too, so the (N·γ × V) target logits never exist at once. With
+N anchor blocks, c = chunk_size, b the byte width of the draft logits and b_t of the target logits, the loss's
+own peak (on top of the draft logits (N·γ·V·b) that the drafter already holds) is about
+
+    unchunked:  N·γ·V·(b_t + 4·k)          k ≈ 5 fp32 tensors alive at the end of the forward
+    chunked:    N·γ·V·2·b + c·γ·V·(b_t + 4·k)   (2·b: the logits' gradient, gathered once, in the backward)
+
+measured in docs/training.md. The vocabulary is not chunked: one anchor block's fp32 row (γ·V·4 B, 4.3 MB at
+γ = 7, V = 151,936) is already small. Chunking changes no value: each row's terms are computed by the same ops,
+and the reductions run over the same (N, γ) tensors (tests/unit/test_chunked_loss.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 def position_weights(block_size: int, decay: float | None = 4.0) -> torch.Tensor:
@@ -37,6 +54,22 @@ def supervision_mask(
 
 
 @dataclass
+class ProjectedLogits:
+    """Target logits computed on demand, ``head(hidden[rows])`` without gradient, so a chunked loss never holds
+    all (N·γ × V) of them. Sliced along dim 0 like the (N, γ, V) tensor it stands for."""
+
+    hidden: torch.Tensor  # (N, γ, d) target final-norm hidden states at the supervised positions
+    head: Callable[[torch.Tensor], torch.Tensor]  # (..., d) -> (..., V), the target's LM head
+
+    def __len__(self) -> int:
+        return self.hidden.shape[0]
+
+    def __getitem__(self, rows: slice) -> torch.Tensor:
+        with torch.no_grad():
+            return self.head(self.hidden[rows])
+
+
+@dataclass
 class LossTerms:
     total: torch.Tensor
     ce: torch.Tensor
@@ -47,9 +80,56 @@ class LossTerms:
     conf_prob: torch.Tensor | None  # (N, γ) sigmoid(confidence logits), detached
 
 
+def _token_terms(
+    logits: torch.Tensor,  # (n, γ, V)
+    target_logits: torch.Tensor | None,  # (n, γ, V)
+    labels: torch.Tensor,  # (n, γ)
+    soft_ce: bool,
+) -> tuple[torch.Tensor, ...]:
+    """Per-token terms of one chunk, in fp32: (-log q(x*), ‖q - p_t‖₁, -Σ p_t log q, c*), each (n, γ).
+    Without target logits the last three are zeros and c* is the top-1 hit."""
+    logp = F.log_softmax(logits.float(), dim=-1)  # (n, γ, V) fp32
+    ce_tok = -logp.gather(-1, labels[..., None]).squeeze(-1)  # (n, γ)
+    if target_logits is None:
+        zero = ce_tok.new_zeros(ce_tok.shape)
+        return ce_tok, zero, zero, (labels == logits.argmax(-1)).float()
+    p_t = F.softmax(target_logits.float(), dim=-1).detach()
+    l1_tok = (logp.exp() - p_t).abs().sum(-1)  # (n, γ) full L1 = 2 TV, gradient through p_d only
+    soft_tok = -(p_t * logp).sum(-1) if soft_ce else torch.zeros_like(l1_tok)
+    acc = (1 - 0.5 * l1_tok).clamp(0, 1).detach()  # c* = Σ min(p_d, p_t)
+    return ce_tok, l1_tok, soft_tok, acc
+
+
+def chunked_token_terms(
+    logits: torch.Tensor,  # (N, γ, V)
+    target_logits: torch.Tensor | ProjectedLogits | None,  # (N, γ, V)
+    labels: torch.Tensor,  # (N, γ)
+    soft_ce: bool,
+    chunk_size: int | None,
+) -> tuple[torch.Tensor, ...]:
+    """:func:`_token_terms` over ``chunk_size`` rows at a time (None: all at once), concatenated to (N, γ) each.
+
+    With gradients on, each chunk runs under activation checkpointing, so its fp32 (chunk·γ × V) tensors are
+    freed after the forward and rebuilt one chunk at a time in the backward. ``split`` (one autograd node) gives
+    the logits' gradient as a single concatenation of the chunks' gradients."""
+    n = logits.shape[0]
+    size = n if chunk_size is None else max(1, min(chunk_size, n))
+    checkpointed = torch.is_grad_enabled() and logits.requires_grad and size < n
+    parts = []
+    for i, z in enumerate(logits.split(size)):
+        rows = slice(i * size, i * size + z.shape[0])
+
+        def terms(z: torch.Tensor, rows: slice = rows) -> tuple[torch.Tensor, ...]:
+            t = None if target_logits is None else target_logits[rows]
+            return _token_terms(z, t, labels[rows], soft_ce)
+
+        parts.append(checkpoint(terms, z, use_reentrant=False) if checkpointed else terms(z))
+    return tuple(torch.cat(ts) for ts in zip(*parts, strict=True))
+
+
 def dspark_loss(
     logits: torch.Tensor,  # (N, γ, V) final draft logits z_k (-inf outside a reduced draft vocabulary)
-    target_logits: torch.Tensor | None,  # (N, γ, V) target logits for the same positions (None: CE only)
+    target_logits: torch.Tensor | ProjectedLogits | None,  # (N, γ, V) target logits for the same positions
     labels: torch.Tensor,  # (N, γ) data tokens x_{a+k}
     mask: torch.Tensor,  # (N, γ) supervision mask v
     weights: torch.Tensor,  # (γ,) position weights w
@@ -58,30 +138,23 @@ def dspark_loss(
     l1_weight: float = 0.9,
     conf_weight: float = 1.0,
     soft_ce_weight: float = 0.0,
+    chunk_size: int | None = None,
 ) -> LossTerms:
+    """The loss terms; ``target_logits`` None trains with the CE only. ``chunk_size``: anchor blocks per chunk of
+    the per-token terms (None: one chunk), which bounds memory and changes no value (module docstring)."""
+    if target_logits is None and soft_ce_weight:
+        raise ValueError("the soft cross-entropy needs the target logits")
     vw = mask * weights.to(mask)  # (N, γ)
     z = vw.sum().clamp_min(1e-8)
-    logp = F.log_softmax(logits.float(), dim=-1)  # (N, γ, V) fp32, computed once
-    ce_tok = -logp.gather(-1, labels[..., None]).squeeze(-1)  # (N, γ)
+    ce_tok, l1_tok, soft_tok, acc = chunked_token_terms(logits, target_logits, labels, bool(soft_ce_weight), chunk_size)
     # A reduced draft vocabulary gives -inf logits outside it: such labels cannot be predicted and leave the CE
     # (their mass still counts in L1 and c*, as rejected mass).
     in_vocab = torch.isfinite(ce_tok)
     ce_w = vw * in_vocab
     ce = (ce_w * ce_tok.where(in_vocab, 0.0)).sum() / ce_w.sum().clamp_min(1e-8)
-    zero = logits.new_zeros(())
-    soft_ce = zero
-    if target_logits is not None:
-        p_d = logp.exp()
-        p_t = F.softmax(target_logits.float(), dim=-1).detach()
-        l1_tok = (p_d - p_t).abs().sum(-1)  # (N, γ) full L1 = 2 TV, gradient through p_d only
-        l1 = (vw * l1_tok).sum() / z
-        acc = (1 - 0.5 * l1_tok).clamp(0, 1).detach()  # c* = Σ min(p_d, p_t)
-        if soft_ce_weight:
-            soft_ce = (vw * -(p_t * logp).sum(-1)).sum() / z
-    else:
-        if soft_ce_weight:
-            raise ValueError("the soft cross-entropy needs the target logits")
-        l1, acc = zero, (labels == logits.argmax(-1)).float()
+    zero = logits.new_zeros((), dtype=torch.float32)
+    l1 = zero if target_logits is None else (vw * l1_tok).sum() / z
+    soft_ce = (vw * soft_tok).sum() / z if soft_ce_weight else zero
     conf, conf_prob = zero, None
     if conf_logits is not None:
         bce = F.binary_cross_entropy_with_logits(conf_logits.float(), acc, reduction="none")

@@ -43,7 +43,8 @@ class AnchorCollator:
 
     Sample dicts hold ``id``, ``input_ids`` (S,), ``loss_mask`` (S,) and optionally cached features
     ``context`` (S, n*d) and ``hidden`` (S, d). Batch keys: input_ids (B, S), loss_mask (B, S),
-    attention_mask (B, S), anchors (B, A), valid (B, A) and, when present, context / hidden.
+    attention_mask (B, S), anchors (B, A), valid (B, A) and, when present, context / hidden in the samples' dtype
+    (bf16 from the streaming reader: the cast to fp32 waits until the batch is on the device).
     """
 
     def __init__(self, max_anchors: int, seed: int = 42, pad_id: int = 0) -> None:
@@ -68,9 +69,9 @@ class AnchorCollator:
         batch = {"input_ids": ids, "loss_mask": lm, "attention_mask": am, "anchors": anchors, "valid": valid}
         for k in feats:
             dim = samples[0][k].shape[-1]
-            out = torch.zeros(B, S, dim, dtype=torch.float32)
+            out = torch.zeros(B, S, dim, dtype=samples[0][k].dtype)
             for i, s in enumerate(samples):
-                out[i, : len(s[k])] = s[k].float()
+                out[i, : len(s[k])] = s[k]
             batch[k] = out
         batch["ids"] = [str(s["id"]) for s in samples]
         batch["domains"] = [str(s.get("domain", "")) for s in samples]

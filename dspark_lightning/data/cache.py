@@ -8,7 +8,11 @@ Layout of a cache directory::
     ...                 {"sample": '{"domain": ..., "id": ...}'}
 
 No pickles anywhere. Caches are written to a temp directory and renamed into place, so a cache directory either is
-complete or does not exist; an existing one is never overwritten unless asked.
+complete or does not exist; an existing one is never overwritten unless asked. ``dspark-lightning prepare`` writes one
+cache per rank (shards named ``shard-r{rank}-{k}.tar``) and :func:`merge_caches` links them into one directory.
+
+Opening a cache checks sizes and member counts only (cheap); the sha256 of every shard is checked by
+:func:`verify_cache` (``dspark-lightning verify``), an explicit step rather than work on every start.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import shutil
 import struct
 import tarfile
@@ -135,12 +140,14 @@ def write_cache(
     shard_max_samples: int = 256,
     overwrite: bool = False,
     progress: bool = True,
+    shard_prefix: str = "shard",
 ) -> Path:
     """Write feature samples (as yielded by :func:`extract_features`) to a new cache directory; returns its path.
 
     ``meta`` must hold at least :data:`REQUIRED_META` (see :func:`cache_meta`). Fails on duplicate ids and on an
     empty input. Refuses an existing non-empty ``out_dir`` unless ``overwrite``; the old cache is replaced only
-    after the new one is complete.
+    after the new one is complete. Shards are named ``{shard_prefix}-{k:06d}.tar`` (a rank-specific prefix keeps the
+    names of different ranks' caches apart when they are merged).
     """
     from tqdm.auto import tqdm
     from webdataset import TarWriter
@@ -179,7 +186,7 @@ def write_cache(
             if writer is None or shards[-1]["num_samples"] >= shard_max_samples:
                 if writer is not None:
                     close_shard()
-                shards.append({"name": f"shard-{len(shards):06d}.tar", "num_samples": 0})
+                shards.append({"name": f"{shard_prefix}-{len(shards):06d}.tar", "num_samples": 0})
                 fh = _HashingFile(tmp / shards[-1]["name"])
                 writer = TarWriter(fh, encoder=False, mtime=0, user="", group="", mode=0o444)  # reproducible
             data, S = _encode_sample(s, meta, dtype)
@@ -194,22 +201,7 @@ def write_cache(
         totals = {"samples": len(seen), "tokens": tokens, "bytes": sum(s["bytes"] for s in shards)}
         index = {"format": FORMAT, "version": VERSION, "meta": meta, "shards": shards, "totals": totals}
         (tmp / INDEX).write_text(json.dumps(index, indent=2) + "\n")
-        old = None
-        if out.exists():
-            if any(out.iterdir()):
-                if not overwrite:  # appeared while we were writing
-                    raise FileExistsError(f"feature cache {out} already exists; delete it or pass overwrite=True")
-                old = out.rename(Path(tempfile.mkdtemp(prefix=out.name + ".old-", dir=out.parent)) / "cache")
-            else:
-                out.rmdir()
-        try:
-            tmp.rename(out)
-        except BaseException:
-            if old is not None:  # put the previous cache back
-                old.rename(out)
-            raise
-        if old is not None:
-            shutil.rmtree(old.parent, ignore_errors=True)
+        _install(tmp, out, overwrite)
     except BaseException:
         if writer is not None:
             with contextlib.suppress(Exception):
@@ -219,6 +211,67 @@ def write_cache(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _install(tmp: Path, out: Path, overwrite: bool) -> None:
+    """Rename a finished temp cache directory into place; a previous cache is removed only once the new one is in."""
+    old = None
+    if out.exists():
+        if any(out.iterdir()):
+            if not overwrite:  # appeared while we were writing
+                raise FileExistsError(f"feature cache {out} already exists; delete it or pass overwrite=True")
+            old = out.rename(Path(tempfile.mkdtemp(prefix=out.name + ".old-", dir=out.parent)) / "cache")
+        else:
+            out.rmdir()
+    try:
+        tmp.rename(out)
+    except BaseException:
+        if old is not None:  # put the previous cache back
+            old.rename(out)
+        raise
+    if old is not None:
+        shutil.rmtree(old.parent, ignore_errors=True)
+
+
+def merge_caches(parts: list[str | Path], out_dir: str | Path) -> Path:
+    """Merge finished per-rank caches into one cache directory (replacing an older one); returns its path.
+
+    Shards are hard-linked (copied where links are impossible), so the merge is cheap and the rank caches stay
+    valid for a resume. Every part must have the same meta; shard names must differ (see ``shard_prefix``).
+    """
+    out = Path(out_dir)
+    if not parts:
+        raise ValueError(f"merge_caches got no rank caches for {out}")
+    indexes = [FeatureCache(p).index for p in parts]  # cheap checks: sizes and member counts
+    meta = indexes[0]["meta"]
+    for p, idx in zip(parts, indexes, strict=True):
+        if idx["meta"] != meta:
+            raise CacheError(f"rank cache {p} was built with a different meta than {parts[0]}; re-run prepare")
+    names = [s["name"] for idx in indexes for s in idx["shards"]]
+    if len(set(names)) != len(names):
+        raise CacheError(f"rank caches for {out} share shard names; write each with its own shard_prefix")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
+    try:
+        for p, idx in zip(parts, indexes, strict=True):
+            for rec in idx["shards"]:
+                _link_or_copy(Path(p) / rec["name"], tmp / rec["name"])
+        shards = [s for idx in indexes for s in idx["shards"]]
+        totals = {k: sum(idx["totals"][k] for idx in indexes) for k in ("samples", "tokens", "bytes")}
+        index = {"format": FORMAT, "version": VERSION, "meta": meta, "shards": shards}
+        (tmp / INDEX).write_text(json.dumps({**index, "totals": totals}, indent=2) + "\n")
+        _install(tmp, out, overwrite=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another file system, or links not supported
+        shutil.copy2(src, dst)
 
 
 # --- reading -------------------------------------------------------------------------------------------------------
@@ -237,40 +290,92 @@ def _sample_metadata(data: bytes) -> dict[str, str]:
     return json.loads(md.get("sample", "{}"))
 
 
+def decode_sample(data: bytes, keep_dtype: bool = False) -> dict[str, Any]:
+    """One cached member -> ``{"id", "domain", "input_ids" int64 (S,), "loss_mask" int64 (S,), "context" (S, n*d),
+    "hidden" (S, d)}``; features in float32, or in the stored dtype (bf16) with ``keep_dtype`` so that the cast
+    happens on the device instead of doubling host memory and transfer size."""
+    from safetensors.torch import load
+
+    t, md = load(data), _sample_metadata(data)
+    cast = (lambda x: x) if keep_dtype else (lambda x: x.float())
+    return {
+        "id": md.get("id", ""),
+        "domain": md.get("domain", ""),
+        "input_ids": t["input_ids"].long(),  # (S,)
+        "loss_mask": t["loss_mask"].long(),  # (S,)
+        "context": cast(t["context"]),  # (S, n*d)
+        "hidden": cast(t["hidden"]),  # (S, d)
+    }
+
+
+def load_index(location: str | Path, expect: dict | None = None) -> dict[str, Any]:
+    """Read and check a cache's ``index.json`` from a directory or an fsspec URL (``file://``, ``s3://``, ...).
+
+    Checks the format / version and that every key of ``expect`` equals the cached meta; raises :class:`CacheError`
+    naming the file or the key.
+    """
+    import fsspec
+
+    where = str(location).rstrip("/")
+    path = f"{where}/{INDEX}"
+    try:
+        with fsspec.open(path, "rt") as f:
+            index = json.loads(f.read())
+    except FileNotFoundError as e:
+        raise CacheError(f"feature cache {where} has no {INDEX} (not a cache, or its write never finished)") from e
+    except (OSError, ValueError) as e:
+        raise CacheError(f"feature cache {path} is unreadable: {e}") from e
+    if index.get("format") != FORMAT or index.get("version") != VERSION:
+        raise CacheError(
+            f"feature cache {path}: format {index.get('format')!r} v{index.get('version')}, "
+            f"expected {FORMAT!r} v{VERSION}"
+        )
+    meta = index["meta"]
+    for key, want in json.loads(json.dumps(expect or {})).items():
+        if key not in meta:
+            raise CacheError(f"feature cache {where}: meta has no {key!r} (expected {want!r})")
+        if meta[key] != want:
+            raise CacheError(f"feature cache {where}: {key} differs: cache has {meta[key]!r}, expected {want!r}")
+    return index
+
+
+def verify_cache(cache_dir: str | Path, progress: bool = True) -> dict[str, int]:
+    """The explicit integrity check (``dspark-lightning verify``): the cheap checks, then every shard's sha256.
+
+    Returns ``{"shards", "samples", "bytes"}``; raises :class:`CacheError` naming the first corrupt shard.
+    """
+    from tqdm.auto import tqdm
+
+    cache = FeatureCache(cache_dir)
+    recs = cache.index["shards"]
+    total = sum(r["bytes"] for r in recs)
+    with tqdm(total=total, unit="B", unit_scale=True, desc=f"verify {cache.dir.name}", disable=not progress) as bar:
+        for path, rec in zip(cache._shards, recs, strict=True):
+            if _sha256(path) != rec["sha256"]:
+                raise CacheError(f"feature cache shard {path} is corrupt (sha256 mismatch)")
+            bar.update(rec["bytes"])
+    return {"shards": len(recs), "samples": len(cache), "bytes": total}
+
+
 class FeatureCache(Dataset):
-    """A validated, map-style dataset over a feature cache (DistributedSampler-friendly).
+    """A validated, map-style dataset over a local feature cache (DistributedSampler-friendly).
 
     On open: ``index.json`` exists and has this format; every key of ``expect`` equals the cached meta; every shard
-    exists with the recorded size, sha256 (unless ``verify_checksums=False``) and member count. Any failure raises
-    :class:`CacheError` naming the key or shard file. Samples are read **lazily**: only (shard, offset, size) per
-    sample is kept, and each ``__getitem__`` reads one member (no open handles, so DataLoader workers fork safely).
+    exists with the recorded size and member count (and sha256 with ``verify_checksums``; hashing every shard is
+    :func:`verify_cache`'s job, not every start's). Any failure raises :class:`CacheError` naming the key or shard
+    file. Samples are read **lazily**: only (shard, offset, size) per sample is kept, and each ``__getitem__`` reads
+    one member (no open handles, so DataLoader workers fork safely).
 
     Items: ``{"id", "domain", "input_ids" int64 (S,), "loss_mask" int64 (S,), "context" float32 (S, n*d),
     "hidden" float32 (S, d)}``.
     """
 
-    def __init__(self, cache_dir: str | Path, expect: dict | None = None, *, verify_checksums: bool = True):
+    def __init__(self, cache_dir: str | Path, expect: dict | None = None, *, verify_checksums: bool = False):
         self.dir = Path(cache_dir)
-        path = self.dir / INDEX
-        if not path.is_file():
+        if not (self.dir / INDEX).is_file():
             raise CacheError(f"feature cache {self.dir} has no {INDEX} (not a cache, or its write never finished)")
-        try:
-            self.index = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise CacheError(f"feature cache {path} is unreadable: {e}") from e
-        if self.index.get("format") != FORMAT or self.index.get("version") != VERSION:
-            raise CacheError(
-                f"feature cache {path}: format {self.index.get('format')!r} v{self.index.get('version')}, "
-                f"expected {FORMAT!r} v{VERSION}"
-            )
+        self.index = load_index(self.dir, expect)
         self.meta: dict[str, Any] = self.index["meta"]
-        for key, want in json.loads(json.dumps(expect or {})).items():
-            if key not in self.meta:
-                raise CacheError(f"feature cache {self.dir}: meta has no {key!r} (expected {want!r})")
-            if self.meta[key] != want:
-                raise CacheError(
-                    f"feature cache {self.dir}: {key} differs: cache has {self.meta[key]!r}, expected {want!r}"
-                )
         self._shards = [self.dir / s["name"] for s in self.index["shards"]]
         self._entries: list[tuple[int, int, int]] = []  # (shard, data offset, size)
         for k, s in enumerate(self.index["shards"]):
@@ -307,23 +412,18 @@ class FeatureCache(Dataset):
     def num_tokens(self) -> int:
         return int(self.index["totals"]["tokens"])
 
+    def _member(self, i: int) -> bytes:
+        k, offset, size = self._entries[i]
+        with open(self._shards[k], "rb") as f:
+            f.seek(offset)
+            return f.read(size)
+
     def read_raw(self, i: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         """Sample ``i`` as stored: tensors in their cached dtypes and ``{"id", "domain"}``."""
         from safetensors.torch import load
 
-        k, offset, size = self._entries[i]
-        with open(self._shards[k], "rb") as f:
-            f.seek(offset)
-            data = f.read(size)
+        data = self._member(i)
         return load(data), _sample_metadata(data)
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        t, md = self.read_raw(i)
-        return {
-            "id": md.get("id", ""),
-            "domain": md.get("domain", ""),
-            "input_ids": t["input_ids"].long(),  # (S,)
-            "loss_mask": t["loss_mask"].long(),  # (S,)
-            "context": t["context"].float(),  # (S, n*d)
-            "hidden": t["hidden"].float(),  # (S, d)
-        }
+        return decode_sample(self._member(i))

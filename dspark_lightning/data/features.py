@@ -42,15 +42,16 @@ def feature_dtype_name(feature_dtype: str | torch.dtype) -> str:
 
 
 def tokenize_conversations(
-    target: Any, conversations: list[dict], max_length: int, min_supervised: int = 14
+    target: Any, conversations: list[dict], max_length: int, min_supervised: int = 14, allow_empty: bool = False
 ) -> list[dict]:
     """Render rows ``{"id", "domain", "turns"}`` with the target's chat format (SPEC §4).
 
     Truncates to ``max_length`` tokens and drops rows with fewer than ``min_supervised`` loss-mask tokens after
-    truncation. Fails on empty input, duplicate ids (rows are keyed by id, pitfall 19) and when every row is dropped.
+    truncation. Fails on empty input, duplicate ids (rows are keyed by id, pitfall 19) and when every row is dropped,
+    unless ``allow_empty`` (one rank's slice of a split may legitimately be empty).
     Returns ``{"id", "domain", "input_ids": list[int], "loss_mask": list[int]}`` in input order.
     """
-    if not conversations:
+    if not conversations and not allow_empty:
         raise ValueError("tokenize_conversations got no conversations")
     if max_length < 2:
         raise ValueError(f"max_length must be >= 2, got {max_length}")
@@ -70,7 +71,7 @@ def tokenize_conversations(
         log.info(
             "dropped %d of %d conversations with < %d supervised tokens", dropped, len(conversations), min_supervised
         )
-    if not out:
+    if not out and not allow_empty:
         raise ValueError(
             f"all {len(conversations)} conversations have fewer than {min_supervised} supervised tokens "
             f"after truncation to {max_length}"

@@ -1,20 +1,36 @@
 """The data stages before training: prompts -> regenerated responses -> tokenised rows -> (cached) features.
 
-Lightning-free; the DataModule calls :func:`prepare` from ``prepare_data`` and :func:`open_split` from
-``setup``. Every stage is resumable or reusable: responses are keyed by id, an existing feature cache is
-validated and reused (never overwritten), and per-stage wall times / throughputs go to ``prepare_stats.json``.
+Lightning-free. ``dspark-lightning prepare`` (and, on a CPU-only machine, the DataModule's ``prepare_data``) runs a
+:class:`PrepareJob`; ``setup`` reads the result with :func:`open_split`. Work is sharded over data-parallel ranks
+without shared-file races. Layout of ``work_dir``::
+
+    parts/<fingerprint>-w<W>/rank-<r>/responses_<split>.jsonl   rank r's slice of the prompts (append + resume by id)
+    parts/<fingerprint>-w<W>/rank-<r>/features_<split>/         rank r's cache, shards "shard-r<r>-<k>.tar"
+    parts/<fingerprint>-w<W>/rank-<r>/done.json                 rank r finished (its statistics)
+    responses_<split>.jsonl, features_<split>/                  merged by rank 0 once every rank is done
+    prepare_stats.json, prepared.json                           statistics; the final index (written last)
+
+Rank r takes prompts ``r::W`` of each split and writes only below its own ``rank-<r>`` directory; the merge links
+the rank shards into one cache and writes the JSONL in prompt order. Every final file is written to a temp name and
+renamed, so a killed run leaves either the old file or the new one; a rerun reuses every finished rank (its
+``done.json``) and resumes the unfinished ones. The fingerprint covers everything that changes the data (target,
+regeneration settings, seeds, prompt ids, lengths, feature dtype), so a changed recipe never reuses stale parts.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from .cache import FeatureCache, cache_meta, describe_estimate, write_cache
+from .cache import FeatureCache, cache_meta, describe_estimate, merge_caches, write_cache
 from .features import extract_features, tokenize_conversations
 from .regenerate import load_conversations, regenerate
 from .sources import mixture
@@ -54,9 +70,39 @@ class DataPaths:
     def stats(self) -> Path:
         return self.root / "prepare_stats.json"
 
+    @property
+    def prepared(self) -> Path:
+        """The final index: written last by the merge, so its presence means every output is complete."""
+        return self.root / "prepared.json"
+
+    def rank_dir(self, fingerprint: str, rank: int, world_size: int) -> Path:
+        return self.root / "parts" / f"{fingerprint}-w{world_size}" / f"rank-{rank:05d}"
+
 
 def _log(msg: str) -> None:
     print(f"[dspark-lightning] {msg}", flush=True)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to a temp file next to ``path`` and rename it into place (readers never see half a file)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _rows(path: Path) -> list[dict]:
+    """Rows of a rank's JSONL; none when the file is missing or empty (every response of the slice was dropped)."""
+    return load_conversations(path) if path.is_file() and path.stat().st_size else []
 
 
 def prompts_by_split(sources: list[Any], heldout_fraction: float, split_seed: int) -> dict[str, list]:
@@ -71,69 +117,203 @@ def tokenized_split(target: Any, paths: DataPaths, split: str, ids: set[str], ma
 
 
 def check_caches(target: Any, paths: DataPaths, feature_dtype: str) -> None:
-    """Validate existing caches up front (cheap checks first), so a bad shard fails before any expensive work."""
+    """Validate existing caches up front (sizes and member counts), so a bad shard fails before any expensive work."""
     for split in SPLITS:
         if paths.cache(split).exists():
-            FeatureCache(paths.cache(split), expect=_expect(target, feature_dtype))
+            FeatureCache(paths.cache(split), expect=expected_meta(target, feature_dtype))
 
 
-def _expect(target: Any, feature_dtype: str) -> dict[str, Any]:
+def expected_meta(target: Any, feature_dtype: str) -> dict[str, Any]:
+    """The meta keys a cache must share with ``target`` to be read for it (not ``split`` or extra keys)."""
     meta = cache_meta(target, feature_dtype)
     return {k: meta[k] for k in ("target", "layer_ids", "hidden_size", "feature_dtype", "chat")}
 
 
-def prepare(
-    target: Any,
-    sources: list[Any],
-    work_dir: str | Path,
-    *,
-    heldout_fraction: float = 0.05,
-    split_seed: int = 42,
-    regen: RegenConfig | None = None,
-    max_length: int = 1024,
-    min_supervised: int = 14,
-    features: str = "cached",
-    feature_dtype: str = "bfloat16",
-    seed: int = 42,
-) -> dict[str, Any]:
-    """Run every data stage that is not done yet; returns (and writes) per-stage statistics."""
-    regen = regen or RegenConfig()
-    paths = DataPaths(Path(work_dir))
-    paths.root.mkdir(parents=True, exist_ok=True)
-    if features == "cached":
-        check_caches(target, paths, feature_dtype)
-    stats: dict[str, Any] = {"target": target.name, "features": features}
-    prompts = prompts_by_split(sources, heldout_fraction, split_seed)
-    for split in SPLITS:
-        _log(f"{split} responses ({len(prompts[split])} prompts, {target.name}) -> {paths.responses(split)}")
+def _merge_stats(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per-stage statistics over ranks: counts add up, wall time is the slowest rank's, throughputs add up."""
+    out: dict[str, Any] = {}
+    for stats in ranks:
+        for stage, st in stats.items():
+            agg = out.setdefault(stage, {})
+            for k, v in st.items():
+                if isinstance(v, bool) or not isinstance(v, int | float):
+                    continue
+                agg[k] = max(agg.get(k, 0), v) if k in ("wall_s", "seconds") else agg.get(k, 0) + v
+    return out
+
+
+@dataclass
+class PrepareJob:
+    """Every data stage of a recipe, for one rank at a time (see the module docstring for the layout).
+
+    ``load_target`` is called only when a rank has work left, so reusing finished outputs never loads the target;
+    ``target_id`` names the target (name, layer ids, chat settings) for the fingerprint without loading it.
+    """
+
+    load_target: Callable[[], Any]
+    target_id: dict[str, Any]
+    sources: list[Any]
+    work_dir: str | Path
+    heldout_fraction: float = 0.05
+    split_seed: int = 42
+    regen: RegenConfig = field(default_factory=RegenConfig)
+    max_length: int = 1024
+    min_supervised: int = 14
+    features: str = "cached"
+    feature_dtype: str = "bfloat16"
+    seed: int = 42
+    shard_max_samples: int = 256
+    progress: bool = True
+
+    @property
+    def paths(self) -> DataPaths:
+        return DataPaths(Path(self.work_dir))
+
+    @cached_property
+    def prompts(self) -> dict[str, list]:
+        return prompts_by_split(self.sources, self.heldout_fraction, self.split_seed)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """16 hex digits of the sha256 of everything that changes the prepared data."""
+        ids = {s: hashlib.sha256("\n".join(p.id for p in ps).encode()).hexdigest() for s, ps in self.prompts.items()}
+        key = {
+            "target": self.target_id,
+            "regen": asdict(self.regen),
+            "seed": self.seed,
+            "max_length": self.max_length,
+            "min_supervised": self.min_supervised,
+            "features": self.features,
+            "feature_dtype": self.feature_dtype,
+            "prompt_ids": ids,
+        }
+        return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def is_done(self) -> bool:
+        """True when a merge of this very configuration finished (the final index matches the fingerprint)."""
+        done = _read_json(self.paths.prepared)
+        return done is not None and done.get("fingerprint") == self.fingerprint
+
+    def run(self, rank: int = 0, world_size: int = 1) -> None:
+        """One process doing everything: its rank's work, then (world size 1) the merge."""
+        self.run_rank(rank, world_size)
+        if world_size == 1:
+            self.merge(world_size)
+
+    # --- one rank ------------------------------------------------------------------------------------------------
+    def run_rank(self, rank: int, world_size: int) -> dict[str, Any]:
+        """Regenerate and extract this rank's slice of every split (reusing a finished rank); returns its record."""
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world_size {world_size}")
+        rd = self.paths.rank_dir(self.fingerprint, rank, world_size)
+        marker = rd / "done.json"
+        done = _read_json(marker)
+        if done is not None and done.get("fingerprint") == self.fingerprint:
+            _log(f"rank {rank}/{world_size}: reusing finished outputs in {rd}")
+            return done
+        rd.mkdir(parents=True, exist_ok=True)
+        target = self.load_target()
+        stats: dict[str, Any] = {}
+        for split in SPLITS:
+            self._regenerate(target, split, rank, world_size, rd, stats)
+        if self.features == "cached":
+            for split in SPLITS:
+                self._extract(target, split, rank, rd, stats)
+        record = {"fingerprint": self.fingerprint, "rank": rank, "world_size": world_size, "stats": stats}
+        write_atomic(marker, json.dumps(record, indent=2) + "\n")
+        return record
+
+    def _regenerate(self, target: Any, split: str, rank: int, world: int, rd: Path, stats: dict) -> None:
+        mine = self.prompts[split][rank::world]
+        part = rd / f"responses_{split}.jsonl"
+        if not mine:
+            return
+        self._seed_from_merged(split, part, {p.id for p in mine})
+        _log(f"rank {rank}/{world}: {split} responses ({len(mine)} prompts, {target.name}) -> {part}")
         t0 = time.perf_counter()
-        st = regenerate(target, prompts[split], paths.responses(split), seed=seed, **asdict(regen))
+        st = regenerate(target, mine, part, seed=self.seed, progress=self.progress, **asdict(self.regen))
         if st["written"]:  # a fully resumed stage keeps the statistics of the run that did the work
             stats[f"regenerate_{split}"] = {**st, "wall_s": time.perf_counter() - t0}
         _log(f"  {st['written']} regenerated, {st['skipped']} reused from the file")
-    if features == "cached":
+
+    def _seed_from_merged(self, split: str, part: Path, ids: set[str]) -> None:
+        """Start a new rank file from an earlier merged JSONL (an older layout, or a recipe that changed elsewhere),
+        so responses already paid for are kept; :func:`regenerate` still checks they were made with these settings."""
+        merged = self.paths.responses(split)
+        if part.exists() or not merged.is_file() or not merged.stat().st_size:
+            return
+        rows = [r for r in load_conversations(merged) if r["id"] in ids]
+        if rows:
+            write_atomic(part, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+    def _extract(self, target: Any, split: str, rank: int, rd: Path, stats: dict) -> None:
+        out = rd / f"features_{split}"
+        if out.exists():
+            FeatureCache(out, expect=expected_meta(target, self.feature_dtype))
+            _log(f"reusing rank feature cache {out}")
+            return
+        rows = tokenize_conversations(
+            target, _rows(rd / f"responses_{split}.jsonl"), self.max_length, self.min_supervised, allow_empty=True
+        )
+        if not rows:
+            return
+        ntok = sum(len(r["input_ids"]) for r in rows)
+        _log(f"feature cache {out}: " + describe_estimate(ntok, target, self.feature_dtype, len(rows)))
+        t0 = time.perf_counter()
+        stream = extract_features(target, rows, feature_dtype=self.feature_dtype, progress=self.progress)
+        meta = cache_meta(target, self.feature_dtype, split=split)
+        write_cache(
+            stream,
+            out,
+            meta,
+            shard_max_samples=self.shard_max_samples,
+            progress=self.progress,
+            shard_prefix=f"shard-r{rank:05d}",
+        )
+        stats[f"features_{split}"] = {
+            "tokens": stream.stats.tokens,
+            "samples": len(rows),
+            "wall_s": time.perf_counter() - t0,
+            "tokens_per_s": stream.stats.tokens_per_second,
+            "cache_bytes": sum(f.stat().st_size for f in out.iterdir()),
+        }
+
+    # --- merge ---------------------------------------------------------------------------------------------------
+    def merge(self, world_size: int) -> dict[str, Any]:
+        """Rank 0's last step: merge every finished rank into the final files, then write ``prepared.json``."""
+        dirs = [self.paths.rank_dir(self.fingerprint, r, world_size) for r in range(world_size)]
+        records = [_read_json(d / "done.json") for d in dirs]
+        missing = [r for r, rec in enumerate(records) if rec is None or rec.get("fingerprint") != self.fingerprint]
+        if missing:
+            raise ValueError(
+                f"prepare --merge: ranks {missing} of {world_size} have not finished (no done.json below "
+                f"{dirs[0].parent}); run them with --rank/--world_size {world_size} first"
+            )
+        splits: dict[str, Any] = {}
         for split in SPLITS:
-            out = paths.cache(split)
-            if out.exists():
-                _log(f"reusing feature cache {out}")
-                continue
-            ids = {p.id for p in prompts[split]}
-            rows = tokenized_split(target, paths, split, ids, max_length, min_supervised)
-            ntok = sum(len(r["input_ids"]) for r in rows)
-            _log(f"feature cache {out}: " + describe_estimate(ntok, target, feature_dtype, len(rows)))
-            t0 = time.perf_counter()
-            stream = extract_features(target, rows, feature_dtype=feature_dtype)
-            write_cache(stream, out, cache_meta(target, feature_dtype, split=split))
-            stats[f"features_{split}"] = {
-                "tokens": stream.stats.tokens,
-                "samples": len(rows),
-                "wall_s": time.perf_counter() - t0,
-                "tokens_per_s": stream.stats.tokens_per_second,
-                "cache_bytes": sum(f.stat().st_size for f in out.iterdir()),
-            }
-    old = json.loads(paths.stats.read_text()) if paths.stats.exists() else {}
-    paths.stats.write_text(json.dumps({**old, **stats}, indent=2) + "\n")
-    return stats
+            splits[split] = {"rows": self._merge_responses(split, dirs)}
+            if self.features == "cached":
+                parts = [d / f"features_{split}" for d in dirs if (d / f"features_{split}").exists()]
+                if not parts:
+                    raise ValueError(f"prepare: no {split} conversation kept enough supervised tokens for features")
+                cache = FeatureCache(merge_caches(parts, self.paths.cache(split)))
+                splits[split].update(samples=len(cache), shards=len(cache.index["shards"]))
+                _log(f"merged {len(parts)} rank caches -> {self.paths.cache(split)} ({len(cache)} samples)")
+        old = _read_json(self.paths.stats) or {}
+        new = _merge_stats([rec["stats"] for rec in records])
+        write_atomic(self.paths.stats, json.dumps({**old, **new}, indent=2) + "\n")
+        index = {"fingerprint": self.fingerprint, "world_size": world_size, "splits": splits}
+        write_atomic(self.paths.prepared, json.dumps(index, indent=2) + "\n")
+        return index
+
+    def _merge_responses(self, split: str, dirs: list[Path]) -> int:
+        """Concatenate the rank JSONLs in prompt order (the same file for any world size)."""
+        by_id = {r["id"]: r for d in dirs for r in _rows(d / f"responses_{split}.jsonl")}
+        rows = [by_id[p.id] for p in self.prompts[split] if p.id in by_id]
+        if not rows:
+            raise ValueError(f"prepare: no {split} responses were regenerated (all empty?)")
+        write_atomic(self.paths.responses(split), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        return len(rows)
 
 
 def open_split(
@@ -152,6 +332,6 @@ def open_split(
     """The dataset of one split: a :class:`FeatureCache` (cached) or a list of tokenised rows (online)."""
     paths = DataPaths(Path(work_dir))
     if features == "cached":
-        return FeatureCache(paths.cache(split), expect=_expect(target, feature_dtype))
+        return FeatureCache(paths.cache(split), expect=expected_meta(target, feature_dtype))
     ids = {p.id for p in mixture(sources, split, heldout_fraction, split_seed)}
     return tokenized_split(target, paths, split, ids, max_length, min_supervised)

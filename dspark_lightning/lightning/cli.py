@@ -42,10 +42,25 @@ class DSparkCLI(LightningCLI):
         parser.link_arguments("data.target", "model.target")
         parser.link_arguments("data.layer_ids", "model.layer_ids")
         parser.link_arguments("data.system_prompt", "model.system_prompt")
+        parser.link_arguments("data.target_dtype", "model.target_dtype")
         parser.add_argument("--validate_before_fit", type=bool, default=True, help="validate once at step 0 (τ̂ start)")
         parser.add_argument(
             "--export_dir", type=str | None, default=None, help="exported drafter dir (default: <log_dir>/drafter)"
         )
+
+    def before_instantiate_classes(self) -> None:
+        """``data.target_dtype: null`` follows the trainer: fp32 for a CPU run or a 32-bit precision (the CPU recipes
+        stay fp32 on a machine that has a GPU), else the devices default (bf16 on CUDA)."""
+        cfg = self.config.get(self.subcommand, self.config)
+        data, trainer = cfg.get("data"), cfg.get("trainer")
+        if data is None or trainer is None or data.get("target_dtype") is not None:
+            return
+        accel = str(trainer.get("accelerator") or "auto").lower()
+        precision = str(trainer.get("precision") or "32-true")
+        if accel == "cpu" or precision.startswith(("32", "64")):
+            data["target_dtype"] = "fp32"
+            if cfg.get("model") is not None and "target_dtype" in cfg["model"]:
+                cfg["model"]["target_dtype"] = "fp32"
 
     def _export_dir(self) -> Path:
         cfg = self.config[self.subcommand]
@@ -65,8 +80,9 @@ class DSparkCLI(LightningCLI):
 
     def after_fit(self) -> None:
         out = self._export_dir()  # trainer.log_dir is a collective under DDP: every rank calls it
+        state = self.model.drafter_state_dict()  # gathers FSDP shards: a collective too
         if self.trainer.is_global_zero:
-            path = save_drafter(self.model.drafter, out, self.model.target)
+            path = save_drafter(self.model.drafter, out, self.model.target, state=state)
             end = self.trainer.callback_metrics.get("val/tau_hat")
             if end is not None:
                 start = "" if self._tau_start is None else f"{float(self._tau_start):.3f} -> "

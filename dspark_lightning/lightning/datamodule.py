@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from torch.utils.data import DataLoader
 
 from ..data.anchors import AnchorCollator
+from ..data.cache import CacheError
 from ..data.features import resolve_feature_dtype
-from ..data.prepare import DataPaths, RegenConfig, check_caches, open_split, prepare, tokenized_split
+from ..data.prepare import DataPaths, PrepareJob, RegenConfig, check_caches, expected_meta, open_split, tokenized_split
 from ..data.sources import build_source, mixture
+from ..data.stream import ShardStream
 from ..data.vocab import response_token_counts
+from ..devices import resolve_device, resolve_dtype
 from ..targets import ChatFormat, load_target
 
 DEFAULT_SOURCES = [{"name": "gsm_symbolic", "limit": 64}, {"name": "humaneval", "limit": 64}, {"name": "mtbench"}]
@@ -34,6 +39,14 @@ class DSparkDataModule(L.LightningDataModule):
         min_supervised: drop conversations with fewer supervised (response) tokens.
         features: ``cached`` (webdataset shards, written once) or ``online`` (target forward in the training step).
         feature_dtype: storage precision of features, the same for both paths.
+        target_dtype: dtype the target is loaded in for regeneration and feature extraction (null = bf16 when CUDA
+            is available, else fp32; ``bf16`` / ``fp16`` / ``fp32`` / ...). Linked to ``model.target_dtype``.
+        streaming: read cached features with the streaming :class:`~dspark_lightning.data.stream.ShardStream`
+            (shards split by rank and DataLoader worker, features kept in bf16 until the device) instead of the
+            map-style :class:`~dspark_lightning.data.cache.FeatureCache`.
+        cache_url: where the streaming reader finds ``features_<split>/`` (a directory or fsspec URL such as
+            ``s3://bucket/run/data``; null = ``work_dir``). A cache read from a URL is used as it is.
+        shuffle_buffer: samples each streaming worker holds for shuffling (memory: buffer x S x (n+1) x d x 2 B).
         batch_size: sequences per micro-batch.
         max_anchors: anchors sampled per sequence (SPEC: up to 512).
         num_workers: DataLoader workers.
@@ -54,6 +67,10 @@ class DSparkDataModule(L.LightningDataModule):
         min_supervised: int = 14,
         features: str = "cached",
         feature_dtype: str = "bfloat16",
+        target_dtype: str | None = None,
+        streaming: bool = False,
+        cache_url: str | None = None,
+        shuffle_buffer: int = 16,
         batch_size: int = 4,
         max_anchors: int = 64,
         num_workers: int = 0,
@@ -63,6 +80,11 @@ class DSparkDataModule(L.LightningDataModule):
         if features not in ("cached", "online"):
             raise ValueError(f"data.features must be 'cached' or 'online', got {features!r}")
         resolve_feature_dtype(feature_dtype)
+        resolve_dtype(target_dtype, "cpu")  # a typo fails here, not after the prompts are loaded
+        if streaming and features != "cached":
+            raise ValueError("data.streaming reads a feature cache: it needs data.features: cached")
+        if cache_url is not None and not streaming:
+            raise ValueError("data.cache_url is read by the streaming reader: set data.streaming: true")
         self.target_name, self.layer_ids, self.system_prompt = target, layer_ids, system_prompt
         self.sources = list(sources if sources is not None else DEFAULT_SOURCES)
         for spec in self.sources:  # unknown source names / arguments fail here, before any expensive work
@@ -70,7 +92,9 @@ class DSparkDataModule(L.LightningDataModule):
         self.heldout_fraction, self.split_seed, self.work_dir = heldout_fraction, split_seed, work_dir
         self.regen = regen or RegenConfig()
         self.max_length, self.min_supervised = max_length, min_supervised
-        self.features, self.feature_dtype = features, feature_dtype
+        self.features, self.feature_dtype, self.target_dtype = features, feature_dtype, target_dtype
+        self.streaming, self.cache_url, self.shuffle_buffer = streaming, cache_url, shuffle_buffer
+        self.prepare_device: str | None = None  # `dspark-lightning prepare --device`; null = this rank's accelerator
         self.batch_size, self.max_anchors, self.num_workers, self.seed = batch_size, max_anchors, num_workers, seed
         self.datasets: dict[str, Any] = {}
         self.collators: dict[str, AnchorCollator] = {}
@@ -78,8 +102,50 @@ class DSparkDataModule(L.LightningDataModule):
 
     @property
     def target(self):
-        return load_target(
-            self.target_name, layer_ids=self.layer_ids, chat=ChatFormat(system_prompt=self.system_prompt)
+        """The target for tokenisation, geometry and meta, on the CPU in ``target_dtype``: the same memoised object
+        as the module's, which moves what a step reads to its device itself (all of it only for online features)."""
+        return load_target(self.target_name, **self._target_kwargs())
+
+    def _target_kwargs(self) -> dict[str, Any]:
+        return {
+            "layer_ids": self.layer_ids,
+            "chat": ChatFormat(system_prompt=self.system_prompt),
+            "dtype": resolve_dtype(self.target_dtype, "auto"),
+        }
+
+    def _device(self) -> torch.device:
+        """Where regeneration and feature extraction run: ``prepare_device``, else this rank's GPU, else the CPU."""
+        if self.prepare_device is not None:
+            return resolve_device(self.prepare_device)
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+        return torch.device("cpu")
+
+    def prepare_job(self, progress: bool = True) -> PrepareJob:
+        """The data stages of this recipe (``dspark-lightning prepare`` runs it; see ``data.prepare``).
+
+        The target is loaded once per rank, on its device, in ``target_dtype`` — and only if work is left."""
+
+        def load():
+            device = self._device()
+            kw = {**self._target_kwargs(), "dtype": resolve_dtype(self.target_dtype, device)}
+            return load_target(self.target_name, **kw, device=device)
+
+        target_id = {"name": self.target_name, "layer_ids": self.layer_ids, "system_prompt": self.system_prompt}
+        return PrepareJob(
+            load,
+            target_id,
+            self.sources,
+            self.work_dir,
+            heldout_fraction=self.heldout_fraction,
+            split_seed=self.split_seed,
+            regen=self.regen,
+            max_length=self.max_length,
+            min_supervised=self.min_supervised,
+            features=self.features,
+            feature_dtype=self.feature_dtype,
+            seed=self.seed,
+            progress=progress,
         )
 
     def _split_kwargs(self) -> dict[str, Any]:
@@ -93,22 +159,52 @@ class DSparkDataModule(L.LightningDataModule):
         }
 
     def check(self) -> None:
-        """Cheap start-up validation of existing caches (a corrupt shard fails before any expensive work)."""
-        if self.features == "cached":
+        """Cheap start-up validation of existing caches (sizes and member counts; ``verify`` hashes the shards)."""
+        if self.features == "cached" and self.cache_url is None:
             check_caches(self.target, DataPaths(Path(self.work_dir)), self.feature_dtype)
 
     def prepare_data(self) -> None:
-        if self._prepared:  # validate-before-fit and fit both call this
+        """Reuse a finished ``prepare``; without one, do the work here on a CPU-only machine (local rank 0, as
+        Lightning calls it), and refuse on a machine with an accelerator, where ``prepare`` shards it over GPUs."""
+        if self._prepared or self.cache_url is not None:  # validate-before-fit and fit both call this
             return
         self._prepared = True
-        prepare(self.target, self.sources, self.work_dir, regen=self.regen, seed=self.seed, **self._split_kwargs())
+        job = self.prepare_job()
+        if job.is_done():
+            print(f"[dspark-lightning] reusing prepared data in {self.work_dir} ({job.fingerprint})", flush=True)
+            return
+        if torch.cuda.is_available():
+            raise CacheError(
+                f"{self.work_dir} holds no finished data for this recipe (no matching prepared.json); run "
+                "`dspark-lightning prepare --config <recipe>` first (torchrun / one process per GPU shards it): "
+                "fit does not regenerate or extract features on a machine with an accelerator"
+            )
+        job.run(rank=0, world_size=1)
 
     def setup(self, stage: str | None = None) -> None:
         for split in ("train", "heldout"):
             if split not in self.datasets:
-                self.datasets[split] = open_split(
-                    self.target, self.sources, self.work_dir, split, **self._split_kwargs()
-                )
+                self.datasets[split] = self._stream(split) if self.streaming else self._open(split)
+
+    def _open(self, split: str):
+        return open_split(self.target, self.sources, self.work_dir, split, **self._split_kwargs())
+
+    def _stream(self, split: str) -> ShardStream:
+        """This rank's share of a split's shards; training streams are shuffled and cut even across ranks."""
+        trainer = getattr(self, "trainer", None)
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        root = (self.cache_url or self.work_dir).rstrip("/")
+        train = split == "train"
+        return ShardStream(
+            f"{root}/features_{split}",
+            expect=expected_meta(self.target, self.feature_dtype),
+            rank=rank,
+            world_size=world,
+            shuffle=train,
+            shuffle_buffer=self.shuffle_buffer if train else 0,
+            seed=self.seed,
+            even=train and world > 1,
+        )
 
     def token_counts(self, split: str = "train"):
         """Occurrences (V,) of each target token in the split's regenerated responses (supervised tokens only)."""
@@ -121,6 +217,8 @@ class DSparkDataModule(L.LightningDataModule):
         """Re-seed training anchors per epoch (called by the module at each epoch start)."""
         if "train" in self.collators:
             self.collators["train"].epoch = epoch
+        if isinstance(self.datasets.get("train"), ShardStream):
+            self.datasets["train"].set_epoch(epoch)
 
     def _loader(self, split: str, shuffle: bool) -> DataLoader:
         pad = self.target.tokenizer.pad_token_id or 0
@@ -128,7 +226,7 @@ class DSparkDataModule(L.LightningDataModule):
         return DataLoader(
             self.datasets[split],
             batch_size=self.batch_size,
-            shuffle=shuffle,
+            shuffle=shuffle and not isinstance(self.datasets[split], ShardStream),  # a stream shuffles itself
             collate_fn=self.collators[split],
             num_workers=self.num_workers,
         )

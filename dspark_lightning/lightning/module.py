@@ -16,14 +16,22 @@ from torch import nn
 
 from ..data.features import features_for_batch
 from ..data.vocab import coverage, frequent_tokens
+from ..devices import resolve_dtype
 from ..drafters import build_part, compose, draft_geometry
-from ..losses import dspark_loss, expected_tau, position_weights, supervision_mask
+from ..losses import ProjectedLogits, dspark_loss, expected_tau, position_weights, supervision_mask
 from ..modules import moe_aux_loss, moe_loads
 from ..registry import create
 from ..targets import ChatFormat, Target, TargetGeometry, load_target
 from .metrics import PositionAcceptance
 
 DOMAINS = ("math", "code", "chat", "other")
+# Precisions that run the drafter's weights in one dtype (no autocast): the shared target parts must match it.
+TRUE_PRECISIONS = {
+    "64-true": torch.float64,
+    "32-true": torch.float32,
+    "16-true": torch.float16,
+    "bf16-true": torch.bfloat16,
+}
 
 
 @dataclass
@@ -40,6 +48,11 @@ class LossConfig:
     """weight of the soft cross-entropy to the target distribution (EAGLE-3's loss)"""
     decay: float | None = 4.0
     """position weights w_k = exp(-(k-1)/decay); null = uniform"""
+    chunk_size: int | None = None
+    """anchor blocks per chunk of the per-token loss (activation-checkpointed): bounds the fp32 (rows x V) tensors
+    to chunk_size·γ rows (docs/training.md); null = all at once (the CPU recipes: each chunk's terms and target
+    logits are computed twice, and their tensors are small there). Set it for large vocabularies on GPUs
+    (recipes/gpu/: 32). Changes no value."""
 
 
 @dataclass
@@ -52,6 +65,21 @@ class OptimConfig:
     weight_decay: float = 0.0
     warmup_fraction: float = 0.04
     """fraction of the total optimizer steps spent in linear warmup"""
+
+
+def full_drafter_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The drafter's full (unsharded) weights on the CPU from a DSparkModule, bare or wrapped (FSDP, DDP).
+
+    In a process group it is a collective (torch.distributed.checkpoint ``get_model_state_dict`` with
+    ``full_state_dict`` and ``cpu_offload``): FSDP shards are all-gathered, rank 0 receives the tensors and the
+    other ranks ``{}``, so no rank holds more than one full copy, and that copy in CPU memory."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    else:
+        full = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    return {k.removeprefix("drafter."): v for k, v in full.items() if k.startswith("drafter.")}
 
 
 def _part(kind: str, spec, *args):
@@ -73,6 +101,9 @@ class DSparkModule(L.LightningModule):
         target: embedded target name or HF model path (linked from ``data.target``).
         layer_ids: tapped target layers (linked from ``data.layer_ids``; null = the SPEC §3.2 rule).
         system_prompt: chat format system prompt (linked from ``data.system_prompt``).
+        target_dtype: the frozen target's dtype (linked from ``data.target_dtype``; null = bf16 when CUDA is
+            available, else fp32). Under a ``*-true`` precision it must be that precision's dtype, since the drafter
+            shares the target's embedding and LM head.
         mask_token_id: token id for mask slots (null = the target's default unused special token).
         drafter: a registered drafter built whole instead of from parts: a name (``eagle3``, ``mtp1``) or
             ``{name: ..., <its arguments>}``; ``block_size`` is passed to it.
@@ -97,11 +128,13 @@ class DSparkModule(L.LightningModule):
         optim: OptimConfig | None = None,
         drafter: str | dict | None = None,
         draft_vocab_size: int | None = None,
+        target_dtype: str | None = None,
     ) -> None:
         super().__init__()
         self.loss_cfg = loss or LossConfig()
         self.optim_cfg = optim or OptimConfig()
-        tgt = load_target(target, layer_ids=layer_ids, chat=ChatFormat(system_prompt=system_prompt))
+        chat = ChatFormat(system_prompt=system_prompt)
+        tgt = load_target(target, layer_ids=layer_ids, chat=chat, dtype=resolve_dtype(target_dtype, "auto"))
         self.__dict__["_target"] = tgt  # not a sub-module: never trained, saved or wrapped by DDP
         g = draft_geometry(tgt, draft_vocab_size)
         if drafter is not None:  # one registered drafter (eagle3, mtp1, a plugin's) instead of parts
@@ -137,7 +170,9 @@ class DSparkModule(L.LightningModule):
         }
 
     def setup(self, stage: str) -> None:
-        """Pick the reduced draft vocabulary from the training responses (a resumed checkpoint restores the same)."""
+        """Check the precision against the target's dtype; pick the reduced draft vocabulary from the training
+        responses (a resumed checkpoint restores the same)."""
+        self._check_precision()
         d = self.drafter
         if getattr(d, "draft_vocab", None) is None or d.vocab_ready:
             return
@@ -155,14 +190,40 @@ class DSparkModule(L.LightningModule):
             flush=True,
         )
 
+    def _check_precision(self) -> None:
+        """A ``*-true`` precision casts the drafter's weights, not the target's (not a sub-module), yet the drafter
+        computes with the target's embedding: their dtypes must agree (mixed precision autocasts and takes any)."""
+        precision = str(self.trainer.precision)
+        want, have = TRUE_PRECISIONS.get(precision), self.target.lm_head.weight.dtype
+        if want is not None and want != have:
+            raise ValueError(
+                f"trainer.precision {precision} runs the drafter in {want} but the target (whose embedding and LM "
+                f"head the drafter shares) is {have}: set data.target_dtype to match, or use a *-mixed precision"
+            )
+
+    def drafter_state_dict(self) -> dict[str, torch.Tensor]:
+        """The drafter's full weights for the export: :func:`full_drafter_state` of the strategy's (possibly FSDP
+        or DDP wrapped) model. A collective: every rank calls it; rank 0 gets the weights."""
+        return full_drafter_state(self.trainer.strategy.model)
+
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # Not as hyper_parameters: LightningCLI re-parses those as init args on --ckpt_path (config.yaml has them).
         checkpoint["dspark"] = self.describe()
 
     # --- one shared step ---------------------------------------------------------------------
+    def _target_on_device(self, online: bool) -> Target:
+        """The target with what this step reads on ``self.device``: all of it online, and only the embedding and
+        LM head with cached features (which hold the final-norm hidden states already). Moved once, not per step."""
+        tgt = self.target
+        parts = [tgt] if online else [tgt.embed_tokens, tgt.lm_head]
+        for m in parts:
+            if any(p.device != self.device for p in m.parameters()):
+                m.to(self.device)
+        return tgt
+
     def _step(self, batch: dict) -> tuple:
-        tgt = self.target.to(self.device)
         ids, anchors, valid = batch["input_ids"], batch["anchors"], batch["valid"]
+        tgt = self._target_on_device(online="context" not in batch)
         if "context" in batch:  # cached features
             context, hidden = batch["context"], batch["hidden"]
         else:  # online: frozen target forward, no grad, rounded like the cache
@@ -171,22 +232,23 @@ class DSparkModule(L.LightningModule):
             )
         B, S = ids.shape
         g = self.block_size
-        out = self.drafter(context, ids, anchors, valid, hidden=hidden)
+        dt = next(self.drafter.parameters()).dtype  # features enter the drafter in its weights' dtype
+        out = self.drafter(context.to(dt), ids, anchors, valid, hidden=hidden.to(dt))
         v = supervision_mask(anchors, valid, batch["loss_mask"], g)  # (B, A, γ)
         k = torch.arange(g, device=ids.device)
         lab_idx = (anchors[:, :, None] + k + 1).clamp(max=S - 1)  # label x_{a+k}
         labels = torch.gather(ids, 1, lab_idx.flatten(1)).view_as(lab_idx)
         hid_idx = (anchors[:, :, None] + k).clamp(max=S - 1).flatten(1)  # target hidden at a+k-1 predicts x_{a+k}
-        rows = torch.gather(hidden, 1, hid_idx[..., None].expand(-1, -1, hidden.shape[-1]))
+        rows = torch.gather(hidden, 1, hid_idx[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, A*γ, d)
+        rows = rows.to(tgt.lm_head.weight.dtype).view(B * anchors.shape[1], g, -1)  # (B*A, γ, d)
         # Target logits are skipped only when training needs none (CE-only, no confidence head); validation always
-        # computes them so the analytic acceptance is comparable across drafters.
+        # computes them so the analytic acceptance is comparable across drafters. The loss projects them chunk by
+        # chunk, never all (B*A*γ x V) at once.
         c = self.loss_cfg
         need = c.l1_weight > 0 or c.soft_ce_weight > 0 or out.conf_logits is not None or not self.training
-        with torch.no_grad():
-            t_logits = tgt.logits(rows) if need else None
         terms = dspark_loss(
             out.logits.flatten(0, 1),
-            None if t_logits is None else t_logits.view(B * anchors.shape[1], g, -1),
+            ProjectedLogits(rows, tgt.logits) if need else None,
             labels.flatten(0, 1),
             v.flatten(0, 1),
             self.pos_w,
@@ -195,6 +257,7 @@ class DSparkModule(L.LightningModule):
             c.l1_weight,
             c.conf_weight,
             c.soft_ce_weight,
+            c.chunk_size,
         )
         return terms, v, B
 

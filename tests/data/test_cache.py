@@ -17,6 +17,7 @@ from dspark_lightning.data.cache import (
     describe_estimate,
     estimate_cache_bytes,
     format_bytes,
+    verify_cache,
     write_cache,
 )
 from dspark_lightning.data.features import extract_features, features_for_batch, tokenize_conversations
@@ -117,8 +118,11 @@ def test_flipped_byte(cache_dir):
     data = bytearray(shard.read_bytes())
     data[1000] ^= 0x01
     shard.write_bytes(bytes(data))
+    assert len(FeatureCache(cache_dir)) == 7  # opening checks sizes and counts, not hashes (cheap on every start)
     with pytest.raises(CacheError, match=r"shard-000002.tar.*sha256"):
-        FeatureCache(cache_dir)
+        verify_cache(cache_dir, progress=False)
+    with pytest.raises(CacheError, match=r"shard-000002.tar.*sha256"):
+        FeatureCache(cache_dir, verify_checksums=True)
 
 
 def test_missing_shard_and_index(cache_dir):

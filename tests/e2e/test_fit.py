@@ -68,9 +68,17 @@ def test_every_recipe_parses_and_instantiates(recipe, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     first = Path(recipe).read_text().splitlines()[0]
     assert first.startswith("# dspark-lightning ") and Path(recipe).name in first  # the exact command
-    cli = DSparkCLI(DSparkModule, DSparkDataModule, run=False, args=["--config", recipe])
+    # GPU recipes name a local target directory and GPUs this machine lacks: instantiate them with the tiny target
+    # on one CPU device (everything else as written), after parsing them unchanged.
+    gpu = Path(recipe).parent.name == "gpu"
+    cpu = ["--data.target=tiny-debug", "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto"]
+    cli = DSparkCLI(DSparkModule, DSparkDataModule, run=False, args=["--config", recipe, *(cpu if gpu else [])])
     assert cli.model.drafter.block_size == cli.config.model.block_size
     assert sum(p.numel() for p in cli.model.drafter.parameters()) > 0
+    if gpu:
+        cfg = cli.parser.parse_args(["--config", recipe])  # the recipe as written: every key and type checks
+        assert cfg.trainer.devices == 8 and cfg.trainer.precision == "bf16-mixed" and cfg.data.target_dtype == "bf16"
+        assert cfg.data.features == "cached" and cfg.model.loss.chunk_size
 
 
 def test_validate_and_test_from_a_checkpoint(workdir, capsys):
