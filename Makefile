@@ -5,7 +5,7 @@ export HF_HUB_OFFLINE := 1
 
 .PHONY: setup run test test-fast lint bench bench-decode compare eval-compare bench-compare ablations \
 	calibrate threshold-sweep serve-bench serve-study profile-verify profile-draft bench-regen long long-dflash \
-	vocab-coverage sps-lean bench-speed speed-suite
+	vocab-coverage sps-lean bench-speed speed-suite acceptance bench-main gpu-wheels gpu-check gpu-check-cpu
 
 $(VENV)/.setup-done: pyproject.toml scripts/setup.sh plugins/dspark_example_head/pyproject.toml
 	bash scripts/setup.sh
@@ -72,8 +72,11 @@ serve-study: calibrate threshold-sweep serve-bench
 
 # Speculation that pays on this machine (docs/results.md): verification and drafting cost, regeneration speed, the
 # long recipes, the draft-vocabulary coverage table and the speed benchmark. Run each alone on the machine.
-LONG ?= outputs/smollm2_dspark_long/tb/version_0/drafter
-LONG_DFLASH ?= outputs/smollm2_dflash_long/tb/version_0/drafter
+# the latest exported version of each run (a resumed run writes a new version folder)
+latest = $(lastword $(sort $(wildcard outputs/$(1)/tb/version_*/drafter)))
+LONG ?= $(call latest,smollm2_dspark_long)
+LONG_DFLASH ?= $(call latest,smollm2_dflash_long)
+MAIN ?= $(call latest,smollm2_dspark)
 profile-verify: setup
 	$(PY) scripts/profile_verify.py --out docs/data/verify_profile
 
@@ -101,6 +104,27 @@ bench-speed: setup
 		--batches 1 --prompts_per_domain 3 --max_new_tokens 128 --repeats 2 --out docs/data/bench_speed_b1
 	$(VENV)/bin/dspark-lightning bench --drafter long=$(LONG) --sps docs/data/sps_smollm2_cpu_lean.json --temperatures 0 \
 		--batches 8 --prompts_per_domain 3 --max_new_tokens 128 --repeats 2 --out docs/data/bench_speed_b8
+
+# What the drafter itself accepts with a fixed block (no scheduler, no gate).
+acceptance: setup
+	$(PY) scripts/acceptance_probe.py --drafter $(LONG) --out docs/data/acceptance_probe
+
+# make run's drafter next to the long recipe's, T = 0, batch 1 (issue 12 item 6).
+bench-main: setup
+	$(VENV)/bin/dspark-lightning bench --drafter main=$(MAIN) --drafter long=$(LONG) --sps docs/data/sps_smollm2_cpu_lean.json \
+		--temperatures 0 --batches 1 --prompts_per_domain 3 --max_new_tokens 128 --repeats 2 --out docs/data/bench_main
+
+# Pure-Python wheels the GPU check needs beyond what a device machine has (carry .gpu_wheels with the tree).
+gpu-wheels: setup
+	$(PY) -m pip download --no-deps --only-binary=:all: -d .gpu_wheels jsonargparse==4.53.0 docstring-parser==0.18.0 \
+		typeshed-client==2.15.0 webdataset==1.0.2 braceexpand==0.1.7
+
+# The accelerator check (docs/gpu.md); `make gpu-check-cpu` runs the same code paths on this CPU in a minute.
+gpu-check:
+	bash scripts/gpu_check.sh
+
+gpu-check-cpu: setup
+	$(PY) scripts/gpu_check.py --device cpu --dtype bf16 --quick --out outputs/gpu_check_cpu
 
 # All of the above in one go (what docs/results.md reports), after `make long`.
 speed-suite: setup

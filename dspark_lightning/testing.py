@@ -23,26 +23,30 @@ import torch
 GREEDY_TOKENS = 24
 
 
-def random_target(vocab: int = 260, hidden: int = 64, layers: int = 4, init: float = 0.3, seed: int = 0):
-    """A tiny random Llama target whose greedy continuations vary (large init), with the tiny-debug tokenizer."""
+def random_target(vocab: int = 260, hidden: int = 64, layers: int = 4, init: float = 0.3, seed: int = 0, **config: Any):
+    """A tiny random Llama target whose greedy continuations vary (large init), with the tiny-debug tokenizer.
+
+    ``config``: other ``LlamaConfig`` fields (e.g. heads and widths of a real model's shape, for timings).
+    """
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from . import load_target
 
-    cfg = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=2 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        initializer_range=init,
-        tie_word_embeddings=False,
-        max_position_embeddings=512,
-        eos_token_id=None,
-        bos_token_id=None,
-        pad_token_id=0,
-    )
+    fields = {
+        "vocab_size": vocab,
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "initializer_range": init,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 512,
+        "eos_token_id": None,
+        "bos_token_id": None,
+        "pad_token_id": 0,
+    }
+    cfg = LlamaConfig(**{**fields, **config})  # derived fields (head_dim) follow the overrides
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg).eval()
     return load_target(model, layer_ids=list(range(min(3, layers - 1))), tokenizer=load_target("tiny-debug").tokenizer)

@@ -1,0 +1,30 @@
+"""scripts/gpu_check.py runs on the device machine, where nothing can be fixed mid-run: its code paths run here.
+
+The quick CPU mode uses the same checks (bf16 greedy equality, χ² at T = 1, prepare + a bf16-mixed fit, decode()
+against HF generate(), the SPS profile) on tiny shapes; a failure in any of them is a failed row and exit code 1.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_gpu_check_quick_on_cpu(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--device", "cpu", "--dtype", "bf16", "--quick",
+           "--out", str(out)]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    report = json.loads((out / "gpu_check.json").read_text())
+    rows = report["rows"]
+    kinds = ["greedy", "χ²", "fit", "tok/s", "SPS"]
+    assert [next(k for k in kinds if r["check"].startswith(k)) for r in rows] == kinds, rows
+    failed = [r for r in rows if not r["ok"]]
+    assert not failed, failed
+    assert run.returncode == 0, run.stderr[-2000:]
+    table = (out / "gpu_check.md").read_text()
+    assert table.count("| PASS |") == len(rows) and report["run"]["dtype"] == "bf16"
