@@ -294,8 +294,9 @@ class LeanVerifier:
         return rms_norm(x, self.final), torch.cat(taps, dim=-1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Target logits (..., V) through the LM head (packed on CPU)."""
-        return self.head(hidden)
+        """Target logits (..., V): the LM head (packed on CPU), then the model's own post-processing (scales, soft
+        caps), exactly as :meth:`Target.logits <dspark_lightning.targets.Target.logits>`."""
+        return self.target.finish_logits(self.head(hidden))
 
     @torch.no_grad()
     def prefill(self, ids: list[int], prompts: list[list[int]]) -> SegmentOutput:

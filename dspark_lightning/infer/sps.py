@@ -10,8 +10,10 @@ between profiled points, and a B above the profiled maximum is inadmissible (SPS
 from __future__ import annotations
 
 import json
+import os
 import platform
 import re
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -74,7 +76,7 @@ class SPSTable:
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_suffix(f".{os.getpid()}-{threading.get_ident()}.tmp")  # concurrent writers never share it
         tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
         tmp.replace(path)
         return path
@@ -173,15 +175,20 @@ def profile_sps(
     return SPSTable(tokens=points, sps=nonincreasing(raw), raw_sps=raw, meta=meta)
 
 
+_PROFILING = threading.Lock()  # one profile at a time: threads decoding together would time each other's work
+
+
 def load_or_profile(target, context_len: int = 512, max_tokens: int | None = None, progress: bool = True) -> SPSTable:
-    """The cached table for this target and device, profiling it on first use."""
+    """The cached table for this target and device, profiling it on first use (a thread arriving meanwhile waits,
+    then reads the table just saved)."""
     path = default_path(target, context_len)
-    if path.is_file():
-        table = SPSTable.load(path)
-        if max_tokens is None or table.max_tokens >= max_tokens:
-            return table
-    table = profile_sps(target, max_tokens=max_tokens, context_len=context_len, progress=progress)
-    table.save(path)
+    with _PROFILING:
+        if path.is_file():
+            table = SPSTable.load(path)
+            if max_tokens is None or table.max_tokens >= max_tokens:
+                return table
+        table = profile_sps(target, max_tokens=max_tokens, context_len=context_len, progress=progress)
+        table.save(path)
     return table
 
 

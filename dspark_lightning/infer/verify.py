@@ -127,7 +127,7 @@ class HFVerifier:
         return int((self.kv.owner == rid).sum())
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Target logits (..., V) through its own LM head."""
+        """Target logits (..., V) exactly as the model's forward computes them (its LM head and post-processing)."""
         return self.target.logits(hidden)
 
     def commit(self, ids: torch.Tensor, keep_pos: torch.Tensor) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ __all__ = [
 ]
 
 _CACHE: dict[tuple, Target] = {}
+_LOADING = threading.Lock()  # threads asking for one target at once load it once
 
 
 def resolve_target_path(name_or_path: str) -> Path | str:
@@ -81,15 +83,16 @@ def load_target(
         return Target(target, tokenizer, name, layer_ids, chat)
     name = str(target)
     key = (name, tuple(layer_ids) if layer_ids is not None else None, chat, dtype, str(device))
-    if key not in _CACHE:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    with _LOADING:
+        if key not in _CACHE:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        path = resolve_target_path(name)
-        kw = {"local_files_only": True}
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw).to(device)
-        tok = tokenizer or AutoTokenizer.from_pretrained(path, **kw)
-        _CACHE[key] = Target(model, tok, name, layer_ids, chat)
-    return _CACHE[key]
+            path = resolve_target_path(name)
+            kw = {"local_files_only": True}
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw).to(device)
+            tok = tokenizer or AutoTokenizer.from_pretrained(path, **kw)
+            _CACHE[key] = Target(model, tok, name, layer_ids, chat)
+        return _CACHE[key]
 
 
 def _tokenizer_next_to(name_or_path: str) -> Any:

@@ -2,13 +2,18 @@
 
 Exposes what the drafter needs (SPEC §3.1-3.2, pitfall 3):
 - raw outputs of the tapped decoder layers (forward hooks; never the last layer),
-- the final-norm hidden state and logits through the target's own lm_head,
+- the final-norm hidden state, and logits exactly as the model's own forward computes them (its LM head, then
+  its logit post-processing: scales, soft caps; see :data:`HEAD_STEPS`),
 - the embedding and lm_head modules that the drafter shares (frozen),
 - tokenizer, chat format, and a KV cache for decoding.
+
+One target can serve several threads at once: the tapped outputs of a forward are collected per call.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -93,11 +98,67 @@ class TargetGeometry:
         )
 
 
+def _softcap(z: torch.Tensor, cap: float) -> torch.Tensor:
+    return torch.tanh(z / cap) * cap
+
+
+def _softcap_fp32(z: torch.Tensor, cap: float) -> torch.Tensor:
+    return _softcap(z.float(), cap)
+
+
+# What HF causal LMs do to the LM head's output before returning it (transformers' ``*ForCausalLM.forward``),
+# keyed by the config attribute that holds the constant; None (or no such attribute) switches the step off.
+# The target's sampling law is softmax of the result (SPEC §1, losslessness (ii)); the load-time probe
+# (:meth:`Target.check_head`) refuses any model whose forward does something else.
+HEAD_STEPS: dict[str, Callable[[torch.Tensor, float], torch.Tensor]] = {
+    "logits_scaling": lambda z, s: z / s,  # Granite family (µP)
+    "logit_scale": lambda z, s: z * s,  # Cohere family
+    "lm_head_multiplier": lambda z, s: z * s,  # Falcon-H1
+    "final_logit_softcapping": _softcap,  # Gemma 2-4, VaultGemma, NanoChat
+    "logits_soft_cap": _softcap,  # RecurrentGemma
+}
+# Model types whose forward uses one of those attributes differently.
+HEAD_STEP_OVERRIDES: dict[tuple[str, str], Callable[[torch.Tensor, float], torch.Tensor]] = {
+    ("hyperclovax", "logits_scaling"): lambda z, s: z * s,  # multiplies where Granite divides
+    ("beam", "final_logit_softcapping"): _softcap_fp32,  # these soft-cap in float32
+    ("inkling2", "final_logit_softcapping"): _softcap_fp32,
+    ("inkling2_loop", "final_logit_softcapping"): _softcap_fp32,
+}
+PROBE_TOKENS = 8  # tokens of the load-time check of the logit law
+
+
+def head_steps(cfg: Any) -> list[tuple[Callable[[torch.Tensor, float], torch.Tensor], float]]:
+    """The (operation, constant) steps this config's forward applies after its LM head, in order."""
+    kind = getattr(cfg, "model_type", "")
+    steps = []
+    for attr, op in HEAD_STEPS.items():
+        value = getattr(cfg, attr, None)
+        if value is not None:
+            steps.append((HEAD_STEP_OVERRIDES.get((kind, attr), op), float(value)))
+    return steps
+
+
+# The tapped layers' outputs of the target forward running in this thread (or task), or None outside one: per
+# call, not on the module, so that threads sharing a target never read each other's layers.
+_CAPTURE: ContextVar[dict[int, torch.Tensor] | None] = ContextVar("dspark_target_capture", default=None)
+
+
 @dataclass
 class TargetOutput:
     context: torch.Tensor  # (B, S, n*d) raw tapped-layer outputs, concatenated in layer_ids order
     hidden: torch.Tensor  # (B, S, d) final-norm hidden state
     past_key_values: Any = None
+
+
+def _capture_hook(lid: int):
+    """A forward hook storing decoder layer ``lid``'s raw output into the calling forward's capture (if any)."""
+
+    def hook(_module: nn.Module, _inp: Any, out: Any) -> None:
+        captured = _CAPTURE.get()
+        if captured is not None:
+            captured[lid] = out[0] if isinstance(out, tuple) else out
+
+    return hook
 
 
 class Target(nn.Module):
@@ -121,10 +182,11 @@ class Target(nn.Module):
         )
         self.geometry = TargetGeometry.from_config(cfg, ids)
         self.chat = chat or ChatFormat()
-        self._captured: dict[int, torch.Tensor] = {}
+        self._head_steps = head_steps(cfg)
         layers = self.decoder_layers
         for lid in sorted(set(ids)):
-            layers[lid].register_forward_hook(self._make_hook(lid))
+            layers[lid].register_forward_hook(_capture_hook(lid))
+        self.check_head()
 
     # --- structure -------------------------------------------------------------------------
     @property
@@ -170,12 +232,6 @@ class Target(nn.Module):
     def train(self, mode: bool = True) -> Target:  # the target is always frozen and in eval mode
         return super().train(False)
 
-    def _make_hook(self, lid: int):
-        def hook(_module: nn.Module, _inp: Any, out: Any) -> None:
-            self._captured[lid] = out[0] if isinstance(out, tuple) else out
-
-        return hook
-
     # --- compute ---------------------------------------------------------------------------
     @torch.no_grad()
     def forward(
@@ -186,21 +242,64 @@ class Target(nn.Module):
         position_ids: torch.Tensor | None = None,
         use_cache: bool = False,
     ) -> TargetOutput:
-        self._captured.clear()
-        out = self.decoder(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=past_key_values,  # transformers >= 5.20 names it `cache`
-            use_cache=use_cache,
-        )
-        context = torch.cat([self._captured[lid] for lid in self.geometry.layer_ids], dim=-1)  # (B, S, n*d)
-        self._captured.clear()
+        captured: dict[int, torch.Tensor] = {}
+        token = _CAPTURE.set(captured)
+        try:
+            out = self.decoder(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                cache=past_key_values,  # transformers >= 5.20 names it `cache`
+                use_cache=use_cache,
+            )
+        finally:
+            _CAPTURE.reset(token)
+        context = torch.cat([captured[lid] for lid in self.geometry.layer_ids], dim=-1)  # (B, S, n*d)
         return TargetOutput(context=context, hidden=out.last_hidden_state, past_key_values=out.cache)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Target logits through its own lm_head: (..., d) -> (..., V)."""
-        return self.lm_head(hidden)
+        """The target's logits exactly as its own forward computes them: (..., d) -> (..., V).
+
+        The one function every target law goes through: verification, the SPS profile and the training labels.
+        """
+        return self.finish_logits(self.lm_head(hidden))
+
+    def finish_logits(self, z: torch.Tensor) -> torch.Tensor:
+        """The model's post-processing of its LM head's output (scales, soft caps; :data:`HEAD_STEPS`), for
+        callers that compute the LM head product themselves (the lean verifier)."""
+        for op, value in self._head_steps:
+            z = op(z, value)
+        return z
+
+    @torch.no_grad()
+    def check_head(self) -> None:
+        """Refuse a model whose forward turns hidden states into logits in a way :meth:`logits` does not reproduce.
+
+        Compares the log-laws of :meth:`logits` and of the model's own ``forward().logits`` on a few tokens (two
+        tiny forwards at load time). Both run the same operations, so they agree to rounding; a missed scale or
+        soft cap moves them by far more than the tolerance.
+        """
+        V = self.geometry.vocab_size
+        dev = self.embed_tokens.weight.device
+        ids = (torch.arange(1, PROBE_TOKENS + 1, device=dev) * 7919 % V)[None]  # (1, S) spread over the vocabulary
+        ours = self.logits(self.forward(ids).hidden).float()
+        theirs = self.model(input_ids=ids, use_cache=False).logits.float()
+        kind = getattr(self.model.config, "model_type", "?")
+        if ours.shape != theirs.shape:
+            raise ValueError(
+                f"target {self.name!r} ({kind}): its forward returns logits of shape {tuple(theirs.shape)}, its LM "
+                f"head {tuple(ours.shape)}; dspark-lightning cannot reproduce this model's sampling law"
+            )
+        scale = theirs.nan_to_num(0.0, 0.0, 0.0).abs().max().item()  # rounding is relative to the logits' size
+        tol = max(1e-5, 8 * torch.finfo(self.dtype).eps * (1 + scale))
+        ours, theirs = ours.log_softmax(-1), theirs.log_softmax(-1)
+        if not torch.isclose(ours, theirs, rtol=0, atol=tol, equal_nan=True).all():
+            diff = (ours - theirs).abs().nan_to_num(0.0).max().item()
+            raise ValueError(
+                f"target {self.name!r} ({kind}): its forward post-processes the LM head's logits in a way "
+                f"dspark-lightning cannot reproduce (log-probabilities differ by {diff:.3g} on a probe; known steps: "
+                f"{', '.join(HEAD_STEPS)}), so speculative sampling from it would not be lossless"
+            )
 
     def new_cache(self) -> Any:
         from transformers import DynamicCache
