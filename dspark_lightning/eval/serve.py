@@ -80,7 +80,7 @@ def closed_loop(
         raise ValueError("the prompt pool is empty")
     engine = make_engine(target, drafter, SamplingParams(temperature), scheduler=scheduler, seed=seed, layout=layout)
     check_positions(target, prompts, max_new_tokens, engine.block_size)
-    bind_scheduler(engine, target, concurrency)
+    bind_scheduler(engine, target, concurrency, drafter)
     added = 0
 
     def refill() -> None:

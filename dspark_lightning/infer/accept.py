@@ -44,7 +44,13 @@ def accept(
     if params.greedy:
         ok = x == p[:, :k].argmax(-1)
     else:
-        u = uniforms(R, k, generator, drafts.device)
+        # per-request streams draw γ uniforms every round whatever the batch's widest block, so a request's
+        # stream never depends on its neighbours (a shared stream draws only the k it needs)
+        u = (
+            uniforms(R, g, generator, drafts.device)[:, :k]
+            if isinstance(generator, list)
+            else uniforms(R, k, generator, drafts.device)
+        )
         pt = p[:, :k].gather(-1, x[..., None]).squeeze(-1)  # (R, k) p_t,k(x_k)
         qd = q[:, :k].gather(-1, x[..., None]).squeeze(-1)  # (R, k) q_k(x_k)
         ok = u * qd < pt  # u < p/q without dividing (q(x_k) > 0 for a sampled x_k)

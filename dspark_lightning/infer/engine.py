@@ -11,6 +11,7 @@ Requests can be added at any time (continuous batching) and finish independently
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 
@@ -22,7 +23,11 @@ from .schedulers import build_scheduler, survival
 from .stats import RoundLog
 from .verify import build_verifier
 
-ACCEPT_SEED_OFFSET = 0x5EED  # drafting and acceptance use separate, seeded RNG streams
+
+def stream_seed(*key: object) -> int:
+    """A 63-bit seed from a key such as (decode seed, prompt index, "draft"): independent streams per request."""
+    digest = hashlib.sha256(":".join(map(str, key)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
 
 
 @dataclass
@@ -38,7 +43,8 @@ class Request:
     t_added: float = 0.0
     t_first: float = 0.0  # first token (after prefill)
     t_done: float = 0.0
-    generator: torch.Generator | None = None  # own acceptance/sampling stream (seeded per request), else shared
+    generator: torch.Generator | None = None  # own acceptance/sampling stream (first token, acceptance, residual)
+    draft_generator: torch.Generator | None = None  # own drafting stream (draft tokens)
 
     @property
     def done(self) -> bool:
@@ -72,8 +78,7 @@ class Engine:
         self.stop_strings = [s for s in (stop_strings or []) if s]
         dev = self.verifier.device
         self.device = dev
-        self.draft_gen = torch.Generator(device=dev).manual_seed(seed)
-        self.accept_gen = torch.Generator(device=dev).manual_seed(seed + ACCEPT_SEED_OFFSET)
+        self.seed = seed
         self.requests: list[Request] = []
         self.log = RoundLog()
         self.time_s = {"prefill": 0.0, "draft": 0.0, "schedule": 0.0, "verify": 0.0, "accept": 0.0}
@@ -98,8 +103,9 @@ class Engine:
     ) -> list[Request]:
         """Prefill new requests and sample their first token (not a round).
 
-        ``seeds``: one per prompt, giving each request its own sampling stream, so that (with no drafter) its
-        output does not depend on which other requests share its batch (response regeneration relies on it).
+        Every request draws from its own two random streams (drafting; first token + acceptance + residual),
+        seeded from ``seeds[i]`` when given, else from (engine seed, prompt index), so what it draws never depends
+        on which other requests share its batch (SPEC §10; response regeneration relies on it too).
         """
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -110,8 +116,12 @@ class Engine:
         if seeds is not None and len(seeds) != len(prompts):
             raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
         for i, p in enumerate(prompts):
-            gen = None if seeds is None else torch.Generator(device=self.device).manual_seed(int(seeds[i]))
-            new.append(Request(first_index + i, self._next_rid, list(p), max_new_tokens, t_added=t0, generator=gen))
+            key = ("seed", int(seeds[i])) if seeds is not None else ("decode", self.seed, first_index + i)
+            gen = torch.Generator(device=self.device).manual_seed(stream_seed(*key, "accept"))
+            dgen = torch.Generator(device=self.device).manual_seed(stream_seed(*key, "draft"))
+            r = Request(first_index + i, self._next_rid, list(p), max_new_tokens, t_added=t0, generator=gen,
+                        draft_generator=dgen)  # fmt: skip
+            new.append(r)
             self._next_rid += 1
         ids = [r.rid for r in new]
         lengths = self._tensor([len(r.prompt) for r in new])
@@ -150,7 +160,8 @@ class Engine:
         gate = getattr(self.scheduler, "wants_draft", None)
         drafting = self.proposer is not None and (gate is None or gate(R))  # decided from earlier steps only
         if drafting:
-            prop = self.proposer.propose(ids, anchors, apos, self.params, self.draft_gen, requests=act)
+            draft_gens = [r.draft_generator for r in act]  # row r draws from request r's own stream
+            prop = self.proposer.propose(ids, anchors, apos, self.params, draft_gens, requests=act)
             t1 = time.perf_counter()
             self.time_s["draft"] += t1 - t0
             observe = getattr(self.scheduler, "observe_draft_time", None)
@@ -210,18 +221,15 @@ class Engine:
             self.time_s["draft"] += self._extend_s
         observe_step = getattr(self.scheduler, "observe_step", None)
         if observe_step is not None:
-            observe_step(drafting, R, sum(len(new) for _, new in committed), time.perf_counter() - t_step)
+            tokens = sum(len(new) for _, new in committed)
+            observe_step(drafting, R, tokens, time.perf_counter() - t_step, verified=self.log.step_tokens[-1])
         return committed
 
     # --- bookkeeping -----------------------------------------------------------------------
-    def _generators(self, reqs: list[Request]):
-        """The shared acceptance stream, or one stream per request when every request has its own."""
-        own = [r.generator for r in reqs]
-        if all(g is None for g in own):
-            return self.accept_gen
-        if any(g is None for g in own):
-            raise ValueError("mix of seeded and unseeded requests in one engine")
-        return own
+    @staticmethod
+    def _generators(reqs: list[Request]) -> list[torch.Generator]:
+        """Each request's own acceptance stream, row by row."""
+        return [r.generator for r in reqs]
 
     def _commit(self, r: Request, new: list[int], stopped: bool) -> None:
         r.output.extend(new)

@@ -11,6 +11,7 @@ break) and ``async_hardware_aware`` (budget from confidences two steps old, fres
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Any, Protocol, runtime_checkable
 
@@ -155,18 +156,40 @@ class DraftGate:
         self.rate[key] = r if old is None else (1 - self.decay) * old + self.decay * r
 
 
+TIMINGS = ("model", "live")
+
+
 class _SPSScheduler:
+    """Shared by the SPS-driven schedulers: the table, the drafting cost and the draft gate.
+
+    ``timing="model"`` (default, reproducible): a step's time is modelled as 1 / SPS(B) for its B verified
+    tokens plus the drafter's cost per round at its batch size, profiled once per (drafter, machine) and cached
+    (:mod:`.draft_cost`); ℓ and the gate then depend only on the confidences and the tokens committed so far, so
+    the same call with the same seed gives the same output under any machine load. ``timing="live"`` uses this
+    run's wall clock instead (an EMA of drafting time, measured step rates): it adapts to the load of the
+    moment and is not reproducible at T > 0.
+    """
+
     def __init__(
         self,
         sps: SPSTable | str | None = None,
         context_len: int = 512,
         include_draft_time: bool = True,
         skip_draft: bool = True,
+        timing: str = "model",
+        draft_cost: float | None = None,
     ):
+        if timing not in TIMINGS:
+            raise ValueError(f"timing must be one of {TIMINGS}, got {timing!r}")
+        if draft_cost is not None and not (draft_cost >= 0 and math.isfinite(draft_cost)):
+            raise ValueError(f"draft_cost must be a finite number of seconds >= 0, got {draft_cost}")
         self.sps = SPSTable.load(sps) if isinstance(sps, str) else sps
         self.context_len = context_len
         self.include_draft_time = include_draft_time
-        self.draft_s: float | None = None  # running estimate of the per-step drafting time (seconds)
+        self.timing = timing
+        self.fixed_cost = draft_cost  # seconds per round, whatever the batch (overrides the profile)
+        self.cost = None  # DraftCost profiled by bind()
+        self.draft_s: float | None = None  # live timing: running estimate of the per-step drafting time
         self.gate = DraftGate() if skip_draft else None
 
     def reset(self) -> None:
@@ -180,28 +203,50 @@ class _SPSScheduler:
         plain = float(R * self.sps(R)) if self.sps is not None and R <= self.sps.max_tokens else None
         return self.gate.wants_draft(R, plain)
 
-    def observe_step(self, drafted: bool, R: int, tokens: int, seconds: float) -> None:
-        """The engine reports each finished step: drafted or not, batch size, committed tokens, wall time."""
-        if self.gate is not None:
-            self.gate.observe(drafted, R, tokens, seconds)
+    def observe_step(self, drafted: bool, R: int, tokens: int, seconds: float, verified: int | None = None) -> None:
+        """The engine reports each finished step: drafted or not, batch size, committed tokens, wall time and
+        verified tokens B. Model timing replaces the wall time by 1 / SPS(B) (+ the drafting cost)."""
+        if self.gate is None:
+            return
+        if self.timing == "model":
+            B = R if verified is None else verified
+            if self.sps is None or B > self.sps.max_tokens:
+                return
+            seconds = 1.0 / float(self.sps(B)) + (self.draft_cost(R) if drafted else 0.0)
+        self.gate.observe(drafted, R, tokens, seconds)
 
-    def bind(self, target: Any, max_tokens: int | None = None, progress: bool = True) -> None:
-        """Load (or profile once and cache) the target's SPS table on this device when none was given."""
+    def bind(self, target: Any, max_tokens: int | None = None, progress: bool = True, drafter: Any = None,
+             max_batch: int = 1) -> None:  # fmt: skip
+        """Load (or profile once and cache) the target's SPS table on this device when none was given, and the
+        drafter's cost per round for model timing."""
         if self.sps is None:
             self.sps = load_or_profile(target, self.context_len, max_tokens=max_tokens, progress=progress)
+        if self.timing == "model" and self.fixed_cost is None and drafter is not None and self.include_draft_time:
+            from .draft_cost import load_or_profile_draft_cost
+
+            self.cost = load_or_profile_draft_cost(target, drafter, max_batch, progress=progress)
+
+    def draft_cost(self, R: int) -> float:
+        """Modelled drafting seconds of a step with R requests (0 when drafting time is not counted)."""
+        if not self.include_draft_time:
+            return 0.0
+        if self.fixed_cost is not None:
+            return self.fixed_cost
+        return self.cost(R) if self.cost is not None else 0.0
 
     def observe_draft_time(self, seconds: float) -> None:
-        """The engine reports each step's drafting time; it does not depend on any token value."""
+        """Live timing: the engine reports each step's drafting time (it does not depend on any token value)."""
         self.draft_s = seconds if self.draft_s is None else 0.7 * self.draft_s + 0.3 * seconds
 
-    def _table(self) -> SPSTable:
+    def _table(self, R: int) -> SPSTable:
         if self.sps is None:
             raise RuntimeError(f"{type(self).__name__} has no SPS table: pass sps=... or call bind(target)")
-        if not self.include_draft_time or not self.draft_s:
+        extra = self.draft_cost(R) if self.timing == "model" else (self.draft_s or 0.0)
+        if not self.include_draft_time or not extra:
             return self.sps
         # Whole-step rate: the drafting cost is paid once per step whatever l is (SPEC §6, "Optionally time
         # the whole step"); on a CPU it is comparable to a target forward and moves the optimum to longer l.
-        sps = [1.0 / (1.0 / v + self.draft_s) if v > 0 else 0.0 for v in self.sps.sps]
+        sps = [1.0 / (1.0 / v + extra) if v > 0 else 0.0 for v in self.sps.sps]
         return SPSTable(tokens=self.sps.tokens, sps=sps, meta=self.sps.meta)
 
 
@@ -212,12 +257,15 @@ class HardwareAwareScheduler(_SPSScheduler):
     Args:
         sps: an :class:`SPSTable`, a path to its JSON, or None to load/profile the target's table on first use.
         context_len: context length of the profile used when ``sps`` is None.
-        include_draft_time: add the measured per-step drafting time to every 1/SPS(B) (whole-step rate).
+        include_draft_time: add the drafting cost per step to every 1/SPS(B) (whole-step rate).
         skip_draft: skip the drafter for whole steps while drafting has not paid (:class:`DraftGate`).
+        timing: ``model`` (reproducible: SPS table + drafting cost profiled once and cached) or ``live`` (this
+            run's wall clock; adapts to load, not reproducible at T > 0). See :class:`_SPSScheduler`.
+        draft_cost: fixed drafting seconds per round (instead of the profile).
     """
 
     def __call__(self, conf: torch.Tensor) -> torch.Tensor:
-        return prefix_schedule(conf.detach().cpu(), self._table())
+        return prefix_schedule(conf.detach().cpu(), self._table(conf.shape[0]))
 
 
 @register("scheduler", "async_hardware_aware")
@@ -236,8 +284,10 @@ class AsyncHardwareAwareScheduler(_SPSScheduler):
         include_draft_time: bool = True,
         lag: int = 2,
         skip_draft: bool = True,
+        timing: str = "model",
+        draft_cost: float | None = None,
     ) -> None:
-        super().__init__(sps, context_len, include_draft_time, skip_draft)
+        super().__init__(sps, context_len, include_draft_time, skip_draft, timing, draft_cost)
         if lag < 1:
             raise ValueError(f"lag must be >= 1, got {lag}")
         self.lag = lag
@@ -248,16 +298,16 @@ class AsyncHardwareAwareScheduler(_SPSScheduler):
         self.history: deque[torch.Tensor] = deque(maxlen=self.lag)
 
     def __call__(self, conf: torch.Tensor) -> torch.Tensor:
-        sps = self._table()
         conf = conf.detach().cpu()
         R, g = conf.shape
+        sps = self._table(R)
         a = survival(conf)
         values, req = ranked_pool(a)
         if len(self.history) == self.lag:
             K = global_capacity(self.history[0], sps)
         else:
             K = int(prefix_schedule(conf, sps).sum())
-        K = max(0, min(K, R * g, len(values)))
+        K = max(0, min(K, R * g, len(values), sps.max_tokens - R))  # a stale budget may exceed what R allows
         self.history.append(a)
         return admit(req, K, R)
 

@@ -110,18 +110,35 @@ def test_schedulers_never_see_tokens():
         assert params == ["conf"], (name, params)
 
 
-def test_whole_step_rate_includes_measured_draft_time():
-    """A CPU-like curve (B=1 63 ms, B=2 107 ms): drafting costs 73 ms per step whatever l is, so l=1 pays off."""
+def test_whole_step_rate_includes_the_draft_time():
+    """A CPU-like curve (B=1 63 ms, B=2 107 ms): drafting costs 73 ms per step whatever l is, so l=1 pays off.
+
+    Model timing (default) takes the cost from the profile or ``draft_cost``; live timing from the wall clock."""
     from dspark_lightning.infer import HardwareAwareScheduler
+    from dspark_lightning.infer.draft_cost import DraftCost
 
     sps = SPSTable.from_points({1: 1 / 0.063, 2: 1 / 0.107, 8: 1 / 0.110})
     conf = torch.tensor([[0.5, 0.5, 0.5]])
     target_only = HardwareAwareScheduler(sps, include_draft_time=False)
-    whole_step = HardwareAwareScheduler(sps)
     assert target_only(conf).tolist() == [0]  # (1 + 0.5) / 0.107 < 1 / 0.063
-    assert whole_step(conf).tolist() == [0]  # no draft time observed yet: same as target-only
-    whole_step.observe_draft_time(0.073)
-    assert whole_step(conf).tolist() == [3]  # (1 + 0.5) / 0.180 > 1 / 0.136, and longer blocks are almost free
+    assert HardwareAwareScheduler(sps, draft_cost=0.073)(conf).tolist() == [3]  # (1 + .5) / .180 > 1 / .136
+    profiled = HardwareAwareScheduler(sps)
+    assert profiled(conf).tolist() == [0]  # no profile bound yet: same as target-only
+    profiled.cost = DraftCost([1, 8], [0.073, 0.2])
+    assert profiled(conf).tolist() == [3]
+    profiled.observe_draft_time(5.0)  # the wall clock does not move a model-timed schedule
+    assert profiled(conf).tolist() == [3]
+    live = HardwareAwareScheduler(sps, timing="live")
+    assert live(conf).tolist() == [0]  # no draft time observed yet
+    live.observe_draft_time(0.073)
+    assert live(conf).tolist() == [3]
+
+
+def test_draft_cost_interpolates():
+    from dspark_lightning.infer.draft_cost import DraftCost
+
+    c = DraftCost([1, 2, 8], [0.01, 0.02, 0.05])
+    assert c(1) == 0.01 and c(2) == 0.02 and abs(c(5) - 0.035) < 1e-12 and abs(c(16) - 0.1) < 1e-12
 
 
 def test_draft_gate_skips_when_drafting_loses_and_probes_back():

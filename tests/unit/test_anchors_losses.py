@@ -76,3 +76,19 @@ def test_loss_by_hand():
 def test_expected_tau():
     assert expected_tau(torch.tensor([1.0, 1.0, 1.0])) == pytest.approx(4.0)
     assert expected_tau(torch.tensor([0.5, 0.5])) == pytest.approx(1 + 0.5 + 0.25)
+
+
+def test_tau_hat_averages_per_block_products():
+    """Blocks [1, 1] and [0, 0]: expected lengths 3 and 1, τ̂ = 2; the product of position means would say 1.75."""
+    from dspark_lightning.lightning.metrics import PositionAcceptance
+
+    m = PositionAcceptance(2, ["math"])
+    acc = torch.tensor([[1.0, 1.0], [0.0, 0.0], [0.9, 0.9]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 1.0], [0.0, 0.0]])  # the third block is not supervised: not counted
+    m.update(acc, mask, ["math", "math", "math"])
+    num, den, tau_sum, blocks = m.compute()
+    assert float(tau_sum[-1] / blocks[-1]) == pytest.approx(2.0)
+    assert expected_tau(num[-1] / den[-1]) == pytest.approx(1.75)  # the biased estimate this replaces
+    m.update(torch.tensor([[1.0, 1.0]]), torch.tensor([[1.0, 0.0]]), ["math"])  # truncated: 1 + 1 = 2
+    _, _, tau_sum, blocks = m.compute()
+    assert float(tau_sum[-1] / blocks[-1]) == pytest.approx((3 + 1 + 2) / 3)
