@@ -142,6 +142,9 @@ def fit_sts(
     """T*_k = argmin_T ECE_k(G_{k−1}·σ(z_k/T)), ties broken by the smallest |log T|, left to right."""
     grid = default_grid() if grid is None else grid.double()
     z, m, ell = z.double(), m.long(), ell.long()
+    if not bool(torch.isfinite(z).all()):
+        raise ValueError("STS: the confidence logits hold NaN or inf (non-finite drafter weights?); nothing to fit")
+    check_temperatures(grid.tolist(), "STS grid")
     g = z.shape[1]
     temps = torch.ones(g, dtype=torch.float64)
     prefix = torch.ones(z.shape[0], dtype=torch.float64)  # G_{i,k-1}
@@ -163,6 +166,7 @@ def fit_sts(
             ties = (errs <= best + 1e-12).nonzero().flatten()
             temps[k] = grid[ties[closeness[ties].argmin()]]
         prefix = prefix * torch.sigmoid(z[:, k] / temps[k])
+    check_temperatures(temps.tolist(), "STS result")
     if copied:
         msg = (
             f"STS: fewer than {min_rows} rows or than {min_class} rounds of a class at positions {copied}; "
@@ -176,6 +180,16 @@ def fit_sts(
         grid=grid.tolist(),
         copied=copied,
     )
+
+
+def _number(t: object) -> bool:
+    return isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t)
+
+
+def check_temperatures(temps: object, where: str) -> None:
+    """Temperatures divide the logits: only finite positive numbers are meaningful (NaN turns every score NaN)."""
+    if not (isinstance(temps, list | tuple) and temps and all(_number(t) and t > 0 for t in temps)):
+        raise ValueError(f"{where}: temperatures must be a non-empty list of finite numbers > 0, got {temps!r}")
 
 
 # --- rollouts, storage next to the weights, selection at decode time ---------------------------
@@ -282,6 +296,7 @@ def save_calibration(
     from pathlib import Path
 
     path = Path(drafter_dir) / calibration_file(temperature)
+    check_temperatures(res.temperatures, f"refusing to write {path}")
     doc = {
         "temperatures": res.temperatures,
         "sampling_temperature": float(temperature),
@@ -307,11 +322,18 @@ def load_calibrations(drafter_dir, weights_sha256: str) -> dict[float, list[floa
 
     out = {}
     for f in sorted(Path(drafter_dir).glob("calibration_T*.json")):
-        doc = json.loads(f.read_text())
-        if doc.get("weights_sha256") != weights_sha256:
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise ValueError(f"calibration file {f} is not readable JSON ({exc}); recalibrate or remove it") from None
+        if not isinstance(doc, dict) or doc.get("weights_sha256") != weights_sha256:
             warnings.warn(f"{f} was fitted for other weights; ignoring it", stacklevel=2)
             continue
-        out[float(doc["sampling_temperature"])] = [float(t) for t in doc["temperatures"]]
+        temps, sampling = doc.get("temperatures"), doc.get("sampling_temperature")
+        check_temperatures(temps, f"calibration file {f}")
+        if not (_number(sampling) and sampling >= 0):
+            raise ValueError(f"calibration file {f}: sampling_temperature must be a finite number >= 0, got {sampling}")
+        out[float(sampling)] = [float(t) for t in temps]
     return out
 
 

@@ -1,14 +1,21 @@
 """Save / load a drafter as a directory: config.json + model.safetensors (+ calibration.json later).
 
 The directory records the block convention, the target name, its layer ids and chat format, the
-registered names and hyperparameters of every part, and a SHA-256 of the weights. Loading
-rebuilds the parts through the registry (no pickles) and refuses a mismatched target.
+registered names and hyperparameters of every part, a SHA-256 of the weights and one of the rest of
+config.json (``config_sha256``: block size, mask token, geometry, parts, convention, target...). Loading
+rebuilds the parts through the registry (no pickles) and refuses a mismatched target, an edited
+config.json, altered or non-finite weights. An export is written to a temp directory and renamed into
+place, so a killed export leaves no directory that looks like one (and its temp is removed next time).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +44,23 @@ def weights_sha256(state: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
+HASH_KEYS = ("weights_sha256", "config_sha256")
+
+
+def config_sha256(cfg: dict[str, Any]) -> str:
+    """SHA-256 of everything in config.json but the two hashes: every field that decides how the drafter is rebuilt
+    and behaves (block size, mask token, geometry, parts and their arguments, convention, target, layer ids...)."""
+    rest = {k: v for k, v in json.loads(json.dumps(cfg)).items() if k not in HASH_KEYS}  # as read back from disk
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def check_finite(state: dict[str, torch.Tensor], where: str, error: type[Exception] = DrafterLoadError) -> None:
+    """Refuse NaN / inf weights (a diverged run) naming the first such tensor: they decode nothing useful."""
+    for name, t in state.items():
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise error(f"{where}: tensor {name!r} has non-finite values (NaN or inf); did training diverge?")
+
+
 def save_drafter(
     drafter: Drafter,
     path: str | Path,
@@ -45,15 +69,19 @@ def save_drafter(
     overwrite: bool = False,
     state: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write ``path/config.json`` and ``path/model.safetensors``. Refuses a non-empty directory unless ``overwrite``.
+    """Write ``path/config.json`` and ``path/model.safetensors``. Refuses a non-empty directory unless ``overwrite``,
+    and non-finite weights.
 
     ``state``: the weights to write (default ``drafter.state_dict()``), e.g. the full state gathered from FSDP shards.
+    Both files are written to a temp directory next to ``path`` first (see :func:`_install_export`).
     """
     path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise FileExistsError(f"export path {path} exists and is not a directory")
     if path.exists() and any(path.iterdir()) and not overwrite:
         raise FileExistsError(f"export directory {path} is not empty; refusing to overwrite it")
-    path.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().contiguous() for k, v in (drafter.state_dict() if state is None else state).items()}
+    check_finite(state, f"refusing to export {path}", ValueError)
     cfg = {
         "format_version": FORMAT_VERSION,
         "target": target.describe(),
@@ -61,9 +89,42 @@ def save_drafter(
         "weights_sha256": weights_sha256(state),
         **(extra or {}),
     }
-    save_file(state, str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    cfg["config_sha256"] = config_sha256(cfg)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_orphans(path)
+    tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(path), dir=path.parent))
+    try:
+        save_file(state, str(tmp / "model.safetensors"))
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        _install_export(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def _tmp_prefix(path: Path) -> str:
+    return f".{path.name}.export-tmp-"
+
+
+def _remove_orphans(path: Path) -> None:
+    """Remove the temp directories of earlier exports to ``path`` that were killed before their rename. Exports to
+    one path have one writer (rank 0 of ``fit``, or one ``export`` command), so such a directory is never live."""
+    for orphan in path.parent.glob(_tmp_prefix(path) + "*"):
+        warnings.warn(f"removing {orphan}, left by an export that was interrupted", stacklevel=3)
+        shutil.rmtree(orphan, ignore_errors=True)
+
+
+def _install_export(tmp: Path, path: Path) -> None:
+    """Move a finished export into place. A new (or empty) ``path`` is one atomic rename of the whole directory;
+    an existing one (``overwrite``) gets the weights first and config.json last, each replaced atomically, so an
+    interruption in between leaves a pair whose weights hash no longer matches: refused on load, never used."""
+    if path.is_dir() and not any(path.iterdir()):
+        path.rmdir()
+    if not path.exists():
+        tmp.rename(path)
+        return
+    for name in ("model.safetensors", "config.json"):
+        os.replace(tmp / name, path / name)
 
 
 def read_config(path: str | Path) -> dict[str, Any]:
@@ -71,7 +132,26 @@ def read_config(path: str | Path) -> dict[str, Any]:
     f = path / "config.json"
     if not f.is_file():
         raise FileNotFoundError(f"{path} is not an exported drafter directory (no config.json)")
-    return json.loads(f.read_text())
+    try:
+        cfg = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise DrafterLoadError(f"{f} is not readable JSON ({exc}); re-export the drafter") from None
+    if not isinstance(cfg, dict):
+        raise DrafterLoadError(f"{f} does not hold a JSON object")
+    return cfg
+
+
+def check_config_hash(cfg: dict[str, Any], path: Path) -> None:
+    """An edited config.json (``block_size``, ``mask_token_id``, ...) would be used as is: refuse it. Exports
+    written before ``config_sha256`` existed load with a warning."""
+    stored = cfg.get("config_sha256")
+    if stored is None:
+        msg = f"{path}/config.json has no config_sha256 (an older export): its fields are not integrity-checked"
+        warnings.warn(msg, stacklevel=3)
+    elif stored != config_sha256(cfg):
+        raise DrafterLoadError(
+            f"{path}/config.json does not match its config_sha256: it was edited after export; re-export the drafter"
+        )
 
 
 def check_compatible(cfg: dict[str, Any], target: Any, where: str) -> None:
@@ -86,8 +166,42 @@ def check_compatible(cfg: dict[str, Any], target: Any, where: str) -> None:
         raise DrafterLoadError(
             f"{where}: drafter was trained on target layers {g['layer_ids']}, target taps {list(tg.layer_ids)}"
         )
-    if cfg.get("convention", CONVENTION) != CONVENTION:
-        raise DrafterLoadError(f"{where}: block convention {cfg.get('convention')!r}, this runtime uses {CONVENTION!r}")
+    if "convention" not in cfg:
+        raise DrafterLoadError(
+            f"{where}: config.json has no 'convention' key (the block layout the drafter was trained in)"
+        )
+    if cfg["convention"] != CONVENTION:
+        raise DrafterLoadError(f"{where}: block convention {cfg['convention']!r}, this runtime uses {CONVENTION!r}")
+    check_chat_format(cfg, target, where)
+
+
+def recorded_target_args(path: str | Path) -> dict[str, Any]:
+    """``load_target`` keyword arguments that match what the drafter at ``path`` was trained with (tapped layers,
+    chat format), so ``--target NAME --drafter DIR`` loads the target the drafter expects."""
+    from .targets import ChatFormat
+
+    cfg = read_config(Path(path))
+    if "target" in cfg:  # our export
+        t = cfg["target"]
+        return {"layer_ids": list(t["geometry"]["layer_ids"]), "chat": ChatFormat(**t.get("chat", {}))}
+    if "target_layer_ids" in cfg:  # a serving layout
+        return {"layer_ids": list(cfg["target_layer_ids"])}
+    return {}
+
+
+def check_chat_format(cfg: dict[str, Any], target: Any, where: str) -> None:
+    """The drafter learnt the target's features of conversations rendered one way (template on/off, system prompt):
+    a target that renders them another way feeds it features it never saw. Lossless either way, but τ collapses
+    silently, so refuse; load the target with the recorded ``ChatFormat`` instead."""
+    recorded = (cfg.get("target") or {}).get("chat")
+    if recorded is None:
+        return  # exports that predate the record
+    have = target.chat.to_dict()
+    if any(recorded.get(k) != v for k, v in have.items()):
+        raise DrafterLoadError(
+            f"{where}: drafter was trained with chat format {recorded}, the target renders {have}; load the target "
+            "with chat=ChatFormat(**that) (the recipe's data.system_prompt)"
+        )
 
 
 def load_drafter(
@@ -113,9 +227,12 @@ def load_drafter(
     from .interop import is_serving_config, load_serving_drafter
 
     if is_serving_config(cfg):  # a serving layout (DeepSpec / vLLM / SGLang), see interop/
-        return load_serving_drafter(path, cfg, target, device if device is not None else map_location, dtype)
+        drafter = load_serving_drafter(path, cfg, target, device if device is not None else map_location, dtype)
+        check_finite(drafter.state_dict(), str(path))
+        return drafter
     if cfg.get("format_version") != FORMAT_VERSION:
         raise DrafterLoadError(f"{path}: unsupported format_version {cfg.get('format_version')}")
+    check_config_hash(cfg, path)
     tmeta = cfg["target"]
     if target is None:
         target = load_target(tmeta["name"], layer_ids=tmeta["geometry"]["layer_ids"], chat=ChatFormat(**tmeta["chat"]))
@@ -130,9 +247,14 @@ def load_drafter(
         sh = build_part("seq_head", cfg["seq_head"], g)
         ch = build_part("conf_head", cfg["conf_head"], g, getattr(sh, "token_dim", 0)) if cfg["conf_head"] else None
         drafter = compose(target, bb, sh, ch, cfg["block_size"], cfg["mask_token_id"], n_vocab)
-    state = load_file(str(path / "model.safetensors"), device="cpu")
+    wfile = path / "model.safetensors"
+    try:
+        state = load_file(str(wfile), device="cpu")
+    except Exception as exc:  # missing, truncated or not safetensors: safetensors raises its own error types
+        raise DrafterLoadError(f"{wfile} is not a readable safetensors file ({one_line(exc)})") from None
     if weights_sha256(state) != cfg["weights_sha256"]:
-        raise DrafterLoadError(f"{path}/model.safetensors does not match the weights hash in config.json")
+        raise DrafterLoadError(f"{wfile} does not match the weights hash in config.json")
+    check_finite(state, str(wfile))
     drafter.load_state_dict(state, strict=True)
     vocab = getattr(drafter, "draft_vocab", None)
     if vocab is not None:
@@ -144,6 +266,10 @@ def load_drafter(
     drafter.source_dir = str(path)
     drafter.calibrations = load_calibrations(path, cfg["weights_sha256"])  # {sampling T: STS temperatures}
     return drafter.eval()
+
+
+def one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def place_drafter(drafter: Drafter, target: Any, device=None, dtype=None) -> Drafter:

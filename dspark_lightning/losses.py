@@ -24,6 +24,7 @@ and the reductions run over the same (N, γ) tensors (tests/unit/test_chunked_lo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,7 +34,11 @@ from torch.utils.checkpoint import checkpoint
 
 
 def position_weights(block_size: int, decay: float | None = 4.0) -> torch.Tensor:
-    """w_k = exp(-(k-1)/decay) for k = 1..γ; ``None`` means uniform weights."""
+    """w_k = exp(-(k-1)/decay) for k = 1..γ; ``None`` means uniform weights.
+
+    ``decay`` must be finite and > 0: 0 would make w_1 = exp(0/0) = NaN (and the loss NaN), a negative one grows."""
+    if decay is not None and not (math.isfinite(decay) and decay > 0):
+        raise ValueError(f"loss decay must be finite and > 0 (null = uniform weights), got {decay}")
     k = torch.arange(block_size, dtype=torch.float32)
     return torch.ones(block_size) if decay is None else torch.exp(-k / decay)
 

@@ -12,9 +12,11 @@ without shared-file races. Layout of ``work_dir``::
 
 Rank r takes prompts ``r::W`` of each split and writes only below its own ``rank-<r>`` directory; the merge links
 the rank shards into one cache and writes the JSONL in prompt order. Every final file is written to a temp name and
-renamed, so a killed run leaves either the old file or the new one; a rerun reuses every finished rank (its
-``done.json``) and resumes the unfinished ones. The fingerprint covers everything that changes the data (target,
-regeneration settings, seeds, prompt ids, lengths, feature dtype), so a changed recipe never reuses stale parts.
+renamed, so a killed run leaves either the old file or the new one (its temp files are removed by the next write);
+a rerun reuses every finished rank (its ``done.json``) and resumes the unfinished ones. The fingerprint covers
+everything that changes the data (target and its dtype, regeneration settings, seeds, the prompts' ids and contents,
+lengths, feature dtype), so a changed recipe never reuses stale parts: it prepares again, reusing only the
+responses whose prompt is unchanged.
 """
 
 from __future__ import annotations
@@ -86,6 +88,8 @@ def _log(msg: str) -> None:
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to a temp file next to ``path`` and rename it into place (readers never see half a file)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    for orphan in path.parent.glob(f".{path.name}.tmp-*"):  # a killed earlier write's (one writer per file)
+        orphan.unlink(missing_ok=True)
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
@@ -142,6 +146,18 @@ def _merge_stats(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _prompts_sha256(prompts: list) -> str:
+    """Hash of a split's prompts, contents included: a prompt file edited under the same ids changes it too."""
+    rows = [[p.id, p.domain, list(p.turns)] for p in prompts]
+    return hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode()).hexdigest()
+
+
+def _same_prompt(row: dict, prompt: Any) -> bool:
+    """A regenerated row answers this prompt: its user turns are the prompt's first turns (max_turns may cut)."""
+    asked = [m.get("content") for m in row.get("turns", []) if m.get("role") == "user"]
+    return bool(asked) and asked == list(prompt.turns[: len(asked)])
+
+
 @dataclass
 class PrepareJob:
     """Every data stage of a recipe, for one rank at a time (see the module docstring for the layout).
@@ -176,7 +192,7 @@ class PrepareJob:
     @cached_property
     def fingerprint(self) -> str:
         """16 hex digits of the sha256 of everything that changes the prepared data."""
-        ids = {s: hashlib.sha256("\n".join(p.id for p in ps).encode()).hexdigest() for s, ps in self.prompts.items()}
+        ids = {s: _prompts_sha256(ps) for s, ps in self.prompts.items()}
         key = {
             "target": self.target_id,
             "regen": asdict(self.regen),
@@ -228,7 +244,7 @@ class PrepareJob:
         part = rd / f"responses_{split}.jsonl"
         if not mine:
             return
-        self._seed_from_merged(split, part, {p.id for p in mine})
+        self._seed_from_merged(split, part, {p.id: p for p in mine})
         _log(f"rank {rank}/{world}: {split} responses ({len(mine)} prompts, {target.name}) -> {part}")
         t0 = time.perf_counter()
         st = regenerate(target, mine, part, seed=self.seed, progress=self.progress, **asdict(self.regen))
@@ -236,13 +252,14 @@ class PrepareJob:
             stats[f"regenerate_{split}"] = {**st, "wall_s": time.perf_counter() - t0}
         _log(f"  {st['written']} regenerated, {st['skipped']} reused from the file")
 
-    def _seed_from_merged(self, split: str, part: Path, ids: set[str]) -> None:
+    def _seed_from_merged(self, split: str, part: Path, prompts: dict[str, Any]) -> None:
         """Start a new rank file from an earlier merged JSONL (an older layout, or a recipe that changed elsewhere),
-        so responses already paid for are kept; :func:`regenerate` still checks they were made with these settings."""
+        so responses already paid for are kept, but only for prompts whose text is unchanged; :func:`regenerate`
+        still checks they were made with these settings."""
         merged = self.paths.responses(split)
         if part.exists() or not merged.is_file() or not merged.stat().st_size:
             return
-        rows = [r for r in load_conversations(merged) if r["id"] in ids]
+        rows = [r for r in load_conversations(merged) if r["id"] in prompts and _same_prompt(r, prompts[r["id"]])]
         if rows:
             write_atomic(part, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 

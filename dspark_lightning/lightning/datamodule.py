@@ -17,7 +17,7 @@ from ..data.prepare import DataPaths, PrepareJob, RegenConfig, check_caches, exp
 from ..data.sources import build_source, mixture
 from ..data.stream import ShardStream
 from ..data.vocab import response_token_counts
-from ..devices import resolve_device, resolve_dtype
+from ..devices import dtype_name, resolve_device, resolve_dtype
 from ..targets import ChatFormat, load_target
 
 DEFAULT_SOURCES = [{"name": "gsm_symbolic", "limit": 64}, {"name": "humaneval", "limit": 64}, {"name": "mtbench"}]
@@ -27,7 +27,8 @@ class DSparkDataModule(L.LightningDataModule):
     """Prompts -> target-regenerated responses -> target features -> anchor-packed batches.
 
     Args:
-        target: embedded target name (``smollm2-135m-instruct``, ``tiny-debug``) or HF model path.
+        target: embedded target name (``smollm2-135m-instruct``, ``tiny-debug``) or HF model path; required (a
+            recipe without one would otherwise train against some default target without saying so).
         layer_ids: tapped target layers (null = the SPEC §3.2 rule).
         system_prompt: system prompt of the shared chat format (null = the template's default).
         sources: registered prompt sources, each ``{name: ..., <its args>}`` (see ``dspark_lightning.data.sources``).
@@ -55,7 +56,7 @@ class DSparkDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        target: str = "tiny-debug",
+        target: str,
         layer_ids: list[int] | None = None,
         system_prompt: str | None = None,
         sources: list[dict[str, Any]] | None = None,
@@ -132,6 +133,8 @@ class DSparkDataModule(L.LightningDataModule):
             return load_target(self.target_name, **kw, device=device)
 
         target_id = {"name": self.target_name, "layer_ids": self.layer_ids, "system_prompt": self.system_prompt}
+        kind = self.prepare_device or ("cuda" if torch.cuda.is_available() else "cpu")
+        target_id["dtype"] = dtype_name(resolve_dtype(self.target_dtype, kind))  # the data depends on it too
         return PrepareJob(
             load,
             target_id,

@@ -18,7 +18,7 @@ from ..data.features import features_for_batch
 from ..data.vocab import coverage, frequent_tokens
 from ..devices import resolve_dtype
 from ..drafters import build_part, compose, draft_geometry
-from ..losses import ProjectedLogits, dspark_loss, expected_tau, position_weights, supervision_mask
+from ..losses import ProjectedLogits, dspark_loss, position_weights, supervision_mask
 from ..modules import moe_aux_loss, moe_loads
 from ..registry import create
 from ..targets import ChatFormat, Target, TargetGeometry, load_target
@@ -65,6 +65,44 @@ class OptimConfig:
     weight_decay: float = 0.0
     warmup_fraction: float = 0.04
     """fraction of the total optimizer steps spent in linear warmup"""
+
+
+class TrainingDiverged(RuntimeError):
+    """A non-finite loss or gradient: ``fit`` stops (exit 2) instead of training on and exporting NaN weights."""
+
+
+def _require(ok: bool, name: str, value: object, rule: str) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {rule}, got {value}")
+
+
+def _finite(v: object) -> bool:
+    return isinstance(v, int | float) and math.isfinite(v)
+
+
+def check_hparams(loss: LossConfig, optim: OptimConfig, block_size: int) -> None:
+    """Refuse hyperparameters that can only train NaN weights (a non-finite or non-positive lr, a NaN loss weight,
+    ``decay: 0``) or nothing at all, before the target is loaded; the message names the recipe key."""
+    _require(isinstance(block_size, int) and block_size >= 1, "model.block_size", block_size, "an integer >= 1")
+    weights = {k: getattr(loss, k) for k in ("ce_weight", "l1_weight", "conf_weight", "soft_ce_weight")}
+    for k, v in weights.items():
+        _require(_finite(v) and v >= 0, f"model.loss.{k}", v, "finite and >= 0")
+    _require(sum(weights.values()) > 0, "one of model.loss.*_weight", 0, "> 0 (an all-zero loss trains nothing)")
+    decay_ok = loss.decay is None or (_finite(loss.decay) and loss.decay > 0)
+    _require(decay_ok, "model.loss.decay", loss.decay, "finite and > 0 (null = uniform position weights)")
+    _require(loss.chunk_size is None or loss.chunk_size >= 1, "model.loss.chunk_size", loss.chunk_size, ">= 1 or null")
+    o = optim
+    _require(_finite(o.lr) and o.lr > 0, "model.optim.lr", o.lr, "finite and > 0")
+    _require(_finite(o.eps) and o.eps > 0, "model.optim.eps", o.eps, "finite and > 0")
+    betas_ok = len(o.betas) == 2 and all(_finite(b) and 0 <= b < 1 for b in o.betas)
+    _require(betas_ok, "model.optim.betas", tuple(o.betas), "two numbers in [0, 1)")
+    _require(_finite(o.weight_decay) and o.weight_decay >= 0, "model.optim.weight_decay", o.weight_decay, ">= 0")
+    _require(_finite(o.warmup_fraction) and 0 <= o.warmup_fraction <= 1, "model.optim.warmup_fraction",
+             o.warmup_fraction, "in [0, 1]")  # fmt: skip
+
+
+def _terms_text(t) -> str:
+    return f"ce {float(t.ce):.4g}, l1 {float(t.l1):.4g}, conf {float(t.conf):.4g}"
 
 
 def full_drafter_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -133,6 +171,7 @@ class DSparkModule(L.LightningModule):
         super().__init__()
         self.loss_cfg = loss or LossConfig()
         self.optim_cfg = optim or OptimConfig()
+        check_hparams(self.loss_cfg, self.optim_cfg, block_size)
         chat = ChatFormat(system_prompt=system_prompt)
         tgt = load_target(target, layer_ids=layer_ids, chat=chat, dtype=resolve_dtype(target_dtype, "auto"))
         self.__dict__["_target"] = tgt  # not a sub-module: never trained, saved or wrapped by DDP
@@ -209,6 +248,11 @@ class DSparkModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         # Not as hyper_parameters: LightningCLI re-parses those as init args on --ckpt_path (config.yaml has them).
         checkpoint["dspark"] = self.describe()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Say which step a resumed run starts from (``fit --ckpt_path last``)."""
+        step, epoch = checkpoint.get("global_step"), checkpoint.get("epoch")
+        print(f"[dspark-lightning] restored the checkpoint of step {step} (epoch {epoch})", flush=True)
 
     # --- one shared step ---------------------------------------------------------------------
     def _target_on_device(self, online: bool) -> Target:
@@ -309,7 +353,32 @@ class DSparkModule(L.LightningModule):
         self._log_terms("train", terms, v, B)
         self._fit_tokens += int(batch["attention_mask"].sum())  # this rank's tokens
         self._fit_rows += int(batch["valid"].sum()) * self.block_size
-        return terms.total + self._moe_terms(B)
+        loss = terms.total + self._moe_terms(B)
+        bad = not bool(torch.isfinite(loss))  # one host sync per step; the terms are read only when it fails
+        self._stop_if(bad, lambda: f"non-finite training loss {float(loss)} ({_terms_text(terms)})")
+        return loss
+
+    # --- divergence ----------------------------------------------------------------------------
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Stop before a non-finite gradient reaches the weights (gradients unclipped, unscaled). Skipped under a
+        loss scaler (``16-mixed``), whose overflow steps are expected: the scaler skips them itself."""
+        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
+            return
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]  # DTensor shards (FSDP2)
+        norms = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in local if g.numel()]
+        bad = bool(norms) and not bool(torch.stack(norms).isfinite().all())
+        self._stop_if(bad, lambda: "non-finite gradient")
+
+    def _stop_if(self, bad: bool, what: Callable[[], str]) -> None:
+        """Raise :class:`TrainingDiverged` on every rank when any rank saw ``bad`` (none is left in a collective).
+        Stopping, rather than skipping steps, keeps the weights and the checkpoints written so far finite."""
+        if self.trainer.strategy.reduce_boolean_decision(bad, all=False):
+            raise TrainingDiverged(
+                f"{what()} at step {self.global_step}: training diverged and was stopped (nothing exported); "
+                "lower model.optim.lr or check model.loss and the data, then resume from an earlier checkpoint "
+                "with --ckpt_path or start again"
+            )
 
     def _moe_terms(self, B: int) -> torch.Tensor | float:
         """MoE backbones: log each layer's expert load (max load x E: 1 = balanced) and add the weighted aux loss."""
@@ -336,15 +405,14 @@ class DSparkModule(L.LightningModule):
     test_step = validation_step
 
     def _log_acceptance(self, prefix: str) -> None:
-        num, den = self.val_acc.compute()  # (D+1, γ) with the last row = all domains
+        num, den, tau_sum, blocks = self.val_acc.compute()  # (D+1, γ), (D+1,) with the last row = all domains
         names = [*DOMAINS, "all"]
         for i, dom in enumerate(names):
             if den[i, 0] == 0:
                 continue
             acc = num[i] / den[i].clamp_min(1)
-            self.log(
-                f"{prefix}/tau_hat" + ("" if dom == "all" else f"_{dom}"), expected_tau(acc), prog_bar=dom == "all"
-            )
+            tau_hat = float(tau_sum[i] / blocks[i].clamp_min(1))  # mean of per-block expected lengths
+            self.log(f"{prefix}/tau_hat" + ("" if dom == "all" else f"_{dom}"), tau_hat, prog_bar=dom == "all")
             if dom == "all":
                 for k in range(self.block_size):
                     self.log(f"{prefix}/acc_pos{k + 1}", acc[k])
