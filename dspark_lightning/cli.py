@@ -7,6 +7,7 @@
     dspark-lightning eval --drafter name=path ... --out DIR      (τ table, acceptance plot, speed)
     dspark-lightning bench --drafter name=path ... --out DIR     (side-by-side throughput)
     dspark-lightning export --drafter DIR --format dspark-hf --out DIR   (layouts vLLM / SGLang serve)
+    dspark-lightning calibrate|threshold-sweep|serve-bench --drafter DIR ...   (STS, Figure 5, Figures 7-8)
 
 Inference subcommands never import Lightning. Bad input gives a one-line error and exit code 2.
 """
@@ -36,6 +37,30 @@ DATA_COMMANDS = {  # subcommand -> (module, function); they parse a recipe's dat
 }
 
 
+OVERVIEW = """\
+usage: dspark-lightning COMMAND [options]   (dspark-lightning COMMAND --help for a command's options)
+
+training (Lightning; recipes in recipes/*.yaml):
+  fit               train a drafter and export it (--config RECIPE)
+  validate, test    held-out metrics of a recipe's drafter (--ckpt_path)
+  prepare           regenerate responses and cache target features, sharded by rank
+  verify            sha256 of every cached feature shard
+
+inference and evaluation (no Lightning import):
+  decode            lossless speculative decoding of prompts with a drafter
+  profile           measure the target's SPS(B) table on this machine
+  eval              τ table, position-wise acceptance and speed of drafters
+  bench             side-by-side throughput of drafters
+  calibrate         fit STS confidence temperatures of a drafter
+  threshold-sweep   confidence-threshold sweep
+  serve-bench       closed-loop concurrency study of schedulers
+  export            write a drafter in a layout vLLM / SGLang serve
+
+Bad input gives a one-line `dspark-lightning COMMAND: error: ...` and exit code 2.
+The training commands' options follow (LightningCLI):
+"""
+
+
 def one_line_error(exc: BaseException) -> str:
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     return " ".join(lines) if lines else type(exc).__name__
@@ -44,15 +69,19 @@ def one_line_error(exc: BaseException) -> str:
 def main(args: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if args is None else args)
     commands = {**INFER_COMMANDS, **DATA_COMMANDS}
+    if not argv or argv[0] in ("-h", "--help"):
+        print(OVERVIEW)  # LightningCLI's own help names only its subcommands
     if argv and argv[0] in commands:
         import importlib
+
+        from yaml import YAMLError
 
         from .data.cache import CacheError
         from .export import DrafterLoadError
         from .registry import RegistryError
 
         errors = (ArgumentError, RegistryError, FileNotFoundError, DrafterLoadError, ValueError, NotImplementedError)
-        errors += (CacheError, FileExistsError)
+        errors += (CacheError, FileExistsError, YAMLError)
         try:
             module, func = commands[argv[0]]
             getattr(importlib.import_module(module), func)(argv[1:])
@@ -62,7 +91,7 @@ def main(args: list[str] | None = None) -> None:
         return
     from .lightning.cli import main as lightning_main
 
-    lightning_main(argv)
+    lightning_main(args)  # None: LightningCLI reads sys.argv itself (passing both makes it warn)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@
 Third-party packages expose a module (or a callable) under the entry-point group
 ``dspark_lightning.plugins``; importing it is expected to call :func:`register`. Entry points
 are discovered once per process; ``$DSPARK_PLUGINS`` turns them off (``none``) or restricts them
-(``name1,name2``). A plugin that fails to load is reported with its traceback summary, never fatal.
+(``name1,name2``). A plugin that fails to load (an exception, or ``sys.exit``) is reported with its traceback
+summary, never fatal. A plugin whose import hangs cannot be interrupted from Python: after
+``$DSPARK_PLUGIN_WARN_S`` seconds (default 20) a warning names it and how to skip it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import threading
 import traceback
 from collections.abc import Callable
 from importlib.metadata import entry_points
@@ -88,6 +91,7 @@ def _ensure_loaded() -> None:
 
 
 PLUGINS_ENV = "DSPARK_PLUGINS"  # unset/"all": every plugin; "none"/"0": none; "a,b": only those entry points
+WARN_ENV = "DSPARK_PLUGIN_WARN_S"  # seconds a plugin may take to import before a warning names it
 
 
 def plugin_selection() -> set[str] | None:
@@ -122,17 +126,44 @@ def load_plugins(force: bool = False) -> dict[str, str]:
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if allowed is not None and ep.name not in allowed:
             continue
+        watchdog = _hang_watchdog(ep.name)
         try:
             obj = ep.load()
             if callable(obj) and not isinstance(obj, type):
                 obj()
             loaded_plugins[ep.name] = getattr(ep, "value", ep.name)
-        except Exception as exc:  # a broken plugin must not break the framework
+        except (Exception, SystemExit) as exc:  # a broken plugin (even one calling sys.exit) must not end the program
             plugin_errors[ep.name] = _traceback_summary(exc)
             log.warning(
                 "dspark_lightning plugin %r failed to load and was skipped: %s", ep.name, plugin_errors[ep.name]
             )
+        finally:
+            watchdog.cancel()
     return dict(plugin_errors)
+
+
+def _hang_watchdog(name: str) -> threading.Timer:
+    """A started timer that warns, once, if importing plugin ``name`` outlasts ``$DSPARK_PLUGIN_WARN_S``: a hung
+    import cannot be interrupted from Python, so the best we can do is say which plugin it is and how to skip it."""
+    try:
+        after = float(os.environ.get(WARN_ENV, "20"))
+    except ValueError:
+        after = 20.0
+    timer = threading.Timer(
+        after,
+        log.warning,
+        (
+            "dspark_lightning plugin %r is still loading after %g s (a hang?); skip it with %s=none or list the "
+            "plugins to load (%s=name1,name2)",
+            name,
+            after,
+            PLUGINS_ENV,
+            PLUGINS_ENV,
+        ),
+    )
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def get(kind: str, name: str) -> Any:

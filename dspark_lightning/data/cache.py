@@ -8,8 +8,10 @@ Layout of a cache directory::
     ...                 {"sample": '{"domain": ..., "id": ...}'}
 
 No pickles anywhere. Caches are written to a temp directory and renamed into place, so a cache directory either is
-complete or does not exist; an existing one is never overwritten unless asked. ``dspark-lightning prepare`` writes one
-cache per rank (shards named ``shard-r{rank}-{k}.tar``) and :func:`merge_caches` links them into one directory.
+complete or does not exist; an existing one is never overwritten unless asked. The temp directories of a write that
+was killed are removed by the next write to the same path (:func:`remove_orphans`). ``dspark-lightning prepare``
+writes one cache per rank (shards named ``shard-r{rank}-{k}.tar``) and :func:`merge_caches` links them into one
+directory.
 
 Opening a cache checks sizes and member counts only (cheap); the sha256 of every shard is checked by
 :func:`verify_cache` (``dspark-lightning verify``), an explicit step rather than work on every start.
@@ -25,6 +27,7 @@ import shutil
 import struct
 import tarfile
 import tempfile
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -165,6 +168,7 @@ def write_cache(
     if shard_max_samples < 1:
         raise ValueError(f"shard_max_samples must be >= 1, got {shard_max_samples}")
     out.parent.mkdir(parents=True, exist_ok=True)
+    remove_orphans(out)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
     shards: list[dict] = []
     seen: set[str] = set()
@@ -213,6 +217,15 @@ def write_cache(
     return out
 
 
+def remove_orphans(out: Path) -> None:
+    """Delete what killed writes of the cache ``out`` left next to it: ``<name>.tmp-*`` (an unfinished cache, never
+    read: it has no final name) and ``<name>.old-*`` (a replaced cache whose removal was cut short). Each cache path
+    has one writer (a rank writes below its own folder, the merge runs on rank 0), so none of them is in use."""
+    for orphan in [*out.parent.glob(out.name + ".tmp-*"), *out.parent.glob(out.name + ".old-*")]:
+        warnings.warn(f"removing {orphan}, left by an interrupted feature cache write", stacklevel=3)
+        shutil.rmtree(orphan, ignore_errors=True)
+
+
 def _install(tmp: Path, out: Path, overwrite: bool) -> None:
     """Rename a finished temp cache directory into place; a previous cache is removed only once the new one is in."""
     old = None
@@ -251,6 +264,7 @@ def merge_caches(parts: list[str | Path], out_dir: str | Path) -> Path:
     if len(set(names)) != len(names):
         raise CacheError(f"rank caches for {out} share shard names; write each with its own shard_prefix")
     out.parent.mkdir(parents=True, exist_ok=True)
+    remove_orphans(out)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
     try:
         for p, idx in zip(parts, indexes, strict=True):
@@ -330,6 +344,7 @@ def load_index(location: str | Path, expect: dict | None = None) -> dict[str, An
             f"feature cache {path}: format {index.get('format')!r} v{index.get('version')}, "
             f"expected {FORMAT!r} v{VERSION}"
         )
+    _check_shard_names(index, path)
     meta = index["meta"]
     for key, want in json.loads(json.dumps(expect or {})).items():
         if key not in meta:
@@ -337,6 +352,18 @@ def load_index(location: str | Path, expect: dict | None = None) -> dict[str, An
         if meta[key] != want:
             raise CacheError(f"feature cache {where}: {key} differs: cache has {meta[key]!r}, expected {want!r}")
     return index
+
+
+def _check_shard_names(index: dict[str, Any], path: str) -> None:
+    """Every shard is a plain file name inside the cache folder: an ``index.json`` naming an absolute path or one
+    with ``..`` would make us read (and ``merge_caches`` link) files outside the cache."""
+    shards = index.get("shards")
+    if not isinstance(shards, list):
+        raise CacheError(f"feature cache {path}: 'shards' is not a list")
+    for rec in shards:
+        name = rec.get("name") if isinstance(rec, dict) else None
+        if not isinstance(name, str) or name in ("", ".", "..") or name != Path(name).name or "\\" in name:
+            raise CacheError(f"feature cache {path}: shard name {name!r} is not a file name inside the cache folder")
 
 
 def verify_cache(cache_dir: str | Path, progress: bool = True) -> dict[str, int]:

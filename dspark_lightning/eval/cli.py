@@ -12,7 +12,10 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
-from ..infer.cli import add_device_args
+from .. import checks
+from ..infer.cli import add_device_args, check_choice, check_device_args, check_scheduler_args, check_sps_file
+
+DOMAINS = ("math", "code", "chat")  # the built-in held-out sets; a --dataset names one of them as its domain
 
 
 def _common(p: ArgumentParser, max_new: int, seed: int, scheduler_help: str | None, sps: bool = True) -> None:
@@ -37,8 +40,37 @@ def _common(p: ArgumentParser, max_new: int, seed: int, scheduler_help: str | No
     add_device_args(p)
 
 
+def check_common(a) -> None:
+    """The shared options, checked before any model is loaded: sizes, domains, the files read and the output."""
+    checks.at_least("--prompts_per_domain", a.prompts_per_domain, 1)
+    checks.at_least("--max_new_tokens", a.max_new_tokens, 1)
+    for d in a.domains:
+        check_choice("--domains", d, DOMAINS)
+    for spec in a.drafter:
+        checks.drafter_config(spec.rpartition("=")[2])
+    if getattr(a, "scheduler", None) is not None:
+        check_scheduler_args(a)
+    elif getattr(a, "sps", None):
+        check_sps_file(a.sps)
+    checks.output_dir("--out", a.out)
+    check_device_args(a)
+
+
+def check_dataset_spec(spec: str) -> None:
+    """``name=path.jsonl[:domain]``: the file exists and the domain, when given, is a built-in one (the macro
+    average is over domains, so an unknown one would enter it as a fourth)."""
+    name, eq, rest = spec.partition("=")
+    if not eq or not name:
+        raise checks.UsageError(f"--dataset wants name=path.jsonl[:domain], got {spec!r}")
+    path, _, domain = rest.partition(":") if not Path(rest).is_file() else (rest, "", "")
+    checks.input_file(f"--dataset {name}:", path)
+    if domain:
+        check_choice(f"--dataset {name}: domain", domain, DOMAINS)
+
+
 def eval_parser() -> ArgumentParser:
-    p = ArgumentParser(prog="dspark-lightning eval", description="τ table, position-wise acceptance and speed.")
+    p = ArgumentParser(prog="dspark-lightning eval", description="τ table, position-wise acceptance and speed.",
+                       exit_on_error=False)  # fmt: skip
     _common(p, 256, 980406, "scheduler for every drafter (default static: full blocks, as the paper's Table 1)")
     p.add_argument(
         "--dataset",
@@ -53,7 +85,8 @@ def eval_parser() -> ArgumentParser:
 
 
 def bench_parser() -> ArgumentParser:
-    p = ArgumentParser(prog="dspark-lightning bench", description="Side-by-side throughput on the same target.")
+    p = ArgumentParser(prog="dspark-lightning bench", description="Side-by-side throughput on the same target.",
+                       exit_on_error=False)  # fmt: skip
     _common(p, 64, 0, "scheduler for every drafter")
     p.set_defaults(scheduler="hardware_aware", prompts_per_domain=3)
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
@@ -68,13 +101,10 @@ def load_drafters(specs: list[str], target_name: str | None, a=None):
 
     ``a``: parsed arguments with ``device`` / ``dtype`` / ``drafter_dtype`` (default: auto, the target's dtype).
     """
-    from .. import load_drafter, load_target
-    from ..export import read_config
-
     pairs = []
     for spec in specs:
         name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
-        cfg = read_config(path)
+        cfg = checks.drafter_config(path)
         pairs.append((name or cfg.get("drafter") or ("dspark" if cfg.get("seq_head") else "dflash"), path, cfg))
     names = [n for n, _, _ in pairs]
     if len(set(names)) != len(names):
@@ -84,8 +114,11 @@ def load_drafters(specs: list[str], target_name: str | None, a=None):
             raise ValueError("give --target or at least one --drafter")
         target_name = pairs[0][2]["target"]["name"]
     device, dtype, ddtype = (a.device, a.dtype, a.drafter_dtype) if a is not None else ("auto", "auto", None)
-    target = load_target(target_name, dtype=dtype, device=device)
-    return target, {n: load_drafter(Path(p), target, dtype=ddtype) for n, p, _ in pairs}
+    from ..export import recorded_target_args
+
+    recorded = recorded_target_args(pairs[0][1]) if pairs else {}  # the first drafter's layers and chat format
+    target = checks.load_target_checked(target_name, dtype=dtype, device=device, **recorded)
+    return target, {n: checks.load_drafter_checked(p, target, ddtype) for n, p, _ in pairs}
 
 
 def _scheduler(a):
@@ -102,9 +135,14 @@ def run_eval(argv: list[str]) -> None:
     a = eval_parser().parse_args(argv)
     if not a.drafter:
         raise ValueError("give at least one --drafter [name=]path")
-    target, drafters = load_drafters(a.drafter, a.target, a)
+    check_common(a)
+    checks.temperature("--temperature", a.temperature)
+    checks.at_least("--batch_size", a.batch_size, 1)
+    for spec in a.dataset:
+        check_dataset_spec(spec)
     datasets = builtin_datasets(a.domains, a.prompts_per_domain)
-    datasets += [jsonl_dataset(s, a.prompts_per_domain) for s in a.dataset]
+    datasets += [jsonl_dataset(s, a.prompts_per_domain) for s in a.dataset]  # read before any model loads
+    target, drafters = load_drafters(a.drafter, a.target, a)
     doc = evaluate(
         target,
         drafters,
@@ -125,6 +163,13 @@ def run_bench(argv: list[str]) -> None:
     from .runner import builtin_datasets
 
     a = bench_parser().parse_args(argv)
+    check_common(a)
+    for t in a.temperatures:
+        checks.temperature("--temperatures", t)
+    for b in a.batches:
+        checks.at_least("--batches", b, 1)
+    checks.at_least("--repeats", a.repeats, 1)
+    checks.at_least("--prompt_lookup_tokens", a.prompt_lookup_tokens, 1)
     target, drafters = load_drafters(a.drafter, a.target, a)
     sets = {d.domain: d.prompts for d in builtin_datasets(a.domains, a.prompts_per_domain)}
     doc = bench(
@@ -145,7 +190,8 @@ def run_bench(argv: list[str]) -> None:
 
 
 def calibrate_parser() -> ArgumentParser:
-    p = ArgumentParser(prog="dspark-lightning calibrate", description="Fit STS confidence temperatures (SPEC §5).")
+    p = ArgumentParser(prog="dspark-lightning calibrate", description="Fit STS confidence temperatures (SPEC §5).",
+                       exit_on_error=False)  # fmt: skip
     p.add_argument("--drafter", type=str, required=True, help="exported drafter directory (the file is saved there)")
     p.add_argument("--temperature", type=float, default=1.0, help="serving temperature the calibration is for")
     p.add_argument("--domains", type=str, nargs="+", default=["math", "code", "chat"])
@@ -167,16 +213,16 @@ def run_calibrate(argv: list[str]) -> None:
 
     import torch
 
-    from ..calibration import Rollouts, fit_sts, heldout_prompts, position_reports, rollouts, save_calibration
+    from ..calibration import fit_sts, heldout_prompts, position_reports, rollouts, save_calibration
     from ..export import read_config
     from .report import calibration_markdown, plot_reliability
 
     a = calibrate_parser().parse_args(argv)
+    check_calibrate_args(a)
+    ro = load_rollouts(a.rollouts) if a.rollouts else None
     target, drafters = load_drafters([a.drafter], None, a)
     drafter = next(iter(drafters.values()))
-    if a.rollouts:
-        ro = Rollouts.load(a.rollouts)
-    else:
+    if ro is None:
         from ..calibration import calibration_prompts
 
         prompts = calibration_prompts(a.domains, a.prompts_per_domain)
@@ -219,8 +265,38 @@ def run_calibrate(argv: list[str]) -> None:
     print(f"[dspark-lightning] STS temperatures -> {path}", file=sys.stderr)
 
 
+def check_calibrate_args(a) -> None:
+    checks.drafter_config(a.drafter)
+    checks.temperature("--temperature", a.temperature)
+    for d in a.domains:
+        check_choice("--domains", d, DOMAINS)
+    checks.at_least("--prompts_per_domain", a.prompts_per_domain, 1)
+    checks.in_range("--heldout_fraction", a.heldout_fraction, 0.0, 1.0)
+    checks.at_least("--max_new_tokens", a.max_new_tokens, 1)
+    checks.at_least("--batch_size", a.batch_size, 1)
+    checks.at_least("--min_rows", a.min_rows, 0)
+    checks.at_least("--min_class", a.min_class, 0)
+    checks.output_dir("--report_dir", a.report_dir)
+    check_device_args(a)
+
+
+def load_rollouts(path: str):
+    """A ``rollouts.pt`` saved by an earlier ``calibrate --report_dir`` (tensors only, never unpickled objects)."""
+    from ..calibration import Rollouts
+
+    checks.input_file("--rollouts", path)
+    try:
+        return Rollouts.load(path)
+    except Exception as exc:  # noqa: BLE001 - torch.load / the dataclass reject a foreign file in many ways
+        msg = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise checks.UsageError(
+            f"--rollouts {path} is not a saved rollouts file ({type(exc).__name__}: {msg})"
+        ) from None
+
+
 def sweep_parser() -> ArgumentParser:
-    p = ArgumentParser(prog="dspark-lightning threshold-sweep", description="Confidence-threshold sweep (Figure 5).")
+    p = ArgumentParser(prog="dspark-lightning threshold-sweep", description="Confidence-threshold sweep (Figure 5).",
+                       exit_on_error=False)  # fmt: skip
     _common(p, 64, 0, None, sps=False)
     p.add_argument("--thresholds", type=float, nargs="+", default=[round(0.1 * i, 1) for i in range(10)])
     p.add_argument("--mode", type=str, default="cumulative", help="cumulative (calibrated survival a_k) or raw")
@@ -237,6 +313,12 @@ def run_threshold_sweep(argv: list[str]) -> None:
     a = sweep_parser().parse_args(argv)
     if len(a.drafter) != 1:
         raise ValueError("give exactly one --drafter")
+    check_common(a)
+    for t in a.thresholds:
+        checks.probability("--thresholds", t)
+    check_choice("--mode", a.mode, ("cumulative", "raw"))
+    checks.temperature("--temperature", a.temperature)
+    checks.at_least("--batch_size", a.batch_size, 1)
     target, drafters = load_drafters(a.drafter, a.target, a)
     doc = threshold_sweep(
         target,
@@ -258,7 +340,8 @@ def run_threshold_sweep(argv: list[str]) -> None:
 def serve_parser() -> ArgumentParser:
     from .serve import DEFAULT_METHODS
 
-    p = ArgumentParser(prog="dspark-lightning serve-bench", description="Closed-loop concurrency study (Figures 7-8).")
+    p = ArgumentParser(prog="dspark-lightning serve-bench", description="Closed-loop concurrency study (Figures 7-8).",
+                       exit_on_error=False)  # fmt: skip
     _common(p, 64, 0, None)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     p.add_argument("--methods", type=str, nargs="+", default=DEFAULT_METHODS,
@@ -277,6 +360,7 @@ def run_serve_bench(argv: list[str]) -> None:
     a = serve_parser().parse_args(argv)
     if len(a.drafter) > 1:
         raise ValueError("give one --drafter (the methods compare its schedulers)")
+    check_serve_args(a)
     target, drafters = load_drafters(a.drafter, a.target, a)
     sps = None
     if a.sps:
@@ -302,3 +386,26 @@ def run_serve_bench(argv: list[str]) -> None:
     paths = write_serve_bench(doc, a.out)
     print(paths["serve_bench.md"].read_text())
     print(f"[dspark-lightning] serve-bench -> {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
+
+
+def check_serve_args(a) -> None:
+    """Concurrency levels, methods (``static:γ`` with γ >= 1, ``threshold:θ`` with θ in [0, 1]), window and repeats."""
+    from .serve import method_scheduler
+
+    check_common(a)
+    for c in a.concurrency:
+        checks.at_least("--concurrency", c, 1)
+    for m in a.methods:
+        name, _, arg = m.partition(":")
+        try:
+            method_scheduler(m)
+        except ValueError as exc:  # int("x") / float("x") name the value, not the option
+            raise checks.UsageError(f"--methods {m!r}: {exc}") from None
+        if arg and name == "static":
+            checks.at_least(f"--methods {m}: γ", int(arg), 1)
+        if arg and name == "threshold":
+            checks.probability(f"--methods {m}: θ", float(arg))
+    checks.in_range("--window_s", a.window_s, 0.0, open_low=True)
+    checks.at_least("--repeats", a.repeats, 1)
+    check_choice("--layout", a.layout, ("padded", "flat"))
+    checks.temperature("--temperature", a.temperature)

@@ -13,7 +13,10 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
+from .. import checks
 from .sampling import GREEDY_EPS
+
+LAYOUTS = ("padded", "flat")
 
 
 def add_device_args(p: ArgumentParser) -> None:
@@ -23,8 +26,51 @@ def add_device_args(p: ArgumentParser) -> None:
     p.add_argument("--drafter_dtype", type=str | None, default=None, help="drafter (default: the target's dtype)")
 
 
+def check_device_args(a) -> None:
+    """``--device`` / ``--dtype`` / ``--drafter_dtype`` name things that exist, before the target is loaded."""
+    from ..devices import resolve_device, resolve_dtype
+
+    dev = resolve_device(a.device)
+    resolve_dtype(a.dtype, dev)
+    if a.drafter_dtype is not None:
+        resolve_dtype(a.drafter_dtype, dev)
+
+
+def check_choice(name: str, value: str, choices) -> None:
+    if value not in choices:
+        raise checks.UsageError(f"{name} {value!r} is not one of {', '.join(choices)}")
+
+
+def check_scheduler_args(a) -> None:
+    """The scheduler name, its knobs and the SPS table file: all cheap to check before any model is loaded."""
+    from ..registry import names
+
+    check_choice("--scheduler", a.scheduler, names("scheduler"))
+    if getattr(a, "gamma", None) is not None:
+        checks.at_least("--gamma", a.gamma, 1)
+    if hasattr(a, "threshold"):
+        checks.probability("--threshold", a.threshold)
+    if getattr(a, "sps", None):
+        check_sps_file(a.sps)
+
+
+def check_sps_file(path: str) -> None:
+    """An SPS table JSON (``dspark-lightning profile --out``) with matching, non-empty ``tokens`` and ``sps``."""
+    doc = checks.read_json(checks.input_file("--sps", path), "SPS table")
+    tokens, sps = (doc.get("tokens"), doc.get("sps")) if isinstance(doc, dict) else (None, None)
+    if not isinstance(tokens, list) or not isinstance(sps, list) or not tokens or len(tokens) != len(sps):
+        raise checks.UsageError(f"SPS table {path} needs non-empty 'tokens' and 'sps' lists of one length")
+
+
+def check_verifier(value: str) -> None:
+    from ..registry import names
+
+    check_choice("--verifier", value, ["auto", *names("verifier")])
+
+
 def decode_parser() -> ArgumentParser:
-    p = ArgumentParser(prog="dspark-lightning decode", description="Lossless speculative decoding with a drafter.")
+    p = ArgumentParser(prog="dspark-lightning decode", description="Lossless speculative decoding with a drafter.",
+                       exit_on_error=False)  # fmt: skip
     p.add_argument("--target", type=str, default="smollm2-135m-instruct", help="embedded name or HF model directory")
     p.add_argument("--drafter", type=str | None, default=None, help="exported drafter directory (none: plain)")
     p.add_argument("--prompt", type=str, action="append", default=[], help="a prompt (repeatable)")
@@ -55,7 +101,8 @@ def decode_parser() -> ArgumentParser:
 
 
 def profile_parser() -> ArgumentParser:
-    p = ArgumentParser(prog="dspark-lightning profile", description="Measure the target's SPS(B) on this machine.")
+    p = ArgumentParser(prog="dspark-lightning profile", description="Measure the target's SPS(B) on this machine.",
+                       exit_on_error=False)  # fmt: skip
     p.add_argument("--target", type=str, default="smollm2-135m-instruct")
     p.add_argument("--out", type=str | None, default=None, help="table JSON (default: the per-device cache)")
     p.add_argument("--plot", type=str | None, default=None, help="also write a PNG of the curve")
@@ -76,10 +123,35 @@ def scheduler_spec(a) -> dict:
 
 
 def read_prompts(path: str, limit: int | None) -> list[str]:
+    """The first turn of each record of a ``{"turns": [...]}`` JSONL file (the first ``limit``); an unreadable file
+    or one without prompts is an error naming it."""
     from ..data.sources import JsonlPrompts
 
-    prompts = [rec.turns[0] for rec in JsonlPrompts(path=path).records()]
+    checks.input_file("--prompts", path)
+    try:
+        prompts = [rec.turns[0] for rec in JsonlPrompts(path=path).records()]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError) as exc:
+        raise checks.UsageError(f"--prompts {path} is not a JSONL file of {{'turns': [...]}} records ({exc})") from None
+    if not prompts:
+        raise checks.UsageError(f"--prompts {path} holds no prompts")
     return prompts[:limit] if limit is not None else prompts
+
+
+def check_decode_cli(a) -> None:
+    """Everything ``decode`` can check before loading a model: ranges, choices and the files it reads and writes."""
+    from .decode import check_decode_args
+
+    check_decode_args(a.max_new_tokens, a.temperature, a.top_k, a.top_p, a.batch_size)
+    checks.at_least("--limit", a.limit, 0)
+    check_scheduler_args(a)
+    check_choice("--layout", a.layout, LAYOUTS)
+    check_verifier(a.verifier)
+    check_device_args(a)
+    if any(not s for s in a.stop):
+        raise checks.UsageError("--stop must not be empty (an empty stop string would cut every output to nothing)")
+    checks.output_file("--json_out", a.json_out)
+    if a.drafter is not None:
+        checks.drafter_config(a.drafter)
 
 
 class _Streamer:
@@ -98,13 +170,15 @@ class _Streamer:
 
 
 def run_decode(argv: list[str]) -> None:
-    from .decode import decode, resolve
+    from .decode import decode
 
     a = decode_parser().parse_args(argv)
+    check_decode_cli(a)
     prompts = list(a.prompt) + (read_prompts(a.prompts, a.limit) if a.prompts else [])
     if not prompts:
         raise ValueError("give --prompt TEXT or --prompts FILE.jsonl")
-    target, drafter = resolve(a.target, a.drafter, a.device, a.dtype, a.drafter_dtype)
+    target = checks.load_target_checked(a.target, dtype=a.dtype, device=a.device)
+    drafter = checks.load_drafter_checked(a.drafter, target, a.drafter_dtype) if a.drafter else None
     stream = len(prompts) == 1
     res = decode(
         target,
@@ -139,11 +213,18 @@ def run_decode(argv: list[str]) -> None:
 
 
 def run_profile(argv: list[str]) -> None:
-    from .. import load_target
     from .sps import default_path, profile_sps
 
     a = profile_parser().parse_args(argv)
-    target = load_target(a.target, dtype=a.dtype, device=a.device)
+    checks.at_least("--max_tokens", a.max_tokens, 1)
+    checks.at_least("--context_len", a.context_len, 1)
+    checks.at_least("--repeats", a.repeats, 1)
+    check_verifier(a.verifier)
+    check_device_args(a)
+    checks.output_file("--out", a.out)
+    checks.output_file("--plot", a.plot)
+    target = checks.load_target_checked(a.target, dtype=a.dtype, device=a.device)
+    checks.fits_positions(target, a.context_len + (a.max_tokens or 256), "--context_len + --max_tokens")
     table = profile_sps(
         target, max_tokens=a.max_tokens, context_len=a.context_len, repeats=a.repeats, verifier=a.verifier
     )

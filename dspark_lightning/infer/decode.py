@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .. import checks
 from ..calibration import temperatures_for
 from .draft import make_proposer
 from .engine import Engine
@@ -71,8 +72,11 @@ def resolve(target, drafter, device=None, dtype=None, drafter_dtype=None):
     from ..devices import resolve_device, resolve_dtype
 
     if isinstance(target, str | os.PathLike):
+        from ..export import recorded_target_args
+
         dev = resolve_device(device)
-        target = load_target(target, dtype=resolve_dtype(dtype, dev), device=dev)
+        recorded = recorded_target_args(drafter) if isinstance(drafter, str | os.PathLike) else {}
+        target = load_target(target, dtype=resolve_dtype(dtype, dev), device=dev, **recorded)
     elif device is not None and resolve_device(device).type != target.device.type:
         raise ValueError(f"the target is on {target.device}, decode() was asked for {device}: load it there")
     if isinstance(drafter, str | os.PathLike):
@@ -98,6 +102,7 @@ def decode(
     top_p: float | None = None,
     scheduler: Any = "static",
     seed: int = 0,
+    seeds: list[int] | None = None,
     chat: bool = True,
     stop: list[str] | None = None,
     stop_token_ids: list[int] | None = None,
@@ -120,8 +125,12 @@ def decode(
         max_new_tokens: generated tokens per request (the last round may overshoot; outputs are trimmed).
         temperature, top_k, top_p: the sampling law, applied identically to draft and target (T=0: greedy).
         scheduler: ``static`` | ``threshold`` | ``hardware_aware`` | ``async_hardware_aware``, a
-            ``{"name": ..., **kwargs}`` dict, or a scheduler object.
-        seed: seeds the drafting and acceptance RNG streams.
+            ``{"name": ..., **kwargs}`` dict, or a scheduler object (it keeps per-run state: use one object in
+            one call at a time; names and dicts build a fresh scheduler per call, safe across threads).
+        seed: request i draws from its own drafting and acceptance streams, derived from (seed, i).
+        seeds: one per prompt, pinning each request's streams (request i's from ``seeds[i]``), so
+            ``decode([A], seeds=[7])`` and ``decode([B, A], seeds=[3, 7])`` give A the same tokens with the static
+            and threshold schedulers (docs/inference.md, "Reproducibility").
         chat: apply the target's chat template to string prompts.
         stop: stop strings; the text is cut before them.
         stop_token_ids: tokens that end a request (default: the target's EOS / end-of-turn ids).
@@ -139,6 +148,7 @@ def decode(
             residual are fp32 whatever these are, so a bf16 target's output law is the bf16 target's own.
     """
     t_start = time.perf_counter()
+    check_decode_args(max_new_tokens, temperature, top_k, top_p, batch_size)
     target, drafter = resolve(target, drafter, device, dtype, drafter_dtype)
     if isinstance(prompts, torch.Tensor):  # (S,) one prompt, (N, S) N prompts
         prompts = [prompts] if prompts.dim() == 1 else list(prompts)
@@ -149,19 +159,22 @@ def decode(
     if not prompt_list:
         raise ValueError("decode() needs at least one prompt")
     encoded = [encode_prompt(target, p, chat) for p in prompt_list]
+    if seeds is not None and len(seeds) != len(encoded):
+        raise ValueError(f"seeds has {len(seeds)} entries for {len(encoded)} prompts")
     engine = make_engine(target, drafter, SamplingParams(temperature, top_k, top_p), scheduler=scheduler, seed=seed,
                          stop_token_ids=stop_token_ids, stop=stop, layout=layout, calibrated=calibrated,
                          verifier=verifier)  # fmt: skip
     check_positions(target, encoded, max_new_tokens, engine.block_size)
     cap = batch_size or len(encoded)
-    bind_scheduler(engine, target, cap)
+    bind_scheduler(engine, target, cap, drafter)
     bar = _bar(len(encoded), progress)
     queued = 0
     while queued < len(encoded) or engine.active:
         room = cap - len(engine.active)
         if room > 0 and queued < len(encoded):
             batch = encoded[queued : queued + room]
-            for r in engine.add(batch, max_new_tokens, first_index=queued):
+            pinned = None if seeds is None else list(seeds[queued : queued + len(batch)])
+            for r in engine.add(batch, max_new_tokens, first_index=queued, seeds=pinned):
                 _emit(on_commit, r, r.output)
             queued += len(batch)
         for r, new in engine.step():
@@ -201,6 +214,16 @@ def make_engine(target, drafter, params: SamplingParams, *, scheduler: Any = "st
     return engine
 
 
+def check_decode_args(max_new_tokens, temperature, top_k, top_p, batch_size) -> None:
+    """Refuse out-of-range sampling and batching arguments before anything is loaded or allocated (a negative
+    ``batch_size`` used to loop forever and 0 to mean "all")."""
+    checks.at_least("max_new_tokens", max_new_tokens, 1)
+    checks.at_least("batch_size", batch_size, 1)
+    checks.at_least("top_k", top_k, 1)
+    checks.temperature("temperature", temperature)
+    checks.in_range("top_p", top_p, 0.0, 1.0, open_low=True)
+
+
 def check_positions(target, encoded: list[list[int]], max_new_tokens: int, block_size: int) -> None:
     limit = getattr(target.model.config, "max_position_embeddings", None)
     longest = max(len(p) for p in encoded) + max_new_tokens + block_size + 1
@@ -208,11 +231,13 @@ def check_positions(target, encoded: list[list[int]], max_new_tokens: int, block
         raise ValueError(f"prompt + max_new_tokens + block needs {longest} positions; the target supports {limit}")
 
 
-def bind_scheduler(engine: Engine, target, max_requests: int) -> None:
-    """Give an SPS-driven scheduler its table (profiled once and cached when none was passed)."""
+def bind_scheduler(engine: Engine, target, max_requests: int, drafter=None) -> None:
+    """Give an SPS-driven scheduler its table and the drafter's cost per round (each profiled once and cached
+    when not given)."""
     bind = getattr(engine.scheduler, "bind", None)
     if engine.proposer is not None and bind is not None:
-        bind(target, max_tokens=min(max_requests * (engine.block_size + 1), 256), progress=True)
+        bind(target, max_tokens=min(max_requests * (engine.block_size + 1), 256), progress=True, drafter=drafter,
+             max_batch=max_requests)  # fmt: skip
 
 
 def _emit(on_commit, r, new) -> None:

@@ -145,7 +145,8 @@ def _native(drafter: Any, target: Any, src: Path, out: Path, dtype: str | None, 
 def export_parser():
     from jsonargparse import ArgumentParser
 
-    p = ArgumentParser(prog="dspark-lightning export", description="Write a drafter in a layout engines serve.")
+    p = ArgumentParser(prog="dspark-lightning export", description="Write a drafter in a layout engines serve.",
+                       exit_on_error=False)  # fmt: skip
     p.add_argument("--drafter", type=str, required=True, help="exported drafter directory (ours or Qwen3DSparkModel)")
     p.add_argument("--format", type=str, default="dspark-hf", help="native | dspark-hf | eagle3-hf")
     p.add_argument("--out", type=str, required=True, help="output directory")
@@ -160,7 +161,12 @@ def export_parser():
 
 
 def run_export(argv: list[str]) -> None:
+    from .. import checks
+
     a = export_parser().parse_args(argv)
+    checks.drafter_config(a.drafter)
+    checks.output_dir("--out", a.out)
+    checks.at_least("--num_anchors", a.num_anchors, 1)
     res = export_drafter(a.drafter, a.format, a.out, dtype=a.dtype, overwrite=a.overwrite, target=a.target,
                          num_anchors=a.num_anchors, with_target_vocab=a.with_target_vocab)  # fmt: skip
     print(f"exported {a.drafter} -> {res.path} ({res.format}, {res.dtype}, {res.tensors} tensors)")

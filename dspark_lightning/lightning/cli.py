@@ -10,21 +10,26 @@ a one-line error and exit code 2.
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
+import zipfile
 from argparse import ArgumentError
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded at run time
 
+from lightning.fabric.utilities.exceptions import MisconfigurationException  # noqa: E402
 from lightning.pytorch.cli import LightningCLI  # noqa: E402
+from yaml import YAMLError  # noqa: E402
 
+from .. import checks  # noqa: E402
 from ..cli import one_line_error  # noqa: E402
 from ..data.cache import CacheError  # noqa: E402
 from ..export import DrafterLoadError, save_drafter  # noqa: E402
 from ..registry import RegistryError  # noqa: E402
 from .datamodule import DSparkDataModule  # noqa: E402
-from .module import DSparkModule  # noqa: E402
+from .module import DSparkModule, TrainingDiverged  # noqa: E402
 
 USER_ERRORS = (
     ArgumentError,
@@ -34,6 +39,9 @@ USER_ERRORS = (
     CacheError,
     DrafterLoadError,
     ValueError,
+    TrainingDiverged,
+    MisconfigurationException,  # Lightning's word for a bad trainer argument
+    YAMLError,  # a recipe that is not YAML
 )
 
 
@@ -47,6 +55,32 @@ class DSparkCLI(LightningCLI):
         parser.add_argument(
             "--export_dir", type=str | None, default=None, help="exported drafter dir (default: <log_dir>/drafter)"
         )
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """Lightning's, less ``predict``: a drafter has no predict step (``dspark-lightning decode`` generates)."""
+        return {k: v for k, v in LightningCLI.subcommands().items() if k != "predict"}
+
+    def _parse_ckpt_path(self) -> None:
+        """LightningCLI reads the hyperparameters of an explicit ``--ckpt_path`` while parsing: check the file first."""
+        cfg = self.config.get(str(self.config.get("subcommand")), self.config)
+        check_checkpoint_file(cfg.get("ckpt_path"))
+        super()._parse_ckpt_path()
+
+    def instantiate_classes(self) -> None:
+        """Check the recipe before anything is built, then build it; a component that cannot be built from its
+        arguments (``rank: -1``, a tensor of negative size) is a recipe error, reported in one line."""
+        cfg = self.config.get(self.subcommand, self.config)
+        checks.model_args(cfg.get("model"))
+        checks.data_args(cfg.get("data"))
+        checks.output_dir("--export_dir", cfg.get("export_dir"))
+        try:
+            super().instantiate_classes()
+        except USER_ERRORS:
+            raise
+        except (RuntimeError, TypeError, IndexError) as exc:
+            raise checks.UsageError(f"the recipe's model or data cannot be built: {one_line_error(exc)}") from None
+        check_built(self.model)
 
     def before_instantiate_classes(self) -> None:
         """``data.target_dtype: null`` follows the trainer: fp32 for a CPU run or a 32-bit precision (the CPU recipes
@@ -74,9 +108,60 @@ class DSparkCLI(LightningCLI):
             )
         self.datamodule.check()
         self._tau_start = None
-        if self.config[self.subcommand].validate_before_fit:
+        resuming = self._resolve_ckpt_path()
+        if self.config[self.subcommand].validate_before_fit and not resuming:  # τ̂ at step 0 is the fresh run's
             self.trainer.validate(self.model, datamodule=self.datamodule, verbose=False)
             self._tau_start = self.trainer.callback_metrics.get("val/tau_hat")
+
+    def before_validate(self) -> None:
+        self._resolve_ckpt_path()
+
+    before_test = before_validate
+
+    # --- checkpoints ----------------------------------------------------------------------------------
+    def _resolve_ckpt_path(self) -> bool:
+        """Turn ``--ckpt_path last`` into the newest checkpoint of this recipe's earlier runs, or fail loudly; check
+        that an explicit path exists. Returns whether a checkpoint will be loaded.
+
+        Lightning's own ``last`` looks only in this run's checkpoint folder, which for a logger is a new
+        ``version_N``: it found nothing and silently trained from step 0."""
+        kwargs = self.config_init[self.subcommand]
+        ckpt = kwargs.get("ckpt_path")
+        if ckpt is None:
+            return False
+        ckpt = str(ckpt)
+        if ckpt == "last":
+            kwargs["ckpt_path"] = str(self._latest_checkpoint())
+            print(f"[dspark-lightning] resuming from {kwargs['ckpt_path']}", flush=True)
+        elif ckpt not in ("best", "hpc") and "://" not in ckpt and not Path(ckpt).is_file():
+            raise FileNotFoundError(f"--ckpt_path {ckpt}: no such checkpoint file")
+        return True
+
+    def _checkpoint_patterns(self) -> list[str]:
+        """Where this recipe's runs keep checkpoints: a ModelCheckpoint's fixed ``dirpath``, else Lightning's default
+        for it, ``<save_dir>/<name>/<version>/checkpoints`` of the first logger (``<default_root_dir>/checkpoints``
+        without one), over every earlier version."""
+        trainer, patterns = self.trainer, []
+        for cb in trainer.checkpoint_callbacks:
+            if getattr(cb, "dirpath", None):
+                patterns.append(str(Path(cb.dirpath, "*.ckpt")))
+            elif trainer.loggers and trainer.loggers[0].save_dir is not None:
+                logger = trainer.loggers[0]
+                patterns.append(str(Path(logger.save_dir, str(logger.name or ""), "*", "checkpoints", "*.ckpt")))
+            else:
+                patterns.append(str(Path(trainer.default_root_dir, "checkpoints", "*.ckpt")))
+        return patterns
+
+    def _latest_checkpoint(self) -> Path:
+        """The most recently written checkpoint matching :meth:`_checkpoint_patterns` (``last.ckpt`` wins a tie)."""
+        patterns = self._checkpoint_patterns()
+        found = [Path(f) for pattern in patterns for f in glob.glob(pattern) if Path(f).is_file()]
+        if not found:
+            where = ", ".join(patterns) or "nowhere (checkpointing is disabled)"
+            raise FileNotFoundError(
+                f"--ckpt_path last: no checkpoint of this recipe matches {where}; run fit without --ckpt_path to start"
+            )
+        return max(found, key=lambda f: (f.stat().st_mtime_ns, f.stem.startswith("last")))
 
     def after_fit(self) -> None:
         out = self._export_dir()  # trainer.log_dir is a collective under DDP: every rank calls it
@@ -90,17 +175,51 @@ class DSparkCLI(LightningCLI):
             print(f"[dspark-lightning] exported drafter -> {path}", flush=True)
 
 
+def check_checkpoint_file(path: str | None) -> None:
+    """An explicit ``--ckpt_path`` file must be a torch checkpoint (a zip archive): a garbage file used to fail
+    deep inside ``torch.load`` after the model was built and validated."""
+    if path is None or str(path) in ("last", "best", "hpc") or "://" in str(path) or not Path(path).is_file():
+        return  # "last" and missing files: see _resolve_ckpt_path
+    if not zipfile.is_zipfile(path):
+        raise checks.UsageError(f"--ckpt_path {path} is not a checkpoint written by fit (not a torch zip archive)")
+
+
+def check_built(model: DSparkModule) -> None:
+    """What needs the target's vocabulary: the mask token must be one of its ids."""
+    drafter = getattr(model, "drafter", None)
+    mask, vocab = getattr(drafter, "mask_token_id", None), getattr(getattr(drafter, "geometry", None), "vocab_size", 0)
+    if vocab:
+        checks.token_id("model.mask_token_id", mask, vocab)
+
+
+def refuse_unsupported(argv: list[str]) -> None:
+    """``predict`` and LightningCLI's ``--optimizer`` / ``--lr_scheduler``: refused in one line rather than accepted
+    and ignored (the drafter's AdamW with warmup + cosine comes from ``model.optim``; see docs/training.md)."""
+    if argv and argv[0] == "predict":
+        raise checks.UsageError("there is no predict step for a drafter; generate with `dspark-lightning decode`")
+    for arg in argv:
+        if arg.split("=", 1)[0].split(".", 1)[0] in ("--optimizer", "--lr_scheduler"):
+            raise checks.UsageError(
+                f"{arg.split('=', 1)[0]} is not supported: the optimizer is AdamW with linear warmup and cosine decay, "
+                "set by model.optim (lr, betas, eps, weight_decay, warmup_fraction)"
+            )
+
+
 def main(args: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if args is None else args)
+    command = argv[0] if argv and not argv[0].startswith("-") else ""
     try:
+        refuse_unsupported(argv)
         DSparkCLI(
             DSparkModule,
             DSparkDataModule,
-            parser_kwargs={"exit_on_error": False},
+            parser_kwargs={"exit_on_error": False, "prog": "dspark-lightning"},
             save_config_kwargs={"overwrite": False},
+            auto_configure_optimizers=False,
             args=args,
         )
     except USER_ERRORS as exc:
-        print(f"dspark-lightning: error: {one_line_error(exc)}", file=sys.stderr)
+        print(f"dspark-lightning{' ' + command if command else ''}: error: {one_line_error(exc)}", file=sys.stderr)
         sys.exit(2)
 
 

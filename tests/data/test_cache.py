@@ -134,6 +134,16 @@ def test_missing_shard_and_index(cache_dir):
         FeatureCache(cache_dir)
 
 
+@pytest.mark.parametrize("name", ["/etc/passwd", "../outside.tar", "sub/../../x.tar", "", ".."])
+def test_shard_paths_are_confined_to_the_cache_folder(cache_dir, name):
+    index = json.loads((cache_dir / "index.json").read_text())
+    index["shards"][0]["name"] = name
+    (cache_dir / "index.json").write_text(json.dumps(index))
+    with pytest.raises(CacheError, match="is not a file name inside the cache folder") as e:
+        FeatureCache(cache_dir)
+    assert "index.json" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_meta_mismatch(cache_dir, target):
     expect = cache_meta(target, "bfloat16")
     with pytest.raises(CacheError, match=r"layer_ids differs: cache has \[1, 2, 3, 4, 5\], expected \[1, 3, 5\]"):

@@ -1,12 +1,15 @@
 """Bad input: a one-line error at start-up, exit code 2, nothing overwritten."""
 
+import re
+from pathlib import Path
+
 import pytest
 
 from .conftest import TINY, run_main
 
 
 def _one_line_error(err: str) -> str:
-    lines = [ln for ln in err.splitlines() if ln.startswith("dspark-lightning: error:")]
+    lines = [ln for ln in err.splitlines() if re.match(r"dspark-lightning( [a-z-]+)?: error:", ln)]
     assert len(lines) == 1, err[-2000:]
     return lines[0]
 
@@ -73,3 +76,18 @@ def test_drafter_for_a_different_target_is_refused(workdir, tmp_path):
     with pytest.raises(DrafterLoadError, match="hidden_size=64 does not match") as e:
         load_drafter(path, target=other)
     assert "\n" not in str(e.value)
+
+
+def test_a_recipe_without_a_target_is_refused(tmp_path, capsys, monkeypatch):
+    """data.target has no default: a recipe that forgets it must not train against some built-in target."""
+    import yaml
+
+    cfg = yaml.safe_load(Path(TINY).read_text())
+    del cfg["data"]["target"]
+    recipe = tmp_path / "no_target.yaml"
+    recipe.write_text(yaml.safe_dump(cfg))
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_main(["fit", "--config", str(recipe), "--trainer.max_steps=1"], capsys)
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and "data.target" in lines[-1] and lines[-1].startswith("dspark-lightning")
+    assert not (tmp_path / "outputs").exists()

@@ -68,3 +68,25 @@ def test_entry_point_plugins_are_loaded_and_failures_reported(monkeypatch):
     assert "bad" in errors and "xyz" in errors["bad"]  # reported, not fatal
     registry._REGISTRY["scheduler"].pop("_plugin_sched")
     registry.plugin_errors.clear()
+
+
+def test_a_plugin_calling_sys_exit_is_reported_not_fatal(monkeypatch):
+    import sys
+
+    eps = [SimpleNamespace(name="quitter", load=lambda: lambda: sys.exit(3))]
+    monkeypatch.setattr(registry, "entry_points", lambda group: eps if group == registry.ENTRY_POINT_GROUP else [])
+    errors = registry.load_plugins(force=True)
+    assert "SystemExit" in errors["quitter"]
+    registry.plugin_errors.clear()
+
+
+def test_a_slow_plugin_import_is_named_with_the_way_to_skip_it(monkeypatch, caplog):
+    import time
+
+    eps = [SimpleNamespace(name="sleepy", load=lambda: lambda: time.sleep(0.5))]
+    monkeypatch.setattr(registry, "entry_points", lambda group: eps if group == registry.ENTRY_POINT_GROUP else [])
+    monkeypatch.setenv(registry.WARN_ENV, "0.05")
+    with caplog.at_level("WARNING", logger=registry.__name__):
+        assert registry.load_plugins(force=True) == {}
+    assert any("'sleepy' is still loading" in r.getMessage() and "DSPARK_PLUGINS=none" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
