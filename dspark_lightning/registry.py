@@ -11,8 +11,8 @@ Third-party packages expose a module (or a callable) under the entry-point group
 ``dspark_lightning.plugins``; importing it is expected to call :func:`register`. Entry points
 are discovered once per process; ``$DSPARK_PLUGINS`` turns them off (``none``) or restricts them
 (``name1,name2``). A plugin that fails to load (an exception, or ``sys.exit``) is reported with its traceback
-summary, never fatal. A plugin whose import hangs cannot be interrupted from Python: after
-``$DSPARK_PLUGIN_WARN_S`` seconds (default 20) a warning names it and how to skip it.
+summary, never fatal. A plugin whose import hangs is skipped and reported after ``$DSPARK_PLUGIN_TIMEOUT_S``
+seconds (default 30); its import thread is left behind as a daemon.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def _ensure_loaded() -> None:
 
 
 PLUGINS_ENV = "DSPARK_PLUGINS"  # unset/"all": every plugin; "none"/"0": none; "a,b": only those entry points
-WARN_ENV = "DSPARK_PLUGIN_WARN_S"  # seconds a plugin may take to import before a warning names it
+TIMEOUT_ENV = "DSPARK_PLUGIN_TIMEOUT_S"  # seconds a plugin may take to import before it is skipped
 
 
 def plugin_selection() -> set[str] | None:
@@ -126,44 +126,45 @@ def load_plugins(force: bool = False) -> dict[str, str]:
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if allowed is not None and ep.name not in allowed:
             continue
-        watchdog = _hang_watchdog(ep.name)
+        error = _load_with_timeout(ep)
+        if error is None:
+            loaded_plugins[ep.name] = getattr(ep, "value", ep.name)
+        else:
+            plugin_errors[ep.name] = error
+            log.warning("dspark_lightning plugin %r failed to load and was skipped: %s", ep.name, error)
+    return dict(plugin_errors)
+
+
+def _load_with_timeout(ep) -> str | None:
+    """Import (and call) plugin ``ep`` in a daemon thread; None when it registered, else why it was skipped.
+
+    A plugin that raises or calls ``sys.exit`` is reported. One whose import hangs cannot be interrupted from
+    Python: after ``$DSPARK_PLUGIN_TIMEOUT_S`` seconds (default 30) it is reported and skipped, its thread left
+    behind (a daemon: it never keeps the process alive), and the program goes on without it."""
+    try:
+        timeout = float(os.environ.get(TIMEOUT_ENV, "30"))
+    except ValueError:
+        timeout = 30.0
+    outcome: list[str | None] = []
+
+    def run() -> None:
         try:
             obj = ep.load()
             if callable(obj) and not isinstance(obj, type):
                 obj()
-            loaded_plugins[ep.name] = getattr(ep, "value", ep.name)
+            outcome.append(None)
         except (Exception, SystemExit) as exc:  # a broken plugin (even one calling sys.exit) must not end the program
-            plugin_errors[ep.name] = _traceback_summary(exc)
-            log.warning(
-                "dspark_lightning plugin %r failed to load and was skipped: %s", ep.name, plugin_errors[ep.name]
-            )
-        finally:
-            watchdog.cancel()
-    return dict(plugin_errors)
+            outcome.append(_traceback_summary(exc))
 
-
-def _hang_watchdog(name: str) -> threading.Timer:
-    """A started timer that warns, once, if importing plugin ``name`` outlasts ``$DSPARK_PLUGIN_WARN_S``: a hung
-    import cannot be interrupted from Python, so the best we can do is say which plugin it is and how to skip it."""
-    try:
-        after = float(os.environ.get(WARN_ENV, "20"))
-    except ValueError:
-        after = 20.0
-    timer = threading.Timer(
-        after,
-        log.warning,
-        (
-            "dspark_lightning plugin %r is still loading after %g s (a hang?); skip it with %s=none or list the "
-            "plugins to load (%s=name1,name2)",
-            name,
-            after,
-            PLUGINS_ENV,
-            PLUGINS_ENV,
-        ),
-    )
-    timer.daemon = True
-    timer.start()
-    return timer
+    thread = threading.Thread(target=run, name=f"dspark-plugin-{ep.name}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        return (
+            f"still importing after {timeout:g} s (a hang?); skipped. Set {PLUGINS_ENV}=none or list the plugins "
+            f"to load ({PLUGINS_ENV}=name1,name2), or raise {TIMEOUT_ENV}"
+        )
+    return outcome[0] if outcome else "the plugin thread ended without a result"
 
 
 def get(kind: str, name: str) -> Any:
