@@ -5,7 +5,7 @@ export HF_HUB_OFFLINE := 1
 
 .PHONY: setup run test test-fast lint bench bench-decode compare eval-compare bench-compare ablations \
 	calibrate threshold-sweep serve-bench serve-study profile-verify profile-draft bench-regen long long-dflash \
-	vocab-coverage sps-lean bench-speed speed-suite acceptance bench-main gpu-wheels gpu-check gpu-check-cpu
+	vocab-coverage sps-lean bench-speed speed-suite acceptance bench-main gpu-wheels gpu-check gpu-check-cpu serve-bench-gate
 
 $(VENV)/.setup-done: pyproject.toml scripts/setup.sh plugins/dspark_example_head/pyproject.toml
 	bash scripts/setup.sh
@@ -125,6 +125,11 @@ gpu-check:
 
 gpu-check-cpu: setup
 	$(PY) scripts/gpu_check.py --device cpu --dtype bf16 --quick --out outputs/gpu_check_cpu
+
+# The draft gate under load: plain decoding against the hardware-aware scheduler (gate on), N = 1-32.
+serve-bench-gate: setup
+	$(VENV)/bin/dspark-lightning serve-bench --drafter $(LONG) --sps docs/data/sps_smollm2_cpu_lean.json --prompts_per_domain 4 \
+		--concurrency 1 4 16 32 --methods plain hardware_aware --window_s 10 --repeats 1 --out docs/data/serve_bench_gate
 
 # All of the above in one go (what docs/results.md reports), after `make long`.
 speed-suite: setup
