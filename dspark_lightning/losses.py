@@ -83,26 +83,55 @@ class LossTerms:
     soft_ce: torch.Tensor  # -Σ_v p_t log q (0 unless weighted)
     acc: torch.Tensor  # (N, γ) analytic acceptance c* = Σ_v min(p_d, p_t), detached
     conf_prob: torch.Tensor | None  # (N, γ) sigmoid(confidence logits), detached
+    agree: torch.Tensor | None = None  # (N, γ) 1 where argmax q = argmax p_t (teacher-forced T = 0 acceptance)
+    top_ce: torch.Tensor | None = None  # CE to the target's argmax token (0 unless weighted)
 
 
 def _token_terms(
-    logits: torch.Tensor,  # (n, γ, V)
-    target_logits: torch.Tensor | None,  # (n, γ, V)
-    labels: torch.Tensor,  # (n, γ)
+    logits: torch.Tensor,  # (n, γ, N) over the draft vocabulary (N = V without one)
+    target_logits: torch.Tensor | None,  # (n, γ, N) target logits of the same N tokens
+    labels: torch.Tensor,  # (n, γ) indices into the N tokens, -1 = outside them (no CE)
     soft_ce: bool,
+    target_lse: torch.Tensor | None = None,  # (n, γ) full-vocabulary log-sum-exp of the target logits
+    target_top: torch.Tensor | None = None,  # (n, γ) full-vocabulary target argmax as an index (-1 = outside)
+    top_labels: bool = False,
 ) -> tuple[torch.Tensor, ...]:
-    """Per-token terms of one chunk, in fp32: (-log q(x*), ‖q - p_t‖₁, -Σ p_t log q, c*), each (n, γ).
-    Without target logits the last three are zeros and c* is the top-1 hit."""
-    logp = F.log_softmax(logits.float(), dim=-1)  # (n, γ, V) fp32
-    ce_tok = -logp.gather(-1, labels[..., None]).squeeze(-1)  # (n, γ)
+    """Per-token terms of one chunk, in fp32: (-log q(x*), ‖q - p_t‖₁, -Σ p_t log q, c*, top-1 agreement,
+    -log q(argmax p_t)), each (n, γ). Without target logits the L1 and soft CE are zeros and c* is the top-1 hit.
+
+    Draft-vocabulary space: with ``target_lse`` the target logits cover only the N draft tokens, and
+    p_t = exp(t - lse) there; the target mass outside them, 1 - Σ_N p_t, is added to the L1 exactly (q is 0 there),
+    so the L1, c* = 1 - L1/2 and their gradients equal the full-vocabulary computation."""
+    logp = F.log_softmax(logits.float(), dim=-1)  # (n, γ, N) fp32
+    ce_tok = _nll(logp, labels)  # (n, γ), inf for labels outside the draft vocabulary
+    draft_top = logp.argmax(-1)
     if target_logits is None:
         zero = ce_tok.new_zeros(ce_tok.shape)
-        return ce_tok, zero, zero, (labels == logits.argmax(-1)).float()
-    p_t = F.softmax(target_logits.float(), dim=-1).detach()
-    l1_tok = (logp.exp() - p_t).abs().sum(-1)  # (n, γ) full L1 = 2 TV, gradient through p_d only
+        hit = (labels == draft_top).float()
+        return ce_tok, zero, zero, hit, hit, zero
+    t = target_logits.float()
+    if target_lse is None:
+        p_t = F.softmax(t, dim=-1).detach()
+        outside = 0.0
+        if target_top is None:
+            target_top = t.argmax(-1)
+    else:
+        if target_top is None:
+            raise ValueError("draft-vocabulary target logits need the full-vocabulary argmax too")
+        p_t = torch.exp(t - target_lse.float()[..., None]).detach()
+        outside = (1 - p_t.sum(-1)).clamp_min(0)  # target mass the draft vocabulary cannot propose
+    l1_tok = (logp.exp() - p_t).abs().sum(-1) + outside  # (n, γ) full L1 = 2 TV, gradient through p_d only
     soft_tok = -(p_t * logp).sum(-1) if soft_ce else torch.zeros_like(l1_tok)
     acc = (1 - 0.5 * l1_tok).clamp(0, 1).detach()  # c* = Σ min(p_d, p_t)
-    return ce_tok, l1_tok, soft_tok, acc
+    agree = (draft_top == target_top).float()  # greedy (T = 0) acceptance, teacher-forced
+    top_tok = _nll(logp, target_top) if top_labels else torch.zeros_like(l1_tok)
+    return ce_tok, l1_tok, soft_tok, acc, agree, top_tok
+
+
+def _nll(logp: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """-log q(label) (n, γ); inf where the label is -1 (outside the draft vocabulary) or has q = 0."""
+    out = -logp.gather(-1, labels.clamp_min(0)[..., None]).squeeze(-1)
+    return out.masked_fill(labels < 0, float("inf"))
 
 
 def chunked_token_terms(
@@ -111,6 +140,9 @@ def chunked_token_terms(
     labels: torch.Tensor,  # (N, γ)
     soft_ce: bool,
     chunk_size: int | None,
+    target_lse: torch.Tensor | None = None,  # (N, γ)
+    target_top: torch.Tensor | None = None,  # (N, γ)
+    top_labels: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """:func:`_token_terms` over ``chunk_size`` rows at a time (None: all at once), concatenated to (N, γ) each.
 
@@ -126,7 +158,9 @@ def chunked_token_terms(
 
         def terms(z: torch.Tensor, rows: slice = rows) -> tuple[torch.Tensor, ...]:
             t = None if target_logits is None else target_logits[rows]
-            return _token_terms(z, t, labels[rows], soft_ce)
+            lse = None if target_lse is None else target_lse[rows]
+            top = None if target_top is None else target_top[rows]
+            return _token_terms(z, t, labels[rows], soft_ce, lse, top, top_labels)
 
         parts.append(checkpoint(terms, z, use_reentrant=False) if checkpointed else terms(z))
     return tuple(torch.cat(ts) for ts in zip(*parts, strict=True))
@@ -144,14 +178,26 @@ def dspark_loss(
     conf_weight: float = 1.0,
     soft_ce_weight: float = 0.0,
     chunk_size: int | None = None,
+    target_lse: torch.Tensor | None = None,  # (N, γ) full-vocabulary log-sum-exp (draft-vocabulary space)
+    target_top: torch.Tensor | None = None,  # (N, γ) full-vocabulary target argmax, as an index into the logits
+    top_ce_weight: float = 0.0,
 ) -> LossTerms:
     """The loss terms; ``target_logits`` None trains with the CE only. ``chunk_size``: anchor blocks per chunk of
-    the per-token terms (None: one chunk), which bounds memory and changes no value (module docstring)."""
+    the per-token terms (None: one chunk), which bounds memory and changes no value (module docstring).
+
+    Draft-vocabulary space: ``logits`` and ``target_logits`` may cover only the N draft tokens (labels then index
+    them, -1 = outside), with ``target_lse`` and ``target_top`` computed over the whole vocabulary; every term
+    equals the full-vocabulary one (tests/unit/test_subset_loss.py). ``top_ce_weight``: weight of a CE to the
+    target's argmax token (the greedy label, free from the target logits)."""
     if target_logits is None and soft_ce_weight:
         raise ValueError("the soft cross-entropy needs the target logits")
     vw = mask * weights.to(mask)  # (N, γ)
     z = vw.sum().clamp_min(1e-8)
-    ce_tok, l1_tok, soft_tok, acc = chunked_token_terms(logits, target_logits, labels, bool(soft_ce_weight), chunk_size)
+    if top_ce_weight and target_logits is None:
+        raise ValueError("the argmax cross-entropy needs the target logits")
+    ce_tok, l1_tok, soft_tok, acc, agree, top_tok = chunked_token_terms(
+        logits, target_logits, labels, bool(soft_ce_weight), chunk_size, target_lse, target_top, bool(top_ce_weight)
+    )
     # A reduced draft vocabulary gives -inf logits outside it: such labels cannot be predicted and leave the CE
     # (their mass still counts in L1 and c*, as rejected mass).
     in_vocab = torch.isfinite(ce_tok)
@@ -166,8 +212,14 @@ def dspark_loss(
         conf = (vw * bce).sum() / z
         conf_prob = torch.sigmoid(conf_logits.detach().float())
     total = ce_weight * ce + (l1_weight * l1 if target_logits is not None else 0) + conf_weight * conf
-    total = total + soft_ce_weight * soft_ce
-    return LossTerms(total=total, ce=ce, l1=l1, conf=conf, soft_ce=soft_ce, acc=acc, conf_prob=conf_prob)
+    top_ce = zero
+    if top_ce_weight:
+        top_w = vw * torch.isfinite(top_tok)
+        top_ce = (top_w * top_tok.where(top_w > 0, 0.0)).sum() / top_w.sum().clamp_min(1e-8)
+    total = total + soft_ce_weight * soft_ce + top_ce_weight * top_ce
+    return LossTerms(
+        total=total, ce=ce, l1=l1, conf=conf, soft_ce=soft_ce, acc=acc, conf_prob=conf_prob, agree=agree, top_ce=top_ce
+    )
 
 
 def expected_tau(acc_per_position: torch.Tensor) -> float:

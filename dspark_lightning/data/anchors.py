@@ -67,6 +67,12 @@ class AnchorCollator:
             g = torch.Generator().manual_seed(sample_seed(self.seed, self.epoch, str(s["id"])))
             anchors[i], valid[i] = sample_anchors(lm[i, :n], self.max_anchors, g)
         batch = {"input_ids": ids, "loss_mask": lm, "attention_mask": am, "anchors": anchors, "valid": valid}
+        for k in ("target_lse", "target_top"):  # cached full-vocabulary summaries of the target law (S,)
+            if all(k in s for s in samples):
+                out = torch.zeros(B, S, dtype=samples[0][k].dtype)
+                for i, s in enumerate(samples):
+                    out[i, : len(s[k])] = s[k]
+                batch[k] = out
         for k in feats:
             dim = samples[0][k].shape[-1]
             out = torch.zeros(B, S, dim, dtype=samples[0][k].dtype)

@@ -43,16 +43,24 @@ INDEX = "index.json"
 REQUIRED_META = ("target", "layer_ids", "hidden_size", "n_tapped", "feature_dtype")
 
 
+# Per-position summaries of the target law over the whole vocabulary (features.target_law_summary), stored so a
+# training step can work in the draft-vocabulary space; optional per sample.
+LAW_SUMMARY = {"target_lse": torch.float32, "target_top": torch.int32}
+
+
 class CacheError(RuntimeError):
     """A feature cache is missing, corrupt, or was built for another target / feature dtype."""
 
 
 # --- size estimate -------------------------------------------------------------------------------------------------
-def estimate_cache_bytes(num_tokens: int, hidden_size: int, n_tapped: int, bytes_per_value: int = 2) -> int:
-    """S·(5 + b·d·(n+1)) bytes: int32 id + uint8 mask, then n tapped layers plus the final hidden per token.
+def estimate_cache_bytes(
+    num_tokens: int, hidden_size: int, n_tapped: int, bytes_per_value: int = 2, law_summary: bool = True
+) -> int:
+    """S·(5 + b·d·(n+1) + 8) bytes: int32 id + uint8 mask, then n tapped layers plus the final hidden per token, and
+    (``law_summary``) the target's fp32 log-sum-exp and int32 argmax; without them it is SPEC §4's S·(5 + b·d·(n+1)).
 
     Excludes the index and the per-sample tar/safetensors headers (~1-2 KB per sample)."""
-    return int(num_tokens) * (5 + bytes_per_value * hidden_size * (n_tapped + 1))
+    return int(num_tokens) * (5 + bytes_per_value * hidden_size * (n_tapped + 1) + (8 if law_summary else 0))
 
 
 def format_bytes(n: float) -> str:
@@ -130,6 +138,12 @@ def _encode_sample(s: dict, meta: dict, dtype: torch.dtype) -> tuple[bytes, int]
     if ctx.dtype != dtype or hid.dtype != dtype:
         raise ValueError(f"sample {s['id']!r}: features are {ctx.dtype}/{hid.dtype}, the cache holds {dtype}")
     tensors = {"input_ids": ids, "loss_mask": mask, "context": ctx.contiguous().cpu(), "hidden": hid.contiguous().cpu()}
+    for k, dt in LAW_SUMMARY.items():  # optional (caches written before they existed lack them)
+        if k in s:
+            v = torch.as_tensor(s[k]).reshape(-1)
+            if v.numel() != S:
+                raise ValueError(f"sample {s['id']!r}: {k} has {v.numel()} entries, expected {S}")
+            tensors[k] = v.to(dt).contiguous().cpu()
     # one metadata key: safetensors serialises its metadata map in random order, which would break reproducible shards
     sample = json.dumps({"id": str(s["id"]), "domain": str(s.get("domain", ""))}, sort_keys=True)
     return save(tensors, metadata={"sample": sample}), S
@@ -319,6 +333,7 @@ def decode_sample(data: bytes, keep_dtype: bool = False) -> dict[str, Any]:
         "loss_mask": t["loss_mask"].long(),  # (S,)
         "context": cast(t["context"]),  # (S, n*d)
         "hidden": cast(t["hidden"]),  # (S, d)
+        **{k: t[k] for k in LAW_SUMMARY if k in t},  # (S,) target log-sum-exp / argmax, when cached
     }
 
 

@@ -110,6 +110,25 @@ def features_for_batch(
     return context, hidden
 
 
+@torch.no_grad()
+def target_law_summary(target: Any, hidden: torch.Tensor, chunk: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per position, the full-vocabulary log-sum-exp (fp32) and argmax (int32) of the target logits computed from
+    ``hidden`` (..., d) exactly as a training step computes them (``target.logits`` in the LM head's dtype).
+
+    Cached next to the features, they let the loss work in the draft-vocabulary space: the step projects only the
+    N draft rows of the LM head and still counts the target mass outside them as rejected (``losses.py``)."""
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    dt = target.lm_head.weight.dtype
+    dev = target.lm_head.weight.device
+    lse = torch.empty(flat.shape[0], dtype=torch.float32, device=flat.device)
+    top = torch.empty(flat.shape[0], dtype=torch.int32, device=flat.device)
+    for i in range(0, flat.shape[0], chunk):
+        z = target.logits(flat[i : i + chunk].to(dev, dt)).float()
+        lse[i : i + chunk] = torch.logsumexp(z, -1).to(flat.device)
+        top[i : i + chunk] = z.argmax(-1).to(flat.device, torch.int32)
+    return lse.view(hidden.shape[:-1]), top.view(hidden.shape[:-1])
+
+
 @dataclass
 class ExtractionStats:
     """Counters of one extraction run; ``seconds`` is target compute time (excludes the consumer's time)."""
@@ -180,6 +199,7 @@ class FeatureStream(Iterator[dict]):
                 context, hidden = features_for_batch(self.target, ids, attn, self.feature_dtype)
                 context = context.to(self.feature_dtype).cpu()  # exact: values are already rounded
                 hidden = hidden.to(self.feature_dtype).cpu()
+                lse, top = target_law_summary(self.target, hidden.float())  # what the step computes from the cache
                 self.stats.seconds += time.perf_counter() - t0
                 n_tok = int(attn.sum())
                 self.stats.batches += 1
@@ -196,6 +216,8 @@ class FeatureStream(Iterator[dict]):
                         "loss_mask": torch.tensor(r["loss_mask"], dtype=torch.uint8),  # (S,)
                         "context": context[b, :L].clone(),  # (S, n*d)
                         "hidden": hidden[b, :L].clone(),  # (S, d)
+                        "target_lse": lse[b, :L].clone(),  # (S,) fp32
+                        "target_top": top[b, :L].clone(),  # (S,) int32
                     }
         finally:
             bar.close()
@@ -213,7 +235,8 @@ def extract_features(
 
     Rows are batched longest first (right padding + attention mask, at most ``batch_tokens`` padded tokens per batch)
     and yielded in that batch order, each carrying its own ``id``: ``{"id", "domain", "input_ids" int32 (S,),
-    "loss_mask" uint8 (S,), "context" (S, n*d), "hidden" (S, d)}`` with features in ``feature_dtype`` on the CPU.
+    "loss_mask" uint8 (S,), "context" (S, n*d), "hidden" (S, d), "target_lse" fp32 (S,), "target_top" int32 (S,)}``
+    with features in ``feature_dtype`` on the CPU (the last two: :func:`target_law_summary` of the rounded hidden).
     The returned iterator's ``.stats`` (:class:`ExtractionStats`) holds tokens and compute seconds.
     """
     return FeatureStream(target, tokenized, feature_dtype, batch_tokens, progress)

@@ -58,6 +58,9 @@ class RegenConfig:
     """turns decoding together with the dspark engine (batch_size is the HF engine's batch)"""
 
 
+CACHE_FORMAT = 2  # 2: samples carry target_lse / target_top (data.cache.LAW_SUMMARY)
+
+
 @dataclass
 class DataPaths:
     root: Path
@@ -202,6 +205,7 @@ class PrepareJob:
             "features": self.features,
             "feature_dtype": self.feature_dtype,
             "prompt_ids": ids,
+            "cache_format": CACHE_FORMAT,
         }
         return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

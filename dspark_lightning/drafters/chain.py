@@ -150,7 +150,11 @@ class ChainDrafter(SharesTargetParts, nn.Module):
         anchors: torch.Tensor,  # (B, A)
         valid: torch.Tensor,  # (B, A)
         hidden: torch.Tensor | None = None,  # (B, S, d) target final hidden states
+        block_size: int | None = None,  # must be None or the drafter's own: a chain drafter trains its full chain
+        full_vocab: bool = True,  # False: logits over the draft vocabulary only
     ) -> DraftOutput:
+        if block_size not in (None, self.ttt_steps):
+            raise ValueError(f"{type(self).__name__} trains its {self.ttt_steps} chain steps; no shorter block")
         B, S = input_ids.shape
         A, g = anchors.shape[1], self.ttt_steps
         dev = input_ids.device
@@ -181,7 +185,8 @@ class ChainDrafter(SharesTargetParts, nn.Module):
             vs.append(v)
             outs.append(h)
         hs = torch.stack(outs, 2)  # (B, A, g, d)
-        return DraftOutput(logits=self.full_logits(self.logits(hs)), conf_logits=None, hidden=hs)
+        z = self.logits(hs)
+        return DraftOutput(logits=self.full_logits(z) if full_vocab else z, conf_logits=None, hidden=hs)
 
 
 def _chain(target: Any, kind: str, name: str, block_size: int, **kwargs) -> ChainDrafter:

@@ -71,6 +71,15 @@ class SharesTargetParts:
         )
         self.draft_vocab.copy_(ids.to(self.draft_vocab.device))
 
+    def vocab_index(self) -> torch.Tensor:
+        """(V,) target token id -> its index in the draft vocabulary, -1 outside it (identity without one)."""
+        V = self.embed.num_embeddings
+        dev = self.embed.weight.device
+        if self.draft_vocab is None:
+            return torch.arange(V, device=dev)
+        inv = torch.full((V,), -1, dtype=torch.long, device=self.draft_vocab.device)
+        return inv.index_copy_(0, self.draft_vocab, torch.arange(self.draft_vocab.numel(), device=inv.device))
+
     def draft_head_weight(self) -> torch.Tensor:
         """(N or V, d): the rows of the target LM head the drafter projects onto."""
         w = self.lm_head.weight
@@ -166,11 +175,15 @@ class Drafter(SharesTargetParts, nn.Module):
         input_ids: torch.Tensor,  # (B, S)
         anchors: torch.Tensor,  # (B, A) anchor positions (sorted; dummies anywhere valid)
         valid: torch.Tensor,  # (B, A) bool
-        hidden: torch.Tensor | None = None,  # (B, S, d) target final hidden states (unused: chain drafters read it)
+        hidden: torch.Tensor | None = None,  # (B, S, d) target final hidden states (the context state, chain drafters)
+        block_size: int | None = None,  # a shorter training block (a curriculum's early phase); None = γ
+        full_vocab: bool = True,  # False: logits over the draft vocabulary only (N columns), for the subset loss
     ) -> DraftOutput:
         """Teacher-forced forward over A packed anchor blocks per sequence (SPEC §3.4-3.5)."""
         B, S = input_ids.shape
-        A, g = anchors.shape[1], self.block_size
+        A, g = anchors.shape[1], block_size or self.block_size
+        if not 1 <= g <= self.block_size:
+            raise ValueError(f"a training block must have 1..{self.block_size} slots, got {g}")
         device = input_ids.device
         offs = torch.arange(g, device=device)
         # Block inputs [x_a, M x (γ-1)] and teacher-forced previous tokens [x_a, x_{a+1} .. x_{a+γ-1}].
@@ -179,6 +192,12 @@ class Drafter(SharesTargetParts, nn.Module):
         blk_ids = torch.full_like(prev, self.mask_token_id)
         blk_ids[:, :, 0] = prev[:, :, 0]
         x = self.embed(blk_ids).view(B, A * g, -1)  # (B, A*γ, d)
+        if getattr(self.backbone, "context_state", False):
+            if hidden is None:
+                raise ValueError("a backbone with context_state needs the target's final hidden states")
+            idx = (anchors - 1).clamp(min=0)  # h^T_{a-1}: the target state that produced the anchor
+            state = torch.gather(hidden, 1, idx[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, A, d)
+            x = self.backbone.inject_state(x.view(B, A, g, -1), state.to(x.dtype)).view(B, A * g, -1)
         positions = (anchors[:, :, None] + offs).view(B, A * g)  # (B, A*γ)
         fused = self.backbone.fuse(context)  # (B, S, d)
         ctx_pos = torch.arange(S, device=device).expand(B, S)
@@ -192,5 +211,6 @@ class Drafter(SharesTargetParts, nn.Module):
             bias, feat = self.seq_head.teacher_forced(h, prev)
             logits = logits + bias
         conf = None if self.conf_head is None else self.conf_head(h, feat).view(B, A, g)
-        logits = self.full_logits(logits)  # (B*A, γ, V), -inf outside a reduced draft vocabulary
+        if full_vocab:
+            logits = self.full_logits(logits)  # (B*A, γ, V), -inf outside a reduced draft vocabulary
         return DraftOutput(logits=logits.view(B, A, g, -1), conf_logits=conf, hidden=h.view(B, A, g, -1))

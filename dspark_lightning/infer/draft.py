@@ -146,6 +146,7 @@ class BlockProposer:
             self.temps = temps
         self.head_w = drafter.draft_head_weight().to(self.dtype)  # (N or V, d), gathered once
         self.vocab = drafter.draft_vocab  # (N,) target ids of the draft vocabulary, or None
+        self.state: dict[int, torch.Tensor] | None = {} if getattr(bb, "context_state", False) else None
         self.clock = Stopwatch()  # clock.enable() -> per-component times (scripts/profile_draft.py)
 
     def add(self, ids: list[int]) -> None:
@@ -155,11 +156,21 @@ class BlockProposer:
         if ids:
             self.kv.remove_requests(ids)
             self.kv.compact()
+            if self.state is not None:
+                for i in ids:
+                    self.state.pop(i, None)
 
     @torch.no_grad()
     def extend(self, ids: list[int], context: torch.Tensor, start: torch.Tensor, lengths: torch.Tensor, hidden=None):
-        """Append the target features (R, W, n*d) of positions start..start+lengths-1 to the context cache."""
+        """Append the target features (R, W, n*d) of positions start..start+lengths-1 to the context cache (and,
+        for a ``context_state`` backbone, keep each request's last final hidden state (R, d) for its next block)."""
         self.clock.start()
+        if self.state is not None:
+            if hidden is None:
+                raise ValueError("this drafter's backbone reads the target's final hidden states (context_state)")
+            rows = torch.arange(len(ids), device=hidden.device)
+            last = hidden[rows, lengths.to(hidden.device) - 1].to(self.device, self.dtype)  # (R, d)
+            self.state.update(zip(ids, last.unbind(0), strict=True))
         bb = self.drafter.backbone
         grid = self.kv.grid(ids, lengths)
         W = int(lengths.max())
@@ -199,7 +210,10 @@ class BlockProposer:
         def mask(window):  # context strictly before the anchor (and within the layer's window), own block
             return torch.cat([self.kv.attend(q_owner, q_anchor, strict=True, window=window), blk_ok], dim=-1)
 
-        x = d.embed(grid.scatter(blk, d.mask_token_id)).to(self.dtype)  # (rows, L, d)
+        x = d.embed(blk).to(self.dtype)  # (R, γ, d)
+        if self.state is not None:
+            x = d.backbone.inject_state(x, torch.stack([self.state[i] for i in ids]))
+        x = grid.scatter(x, 0.0)  # (rows, L, d)
         ctx_kv = [(layer.keys, layer.values) for layer in self.kv.layers]
         h = d.backbone(x, grid.scatter(pos, 0), ctx_kv, per_layer_masks(d.backbone, mask))
         h = grid.gather(h)  # (R, γ, d)

@@ -81,6 +81,11 @@ def check_dspark(drafter: Any) -> list[str]:
         )
     if type(bb) is not DenseBackbone:
         raise InteropError(f"backbone {_name(bb)!r} has no serving mapping (only the dense backbone maps)")
+    if getattr(bb, "context_state", False):
+        raise InteropError(
+            "backbone with context_state=true: the serving layouts have no input for the target's final hidden state "
+            "(export --format native, or train without it)"
+        )
     if bb.sliding_window is not None:
         raise InteropError(
             f"dense backbone with sliding_window={bb.sliding_window}: our window is relative to the block's anchor, "

@@ -164,6 +164,9 @@ class DSparkCLI(LightningCLI):
         return max(found, key=lambda f: (f.stat().st_mtime_ns, f.stem.startswith("last")))
 
     def after_fit(self) -> None:
+        if self.model.validation_is_stale and self.trainer.limit_val_batches:  # stopped between validations
+            self.trainer.validate(self.model, datamodule=self.datamodule, verbose=False)
+            self.model.report_validation()
         out = self._export_dir()  # trainer.log_dir is a collective under DDP: every rank calls it
         state = self.model.drafter_state_dict()  # gathers FSDP shards: a collective too
         if self.trainer.is_global_zero:

@@ -14,15 +14,18 @@ import lightning as L
 import torch
 from torch import nn
 
-from ..data.features import features_for_batch
+from ..data.features import features_for_batch, target_law_summary
 from ..data.vocab import coverage, frequent_tokens
 from ..devices import resolve_dtype
 from ..drafters import build_part, compose, draft_geometry
+from ..drafters.warm_start import WarmStart
+from ..drafters.warm_start import warm_start as warm_start_fn
 from ..losses import ProjectedLogits, dspark_loss, position_weights, supervision_mask
 from ..modules import moe_aux_loss, moe_loads
 from ..registry import create
 from ..targets import ChatFormat, Target, TargetGeometry, load_target
 from .metrics import PositionAcceptance
+from .schedule import SCHEDULES, Phase, check_curriculum, lr_factor, phase_at, subsample_anchors
 
 DOMAINS = ("math", "code", "chat", "other")
 # Precisions that run the drafter's weights in one dtype (no autocast): the shared target parts must match it.
@@ -46,6 +49,12 @@ class LossConfig:
     """weight of the confidence BCE against the detached analytic acceptance"""
     soft_ce_weight: float = 0.0
     """weight of the soft cross-entropy to the target distribution (EAGLE-3's loss)"""
+    top_ce_weight: float = 0.0
+    """weight of a cross-entropy to the target's argmax token (the T = 0 label, free from the target logits)"""
+    draft_vocab_space: bool = True
+    """with a reduced draft vocabulary, compute the loss over its N tokens only: the target logits of those rows,
+    with the full-vocabulary log-sum-exp and argmax cached at feature extraction (or computed once per step
+    without a cache), so the mass outside still counts as rejected; equal values and gradients (tested)"""
     decay: float | None = 4.0
     """position weights w_k = exp(-(k-1)/decay); null = uniform"""
     chunk_size: int | None = None
@@ -65,6 +74,13 @@ class OptimConfig:
     weight_decay: float = 0.0
     warmup_fraction: float = 0.04
     """fraction of the total optimizer steps spent in linear warmup"""
+    schedule: str = "cosine"
+    """after warmup: cosine (to 0), wsd (constant, then linear to 0 over decay_fraction) or constant"""
+    decay_fraction: float = 0.2
+    """wsd: share of training spent in the final linear decay"""
+    time_budget_s: float | None = None
+    """schedule progress by wall-clock time as well: max(step / max_steps, elapsed / time_budget_s) (a fixed-time
+    run, e.g. the experiment matrix; pair it with trainer.max_time)"""
 
 
 class TrainingDiverged(RuntimeError):
@@ -84,7 +100,9 @@ def check_hparams(loss: LossConfig, optim: OptimConfig, block_size: int) -> None
     """Refuse hyperparameters that can only train NaN weights (a non-finite or non-positive lr, a NaN loss weight,
     ``decay: 0``) or nothing at all, before the target is loaded; the message names the recipe key."""
     _require(isinstance(block_size, int) and block_size >= 1, "model.block_size", block_size, "an integer >= 1")
-    weights = {k: getattr(loss, k) for k in ("ce_weight", "l1_weight", "conf_weight", "soft_ce_weight")}
+    weights = {
+        k: getattr(loss, k) for k in ("ce_weight", "l1_weight", "conf_weight", "soft_ce_weight", "top_ce_weight")
+    }
     for k, v in weights.items():
         _require(_finite(v) and v >= 0, f"model.loss.{k}", v, "finite and >= 0")
     _require(sum(weights.values()) > 0, "one of model.loss.*_weight", 0, "> 0 (an all-zero loss trains nothing)")
@@ -99,6 +117,13 @@ def check_hparams(loss: LossConfig, optim: OptimConfig, block_size: int) -> None
     _require(_finite(o.weight_decay) and o.weight_decay >= 0, "model.optim.weight_decay", o.weight_decay, ">= 0")
     _require(_finite(o.warmup_fraction) and 0 <= o.warmup_fraction <= 1, "model.optim.warmup_fraction",
              o.warmup_fraction, "in [0, 1]")  # fmt: skip
+    _require(o.schedule in SCHEDULES, "model.optim.schedule", o.schedule, f"one of {', '.join(SCHEDULES)}")
+    _require(_finite(o.decay_fraction) and 0 < o.decay_fraction <= 1, "model.optim.decay_fraction",
+             o.decay_fraction, "in (0, 1]")  # fmt: skip
+    budget_ok = o.time_budget_s is None or (_finite(o.time_budget_s) and o.time_budget_s > 0)
+    _require(budget_ok, "model.optim.time_budget_s", o.time_budget_s, "> 0 seconds or null")
+    _require(_finite(loss.top_ce_weight) and loss.top_ce_weight >= 0, "model.loss.top_ce_weight",
+             loss.top_ce_weight, "finite and >= 0")  # fmt: skip
 
 
 def _terms_text(t) -> str:
@@ -150,6 +175,11 @@ class DSparkModule(L.LightningModule):
             included), chosen when training starts; null = the whole target vocabulary. Lossless either way.
         loss: loss weights and position decay.
         optim: optimizer and schedule.
+        curriculum: training phases (block length, anchors per sequence, position decay) over training progress,
+            e.g. a slot-1-first curriculum ``[{until: 0.7, block_size: 3, anchors: 96, decay: 1.5}, {until: 1.0}]``;
+            validation and the export always use ``block_size``. null = one phase.
+        warm_start: initialise the backbone from the target's layers (``drafters/warm_start.py``); null = SPEC
+            §3.1's random initialisation.
     """
 
     def __init__(
@@ -167,11 +197,15 @@ class DSparkModule(L.LightningModule):
         drafter: str | dict | None = None,
         draft_vocab_size: int | None = None,
         target_dtype: str | None = None,
+        curriculum: list[Phase] | None = None,
+        warm_start: WarmStart | None = None,
     ) -> None:
         super().__init__()
         self.loss_cfg = loss or LossConfig()
         self.optim_cfg = optim or OptimConfig()
         check_hparams(self.loss_cfg, self.optim_cfg, block_size)
+        self.curriculum = [p if isinstance(p, Phase) else Phase(**p) for p in curriculum or []]
+        check_curriculum(self.curriculum, block_size)
         chat = ChatFormat(system_prompt=system_prompt)
         tgt = load_target(target, layer_ids=layer_ids, chat=chat, dtype=resolve_dtype(target_dtype, "auto"))
         self.__dict__["_target"] = tgt  # not a sub-module: never trained, saved or wrapped by DDP
@@ -192,9 +226,15 @@ class DSparkModule(L.LightningModule):
             ch = _part("conf_head", conf_head, g, getattr(sh, "token_dim", 0))
             bb = _part("backbone", backbone, g)
             self.drafter = compose(tgt, bb, sh, ch, block_size, mask_token_id, draft_vocab_size)
+        if warm_start is not None:
+            ws = warm_start if isinstance(warm_start, WarmStart) else WarmStart(**warm_start)
+            copied = warm_start_fn(self.drafter, tgt, ws)
+            print(f"[dspark-lightning] warm start: drafter layers from target layers {copied}", flush=True)
         self.block_size = block_size
         self.register_buffer("pos_w", position_weights(block_size, self.loss_cfg.decay), persistent=False)
-        self.val_acc = PositionAcceptance(block_size, DOMAINS)
+        self.val_acc = PositionAcceptance(block_size, DOMAINS)  # analytic acceptance c*_k (T = 1)
+        self.val_agree = PositionAcceptance(block_size, DOMAINS)  # argmax agreement TF-A_k (T = 0)
+        self.last_validation: dict[str, dict[str, list[float] | float]] = {}
 
     @property
     def target(self) -> Target:
@@ -206,12 +246,14 @@ class DSparkModule(L.LightningModule):
             "optim": asdict(self.optim_cfg),
             "target": self.target.describe(),
             "drafter": self.drafter.config(),
+            "curriculum": [asdict(p) for p in self.curriculum],
         }
 
     def setup(self, stage: str) -> None:
         """Check the precision against the target's dtype; pick the reduced draft vocabulary from the training
         responses (a resumed checkpoint restores the same)."""
         self._check_precision()
+        self._check_curriculum_anchors()
         d = self.drafter
         if getattr(d, "draft_vocab", None) is None or d.vocab_ready:
             return
@@ -228,6 +270,16 @@ class DSparkModule(L.LightningModule):
             "response tokens",
             flush=True,
         )
+
+    def _check_curriculum_anchors(self) -> None:
+        """A phase can only keep fewer anchors than the loader samples (``data.max_anchors``)."""
+        have = getattr(getattr(self.trainer, "datamodule", None), "max_anchors", None)
+        for i, ph in enumerate(self.curriculum):
+            if have is not None and ph.anchors is not None and ph.anchors > have:
+                raise ValueError(
+                    f"model.curriculum[{i}].anchors is {ph.anchors} but data.max_anchors samples only {have} per "
+                    "sequence: raise data.max_anchors to the largest phase's anchors"
+                )
 
     def _check_precision(self) -> None:
         """A ``*-true`` precision casts the drafter's weights, not the target's (not a sub-module), yet the drafter
@@ -265,6 +317,43 @@ class DSparkModule(L.LightningModule):
                 m.to(self.device)
         return tgt
 
+    def progress(self) -> float:
+        """Training progress in [0, 1] (module docstring of ``schedule.py``): steps, or wall time with a budget."""
+        total = max(1, int(self.trainer.estimated_stepping_batches)) if self._trainer is not None else 1
+        p = self.global_step / total
+        budget = self.optim_cfg.time_budget_s
+        if budget is not None and hasattr(self, "_fit_t0"):
+            p = max(p, (time.perf_counter() - self._fit_t0) / budget)
+        return min(p, 1.0)
+
+    def _phase(self) -> tuple[int, int | None, torch.Tensor]:
+        """(training block length, anchors per sequence or None = all, position weights) of this step."""
+        ph = phase_at(self.curriculum, self.progress()) if self.training else None
+        if ph is None:
+            return self.block_size, None, self.pos_w
+        g = ph.block_size or self.block_size
+        decay = self.loss_cfg.decay if ph.decay is None else ph.decay
+        return g, ph.anchors, position_weights(g, decay).to(self.pos_w)
+
+    def _target_law(self, batch: dict, rows: torch.Tensor, hid_idx: torch.Tensor, tgt: Target, vocab):
+        """The target side of the loss in the draft-vocabulary space: the head over the N draft rows, and the
+        full-vocabulary log-sum-exp and argmax of each supervised row, read from the cache when it holds them
+        (else computed here, exactly, from the full head)."""
+        w = tgt.lm_head.weight.index_select(0, vocab)
+        b = getattr(tgt.lm_head, "bias", None)
+        b = None if b is None else b.index_select(0, vocab)
+
+        def head(h: torch.Tensor) -> torch.Tensor:
+            return tgt.finish_logits(torch.nn.functional.linear(h, w, b))
+
+        n, g = rows.shape[:2]
+        if "target_lse" in batch and "target_top" in batch:
+            lse = torch.gather(batch["target_lse"].float(), 1, hid_idx).view(n, g)
+            top = torch.gather(batch["target_top"].long(), 1, hid_idx).view(n, g)
+        else:
+            lse, top = target_law_summary(tgt, rows)
+        return head, lse, top.long()
+
     def _step(self, batch: dict) -> tuple:
         ids, anchors, valid = batch["input_ids"], batch["anchors"], batch["valid"]
         tgt = self._target_on_device(online="context" not in batch)
@@ -275,34 +364,54 @@ class DSparkModule(L.LightningModule):
                 tgt, ids, batch["attention_mask"], self.trainer.datamodule.feature_dtype
             )
         B, S = ids.shape
-        g = self.block_size
+        g, n_anchors, pos_w = self._phase()
+        if n_anchors is not None:  # a curriculum phase with fewer anchors than the loader sampled
+            gen = torch.Generator().manual_seed(int(self.global_step) * 7919 + 17)
+            anchors, valid = subsample_anchors(anchors, valid, n_anchors, gen)
+        c = self.loss_cfg
+        vocab = getattr(self.drafter, "draft_vocab", None)
+        subset = vocab is not None and c.draft_vocab_space
+        kw = {"block_size": g} if g != self.block_size else {}
+        if subset:
+            kw["full_vocab"] = False
         dt = next(self.drafter.parameters()).dtype  # features enter the drafter in its weights' dtype
-        out = self.drafter(context.to(dt), ids, anchors, valid, hidden=hidden.to(dt))
+        out = self.drafter(context.to(dt), ids, anchors, valid, hidden=hidden.to(dt), **kw)
         v = supervision_mask(anchors, valid, batch["loss_mask"], g)  # (B, A, γ)
         k = torch.arange(g, device=ids.device)
         lab_idx = (anchors[:, :, None] + k + 1).clamp(max=S - 1)  # label x_{a+k}
-        labels = torch.gather(ids, 1, lab_idx.flatten(1)).view_as(lab_idx)
+        labels = torch.gather(ids, 1, lab_idx.flatten(1)).view_as(lab_idx).flatten(0, 1)  # (B*A, γ)
         hid_idx = (anchors[:, :, None] + k).clamp(max=S - 1).flatten(1)  # target hidden at a+k-1 predicts x_{a+k}
         rows = torch.gather(hidden, 1, hid_idx[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, A*γ, d)
         rows = rows.to(tgt.lm_head.weight.dtype).view(B * anchors.shape[1], g, -1)  # (B*A, γ, d)
         # Target logits are skipped only when training needs none (CE-only, no confidence head); validation always
         # computes them so the analytic acceptance is comparable across drafters. The loss projects them chunk by
         # chunk, never all (B*A*γ x V) at once.
-        c = self.loss_cfg
-        need = c.l1_weight > 0 or c.soft_ce_weight > 0 or out.conf_logits is not None or not self.training
+        need = c.l1_weight > 0 or c.soft_ce_weight > 0 or c.top_ce_weight > 0
+        need = need or out.conf_logits is not None or not self.training
+        head, lse, top = tgt.logits, None, None
+        if need and subset:
+            head, lse, top = self._target_law(batch, rows, hid_idx.view(B, -1), tgt, vocab)
+            inv = self.drafter.vocab_index()  # (V,) target id -> draft-vocabulary index, -1 outside
+            labels, top = inv[labels], inv[top]
+        elif subset:
+            labels = self.drafter.vocab_index()[labels]
         terms = dspark_loss(
             out.logits.flatten(0, 1),
-            ProjectedLogits(rows, tgt.logits) if need else None,
-            labels.flatten(0, 1),
+            ProjectedLogits(rows, head) if need else None,
+            labels,
             v.flatten(0, 1),
-            self.pos_w,
+            pos_w,
             None if out.conf_logits is None else out.conf_logits.flatten(0, 1),
             c.ce_weight,
             c.l1_weight,
             c.conf_weight,
             c.soft_ce_weight,
             c.chunk_size,
+            target_lse=lse,
+            target_top=top,
+            top_ce_weight=c.top_ce_weight,
         )
+        self._step_anchors = int(valid.sum())
         return terms, v, B
 
     def _log_terms(self, prefix: str, terms, v: torch.Tensor, B: int) -> None:
@@ -313,35 +422,59 @@ class DSparkModule(L.LightningModule):
         self.log(f"{prefix}/l1", terms.l1, **kw)
         if self.loss_cfg.soft_ce_weight > 0:
             self.log(f"{prefix}/soft_ce", terms.soft_ce, **kw)
+        if self.loss_cfg.top_ce_weight > 0:
+            self.log(f"{prefix}/top_ce", terms.top_ce, **kw)
         self.log(f"{prefix}/conf_bce", terms.conf, **kw)
         vm = v.flatten(0, 1)
         n = vm.sum().clamp_min(1)
         self.log(f"{prefix}/acc_mean", (terms.acc * vm).sum() / n, prog_bar=on_step, **kw)
+        if terms.agree is not None:
+            self.log(f"{prefix}/tfa_mean", (terms.agree * vm).sum() / n, **kw)
         if terms.conf_prob is not None:
             err = terms.conf_prob - terms.acc
             self.log(f"{prefix}/conf_abs_err", (err.abs() * vm).sum() / n, **kw)
             self.log(f"{prefix}/conf_bias", (err * vm).sum() / n, **kw)
 
     def on_train_start(self) -> None:
-        self._fit_t0, self._fit_tokens, self._fit_rows = time.perf_counter(), 0, 0
+        self._fit_t0, self._fit_tokens, self._fit_rows, self._fit_anchors = time.perf_counter(), 0, 0, 0
 
     def on_train_end(self) -> None:
-        """Write fit_stats.json (wall time, throughput, peak RSS) next to the logs, for docs/benchmarks.md."""
+        """Write fit_stats.json (wall time, throughput, peak RSS, the last validation) next to the logs."""
         log_dir = self.trainer.log_dir  # a collective under DDP: every rank must call it
         if not self.trainer.is_global_zero or not hasattr(self, "_fit_t0"):
             return
         wall = time.perf_counter() - self._fit_t0
-        stats = {
+        self._fit_stats = {
             "steps": int(self.global_step),
             "wall_s": wall,
             "tokens": self._fit_tokens,
             "tokens_per_s": self._fit_tokens / wall if wall > 0 else 0.0,
             "block_rows_per_s": self._fit_rows / wall if wall > 0 else 0.0,
+            "anchors_seen": self._fit_anchors,
+            "block_rows_seen": self._fit_rows,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }
-        out = Path(log_dir or ".") / "fit_stats.json"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(stats, indent=2) + "\n")
+        self._fit_stats_path = Path(log_dir or ".") / "fit_stats.json"
+        self.report_validation()
+
+    @property
+    def validation_is_stale(self) -> bool:
+        """True when training went on after the last validation (a run stopped by ``trainer.max_time``)."""
+        return getattr(self, "_val_step", None) != int(self.global_step)
+
+    def report_validation(self) -> None:
+        """(Re)write fit_stats.json with the last validation and print its table (the CLI calls it again after a
+        final validation of a run that stopped between validations)."""
+        path = getattr(self, "_fit_stats_path", None)
+        if path is None:
+            return
+        stats = {**self._fit_stats, "validation_step": getattr(self, "_val_step", None),
+                 "validation": self.last_validation}  # fmt: skip
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(stats, indent=2) + "\n")
+        table = self.validation_table()
+        if table and not self.validation_is_stale:
+            print(f"[dspark-lightning] validation at step {self._val_step} (teacher-forced):\n{table}", flush=True)
 
     def on_train_epoch_start(self) -> None:
         dm = getattr(self.trainer, "datamodule", None)
@@ -352,7 +485,8 @@ class DSparkModule(L.LightningModule):
         terms, v, B = self._step(batch)
         self._log_terms("train", terms, v, B)
         self._fit_tokens += int(batch["attention_mask"].sum())  # this rank's tokens
-        self._fit_rows += int(batch["valid"].sum()) * self.block_size
+        self._fit_rows += int(v.sum())  # supervised block rows (a curriculum phase trains fewer)
+        self._fit_anchors += self._step_anchors
         loss = terms.total + self._moe_terms(B)
         bad = not bool(torch.isfinite(loss))  # one host sync per step; the terms are read only when it fails
         self._stop_if(bad, lambda: f"non-finite training loss {float(loss)} ({_terms_text(terms)})")
@@ -401,22 +535,47 @@ class DSparkModule(L.LightningModule):
         A = batch["anchors"].shape[1]
         domains = [d for d in batch.get("domains", ["other"] * B) for _ in range(A)]
         self.val_acc.update(terms.acc, v.flatten(0, 1), domains)
+        if terms.agree is not None:
+            self.val_agree.update(terms.agree, v.flatten(0, 1), domains)
 
     test_step = validation_step
 
     def _log_acceptance(self, prefix: str) -> None:
-        num, den, tau_sum, blocks = self.val_acc.compute()  # (D+1, γ), (D+1,) with the last row = all domains
+        """Per domain and overall: c*_k and τ̂ (T = 1, analytic), TF-A_k and the greedy τ̂ (T = 0, argmax
+        agreement), all teacher-forced; kept in ``last_validation`` for the end-of-fit table."""
         names = [*DOMAINS, "all"]
-        for i, dom in enumerate(names):
-            if den[i, 0] == 0:
-                continue
-            acc = num[i] / den[i].clamp_min(1)
-            tau_hat = float(tau_sum[i] / blocks[i].clamp_min(1))  # mean of per-block expected lengths
-            self.log(f"{prefix}/tau_hat" + ("" if dom == "all" else f"_{dom}"), tau_hat, prog_bar=dom == "all")
-            if dom == "all":
+        table: dict[str, dict[str, list[float] | float]] = {}
+        for metric, key, tau_key in ((self.val_acc, "acc_pos", "tau_hat"), (self.val_agree, "tfa_pos", "tau_greedy")):
+            num, den, tau_sum, blocks = metric.compute()  # (D+1, γ), (D+1,) with the last row = all domains
+            for i, dom in enumerate(names):
+                if den[i, 0] == 0:
+                    continue
+                acc = num[i] / den[i].clamp_min(1)
+                tau = float(tau_sum[i] / blocks[i].clamp_min(1))  # mean of per-block expected lengths
+                sfx = "" if dom == "all" else f"_{dom}"
+                self.log(f"{prefix}/{tau_key}{sfx}", tau, prog_bar=dom == "all" and tau_key == "tau_hat")
                 for k in range(self.block_size):
-                    self.log(f"{prefix}/acc_pos{k + 1}", acc[k])
-        self.val_acc.reset()
+                    self.log(f"{prefix}/{key}{k + 1}{sfx}", acc[k])
+                row = table.setdefault(dom, {"blocks": float(blocks[i])})
+                row[key] = [float(a) for a in acc]
+                row[tau_key] = tau
+            metric.reset()
+        self.last_validation = table
+        self._val_step = int(self.global_step)
+
+    def validation_table(self, slots: int = 4) -> str:
+        """The last validation as a small text table: per domain c*_1..k, TF-A_1..k, τ̂ and the greedy τ̂."""
+        if not self.last_validation:
+            return ""
+        k = min(slots, self.block_size)
+        head = ["domain", *[f"c*_{i + 1}" for i in range(k)], *[f"TF-A_{i + 1}" for i in range(k)], "τ̂", "τ̂(T=0)"]
+        lines = ["  ".join(f"{h:>7}" for h in head)]
+        for dom, row in self.last_validation.items():
+            acc, tfa = row.get("acc_pos", []), row.get("tfa_pos", [])
+            vals = [f"{x:7.3f}" for x in acc[:k]] + [f"{x:7.3f}" for x in tfa[:k]]
+            vals += [f"{row.get('tau_hat', float('nan')):7.3f}", f"{row.get('tau_greedy', float('nan')):7.3f}"]
+            lines.append("  ".join([f"{dom:>7}", *vals]))
+        return "\n".join(lines)
 
     def on_validation_epoch_end(self) -> None:
         self._log_acceptance("val")
@@ -430,12 +589,14 @@ class DSparkModule(L.LightningModule):
         params = [p for p in self.drafter.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
         total = max(1, int(self.trainer.estimated_stepping_batches))
-        warm = max(1, int(o.warmup_fraction * total))
+        warm = max(1, int(o.warmup_fraction * total)) if o.time_budget_s is None else 0
 
         def factor(step: int) -> float:
-            if step < warm:
-                return (step + 1) / warm
-            return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
+            if o.time_budget_s is None:  # step-based, as SPEC §4: warmup over `warm` steps, then the schedule
+                if step < warm:
+                    return (step + 1) / warm
+                return lr_factor((step - warm) / max(1, total - warm), 0.0, o.schedule, o.decay_fraction)
+            return lr_factor(self.progress(), o.warmup_fraction, o.schedule, o.decay_fraction)
 
         sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}

@@ -84,3 +84,30 @@ def test_train_infer_parity(tiny_target, tiny_batch, seq_head, layout):
     )
     torch.testing.assert_close(out.logits, ref.logits[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out.conf, torch.sigmoid(ref.conf_logits[0]), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["padded", "flat"])
+def test_train_infer_parity_with_context_state(tiny_target, tiny_batch, layout):
+    """A context_state backbone reads h^T_{a-1} in training and the last extended final hidden state at inference:
+    the two give the same logits; the injection is live (a non-zero W_s changes them)."""
+    context, hidden, ids = tiny_batch
+    g, a = 4, 11
+    drafter = make_drafter(
+        tiny_target, "dspark", block_size=g, backbone={"name": "dense", "num_layers": 1, "context_state": True}
+    ).eval()
+    assert not drafter.backbone.state_proj.weight.any()  # starts as the plain design
+    with torch.no_grad():
+        plain = drafter(context[:1], ids[:1], torch.tensor([[a]]), torch.tensor([[True]]), hidden=hidden[:1])
+        torch.nn.init.normal_(drafter.backbone.state_proj.weight, std=0.5)
+        ref = drafter(context[:1], ids[:1], torch.tensor([[a]]), torch.tensor([[True]]), hidden=hidden[:1])
+    assert not torch.allclose(plain.logits, ref.logits)
+    prop = make_proposer(drafter, layout=layout)
+    prop.add([7])
+    prop.extend([7], context[:1, :5], torch.tensor([0]), torch.tensor([5]), hidden=hidden[:1, :5])
+    prop.extend([7], context[:1, 5:a], torch.tensor([5]), torch.tensor([a - 5]), hidden=hidden[:1, 5:a])
+    out = prop.propose(
+        [7], ids[0, a : a + 1], torch.tensor([a]), SamplingParams(1.0), teacher_tokens=ids[:1, a + 1 : a + 1 + g]
+    )
+    torch.testing.assert_close(out.logits, ref.logits[0], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="final hidden"):
+        prop.extend([7], context[:1, a : a + 1], torch.tensor([a]), torch.tensor([1]))

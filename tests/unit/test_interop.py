@@ -176,12 +176,15 @@ def test_reduced_draft_vocabulary_ships_d2t_t2d_and_its_lm_head_rows(varied_targ
 REFUSALS = [
     ({"backbone": {"name": "moe_swa", "num_layers": 1, "num_experts": 2, "top_k": 1}}, "moe_swa backbone: engines"),
     ({"backbone": {"name": "dense", "num_layers": 1, "sliding_window": 4}}, "sliding_window=4: our window"),
+    ({"backbone": {"name": "dense", "num_layers": 1, "context_state": True}}, "context_state=true: the serving"),
     ({"backbone": {"name": "dense", "num_layers": 1, "qk_norm": False}}, "without q/k norm"),
     ({"seq_head": None}, "confidence_head_with_markov=true"),
 ]
 
 
-@pytest.mark.parametrize("kw,reason", REFUSALS, ids=["moe_swa", "swa", "no_qk_norm", "markov_free_conf"])
+@pytest.mark.parametrize(
+    "kw,reason", REFUSALS, ids=["moe_swa", "swa", "context_state", "no_qk_norm", "markov_free_conf"]
+)
 def test_unmappable_dspark_drafters_are_refused(varied_target, tmp_path, kw, reason):
     with pytest.raises(InteropError, match=reason):
         export_serving(parallel(varied_target, **kw), varied_target, "dspark-hf", tmp_path / "out")

@@ -37,11 +37,25 @@ class InjectedBackbone(nn.Module):
 
     layer_windows: list[int | None]  # context window of each layer (None = full attention)
 
-    def _build_common(self, g: TargetGeometry) -> None:
+    context_state: bool = False
+
+    def _build_common(self, g: TargetGeometry, context_state: bool = False) -> None:
         self.geometry = g
         self.fc = nn.Linear(g.n_tapped * g.hidden_size, g.hidden_size, bias=False)  # W_c
         self.fuse_norm = RMSNorm(g.hidden_size, g.rms_norm_eps)
         self.norm = RMSNorm(g.hidden_size, g.rms_norm_eps)  # fresh final norm (not copied)
+        self.context_state = bool(context_state)
+        if self.context_state:  # W_s, zeroed after init_weights (zero_state_proj): starts as the plain design
+            self.state_proj = nn.Linear(g.hidden_size, g.hidden_size, bias=False)
+
+    def zero_state_proj(self) -> None:
+        if self.context_state:
+            nn.init.zeros_(self.state_proj.weight)
+
+    def inject_state(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """Block inputs x (..., γ, d) + W_s h^T_{a-1} (..., d) on every slot: the target's final hidden state of the
+        last context position (the one that produced the anchor) reaches slot 1 directly, as in MTP / EAGLE."""
+        return x + self.state_proj(state)[..., None, :]
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return rope_cos_sin(positions, self.geometry.head_dim, self.geometry.rope_theta)

@@ -20,17 +20,25 @@ class DenseBackbone(InjectedBackbone):
         num_layers: drafter depth N_d (5 offline, 3 in production).
         qk_norm: Qwen3-style per-head q/k RMSNorm.
         sliding_window: attend only to the last W context positions before the anchor (None = full).
+        context_state: add W_s·h^T_{a-1}, the target's final hidden state of the last context position, to every
+            block input (W_s zero-initialised; a deviation from the paper, ablated in docs/matrix.md).
     """
 
     def __init__(
-        self, geometry: TargetGeometry, num_layers: int = 5, qk_norm: bool = True, sliding_window: int | None = None
+        self,
+        geometry: TargetGeometry,
+        num_layers: int = 5,
+        qk_norm: bool = True,
+        sliding_window: int | None = None,
+        context_state: bool = False,
     ) -> None:
         super().__init__()
         self.hparams = capture_args(locals())
         g = geometry
-        self._build_common(g)
+        self._build_common(g, context_state)
         self.sliding_window = sliding_window
         self.layer_windows = [sliding_window] * num_layers
         mlp = lambda: SwiGLU(g.hidden_size, g.intermediate_size)  # noqa: E731
         self.layers = nn.ModuleList(DecoderLayer(g, qk_norm, mlp()) for _ in range(num_layers))
         self.apply(init_weights)
+        self.zero_state_proj()
