@@ -19,6 +19,7 @@ import importlib.util
 import itertools
 import json
 import logging
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -274,9 +275,13 @@ class PythonStdlib(PromptSource):
                     sig = f"{name}{inspect.signature(fn)}".replace("(self, ", "(").replace("(self)", "()")
                 except (TypeError, ValueError):
                     sig = f"{name}(...)"
+                sig = _ADDRESS.sub("", sig)  # sentinel defaults print their id(): the text must not vary by process
                 doc = doc if doc.endswith(".") else doc + "."
                 task = STDLIB_TASKS[int(_unit_interval("stdlib", self.seed, rid) * len(STDLIB_TASKS))]
                 yield PromptRecord(rid, "code", self.name, [task.format(sig=sig, doc=doc, mod=mod_name, qual=qual)])
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 def _public_callables(mod) -> Iterator[tuple[str, Any]]:

@@ -44,19 +44,41 @@ def cache_dir(tmp_path, target, samples):
 def test_estimate_formula():
     # Qwen3-4B: d = 2560, n = 5 -> 5 + 2*2560*6 = 30,725 B/token (int32 id + uint8 mask + bf16 features).
     # SPEC §4 quotes 30,726 because the reference also stores an unused uint8 attention mask (+1 B/token).
-    assert estimate_cache_bytes(1, 2560, 5) == 30_725
-    assert estimate_cache_bytes(1, 2560, 5) + 1 == 30_726
+    assert estimate_cache_bytes(1, 2560, 5, law_summary=False) == 30_725
+    assert estimate_cache_bytes(1, 2560, 5, law_summary=False) + 1 == 30_726
     # "~38 TB" is about 1.24 B tokens
-    assert format_bytes(estimate_cache_bytes(1_240_000_000, 2560, 5)) == "38.1 TB"
-    assert estimate_cache_bytes(1000, 64, 5) == 1000 * (5 + 2 * 64 * 6)
-    assert estimate_cache_bytes(10, 64, 5, bytes_per_value=4) == 10 * (5 + 4 * 64 * 6)
+    assert format_bytes(estimate_cache_bytes(1_240_000_000, 2560, 5, law_summary=False)) == "38.1 TB"
+    assert estimate_cache_bytes(1000, 64, 5, law_summary=False) == 1000 * (5 + 2 * 64 * 6)
+    assert estimate_cache_bytes(10, 64, 5, bytes_per_value=4) == 10 * (5 + 4 * 64 * 6 + 8)  # + fp32 lse, int32 argmax
     assert format_bytes(999) == "999 B" and format_bytes(1500) == "1.5 KB" and format_bytes(2.5e6) == "2.5 MB"
 
 
 def test_describe_estimate(target):
     line = describe_estimate(1000, target, "bfloat16", num_samples=10)
-    assert "1,000 tokens" in line and "773 B/token" in line and "773.0 KB" in line and "tiny-debug" in line
-    assert "1,541 B/token" in describe_estimate(1000, target, "float32")  # 5 + 4*64*6
+    # 5 + 2*64*6 + 8 (the target's fp32 log-sum-exp and int32 argmax per token)
+    assert "1,000 tokens" in line and "781 B/token" in line and "781.0 KB" in line and "tiny-debug" in line
+    assert "1,549 B/token" in describe_estimate(1000, target, "float32")  # 5 + 4*64*6 + 8
+
+
+def test_law_summary_is_the_targets_and_survives_the_cache(cache_dir, target, samples):
+    """target_lse / target_top equal logsumexp / argmax of the target logits from the rounded hidden states, and
+    the cache and the collator hand them on unchanged (the draft-vocabulary loss reads them)."""
+    from dspark_lightning.data.anchors import AnchorCollator
+
+    s = samples[0]
+    z = target.logits(s["hidden"].float()).float()
+    torch.testing.assert_close(s["target_lse"], torch.logsumexp(z, -1))
+    assert torch.equal(s["target_top"].long(), z.argmax(-1))
+    ds = FeatureCache(cache_dir, expect=cache_meta(target, "bfloat16"))
+    got = {ds[i]["id"]: ds[i] for i in range(len(ds))}
+    for s in samples:
+        assert torch.equal(got[s["id"]]["target_lse"], s["target_lse"])
+        assert torch.equal(got[s["id"]]["target_top"], s["target_top"])
+    batch = AnchorCollator(4)([ds[0], ds[1]])
+    n = len(ds[1]["input_ids"])
+    assert batch["target_lse"].shape == batch["input_ids"].shape and torch.equal(
+        batch["target_top"][1, :n], ds[1]["target_top"]
+    )
 
 
 def test_round_trip_is_exact(cache_dir, target, samples):

@@ -175,3 +175,21 @@ def test_prompt_record_validates():
     with pytest.raises(ValueError, match="user turn"):
         PromptRecord("x/1", "chat", "x", [])
     assert sources.DOMAINS == ("math", "code", "chat")
+
+
+def test_python_stdlib_prompts_are_the_same_in_every_process():
+    """Signatures with sentinel defaults print an object's address; a prompt text that varies by process changes
+    the data fingerprint, so every `fit` re-extracted the features (and regenerated those prompts)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import hashlib; from dspark_lightning.data.sources import build_source; "
+        "rs = list(build_source({'name': 'python_stdlib', 'limit': 400})); "
+        "print(hashlib.sha256(repr([(r.id, r.turns) for r in rs]).encode()).hexdigest())"
+    )
+    runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout for _ in range(2)}
+    assert len(runs) == 1 and runs != {""}
+    from dspark_lightning.data.sources import build_source
+
+    assert not any(" at 0x" in "".join(r.turns) for r in build_source({"name": "python_stdlib", "limit": 400}))
