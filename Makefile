@@ -5,7 +5,7 @@ export HF_HUB_OFFLINE := 1
 
 .PHONY: setup run test test-fast lint bench bench-decode compare eval-compare bench-compare ablations \
 	calibrate threshold-sweep serve-bench serve-study profile-verify profile-draft bench-regen long long-dflash \
-	vocab-coverage sps-lean bench-speed speed-suite acceptance bench-main gpu-wheels gpu-check gpu-check-cpu serve-bench-gate
+	vocab-coverage sps-lean bench-speed speed-suite acceptance acceptance-main matrix-data matrix bench-main gpu-wheels gpu-check gpu-check-cpu serve-bench-gate
 
 $(VENV)/.setup-done: pyproject.toml scripts/setup.sh plugins/dspark_example_head/pyproject.toml
 	bash scripts/setup.sh
@@ -107,7 +107,20 @@ bench-speed: setup
 
 # What the drafter itself accepts with a fixed block (no scheduler, no gate).
 acceptance: setup
-	$(PY) scripts/acceptance_probe.py --drafter $(LONG) --out docs/data/acceptance_probe
+	$(PY) scripts/acceptance_probe.py --drafter $(LONG) --prompts_per_domain 10 --out docs/data/acceptance_probe
+
+# The same probe for make run's drafter, T = 0, γ = 7 (issue 18's make-run bar).
+acceptance-main: setup
+	$(PY) scripts/acceptance_probe.py --drafter $(MAIN) --prompts_per_domain 10 --gammas 7 --temperatures 0 \
+		--out docs/data/acceptance_main
+
+# Issue 18's experiment matrix (docs/matrix.md): shared data once, then fixed wall-clock cells; run alone.
+matrix-data: setup
+	$(VENV)/bin/dspark-lightning prepare --config recipes/matrix/base.yaml
+
+matrix: matrix-data
+	$(PY) scripts/matrix.py --minutes 6 --out docs/data/matrix
+	$(PY) scripts/matrix.py --only best --minutes 3 6 12 --out docs/data/matrix
 
 # make run's drafter next to the long recipe's, T = 0, batch 1 (issue 12 item 6).
 bench-main: setup

@@ -1,8 +1,8 @@
 """Evaluation prompts per domain that the default recipe never trains on.
 
-``recipes/smollm2_dspark.yaml`` trains on gsm_symbolic items 0-79, HumanEval problems 0-79 and
-the MT-Bench train split (heldout_fraction 0.1, seed 42). The evaluation sets are the items after
-those (maths, code) and MT-Bench's held-out split (chat).
+The recipes train on GSM-Symbolic problems generated with another seed (seed 1; older recipes: items 0-79 of seed 42),
+HumanEval problems 0-79 and the MT-Bench train split (heldout_fraction 0.1, split seed 42). The evaluation sets are
+GSM-Symbolic items 80+ of seed 42 (maths), HumanEval 80+ (code) and MT-Bench's held-out split (chat).
 """
 
 from __future__ import annotations
