@@ -68,16 +68,21 @@ def main() -> None:
     print(f"\nPeak RSS: {rss:.0f} MiB.\n")
 
     doms = [k.removeprefix("val/tau_hat_") for k in vals[0] if k.startswith("val/tau_hat_")]
-    print("| Step | " + " | ".join(["all", *doms]) + " | acc@1 | acc@γ |")
-    print("|---" * (len(doms) + 4) + "|")
-    gamma = max(int(k.removeprefix("val/acc_pos")) for k in vals[0] if k.startswith("val/acc_pos"))
+    gamma = max(int(m.group(1)) for k in vals[0] if (m := re.fullmatch(r"val/acc_pos(\d+)", k)))
+    greedy = "val/tfa_pos1" in vals[0]  # T = 0 metrics (TF-A_1 per domain, greedy τ̂) since issue 18
+    head = ["all", *doms, "acc@1", "acc@γ"] + (["TF-A_1 " + d for d in ["all", *doms]] + ["τ̂ (T=0)"] if greedy else [])
+    print("| Step | " + " | ".join(head) + " |")
+    print("|---" * (len(head) + 1) + "|")
+
+    def num(r: dict, k: str) -> str:
+        return f"{float(r[k]):.3f}" if r.get(k) else "–"
+
     for r in vals:
-        cells = [r["val/tau_hat"], *(r.get(f"val/tau_hat_{d}") or "" for d in doms)]
-        cells = [f"{float(c):.3f}" if c else "–" for c in cells]
-        print(
-            f"| {r['step']} | " + " | ".join(cells) + f" | {float(r['val/acc_pos1']):.3f} | "
-            f"{float(r[f'val/acc_pos{gamma}']):.3f} |"
-        )
+        cells = [num(r, "val/tau_hat"), *(num(r, f"val/tau_hat_{d}") for d in doms)]
+        cells += [num(r, "val/acc_pos1"), num(r, f"val/acc_pos{gamma}")]
+        if greedy:
+            cells += [num(r, "val/tfa_pos1"), *(num(r, f"val/tfa_pos1_{d}") for d in doms), num(r, "val/tau_greedy")]
+        print(f"| {r['step']} | " + " | ".join(cells) + " |")
 
     moe_report(newest(a.run, "csv") / "metrics.csv")
 

@@ -6,7 +6,7 @@ held-out split. Reported per cell: TF-A_1..4 at T = 0 (teacher-forced argmax agr
 greedy τ̂, steps/s, anchors seen, wall and CPU minutes. Run alone on the machine (two cores).
 
     dspark-lightning prepare --config recipes/matrix/base.yaml         # once: the shared data
-    python scripts/matrix.py --cells recipes/matrix/cells.yaml --minutes 6 --out docs/data/matrix [--only a b]
+    python scripts/matrix.py --cells scripts/matrix_cells.yaml --minutes 6 --out docs/data/matrix [--only a b]
     python scripts/matrix.py --report docs/data/matrix                  # the table and the budget plot only
 """
 
@@ -174,7 +174,7 @@ def plot_budget(rows: list[dict], out: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", default=str(ROOT / "recipes/matrix/base.yaml"))
-    ap.add_argument("--cells", default=str(ROOT / "recipes/matrix/cells.yaml"))
+    ap.add_argument("--cells", default=str(ROOT / "scripts/matrix_cells.yaml"))
     ap.add_argument("--minutes", type=float, nargs="+", default=[6.0])
     ap.add_argument("--only", nargs="*", default=None, help="cell names to run (default: all)")
     ap.add_argument("--out", default=str(ROOT / "docs/data/matrix"))
