@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..data.features import features_for_batch, target_law_summary
+from ..data.prepare import write_atomic
 from ..data.vocab import coverage, frequent_tokens
 from ..devices import resolve_dtype
 from ..drafters import build_part, compose, draft_geometry
@@ -335,16 +336,14 @@ class DSparkModule(L.LightningModule):
         decay = self.loss_cfg.decay if ph.decay is None else ph.decay
         return g, ph.anchors, position_weights(g, decay).to(self.pos_w)
 
-    def _target_law(self, batch: dict, rows: torch.Tensor, hid_idx: torch.Tensor, tgt: Target, vocab):
+    def _target_law(self, batch: dict, rows: torch.Tensor, hid_idx: torch.Tensor, tgt: Target):
         """The target side of the loss in the draft-vocabulary space: the head over the N draft rows, and the
         full-vocabulary log-sum-exp and argmax of each supervised row, read from the cache when it holds them
         (else computed here, exactly, from the full head)."""
-        w = tgt.lm_head.weight.index_select(0, vocab)
-        b = getattr(tgt.lm_head, "bias", None)
-        b = None if b is None else b.index_select(0, vocab)
+        w = self.drafter.draft_head_weight()  # the N rows of the target LM head the drafter projects onto
 
         def head(h: torch.Tensor) -> torch.Tensor:
-            return tgt.finish_logits(torch.nn.functional.linear(h, w, b))
+            return tgt.finish_logits(self.drafter.draft_logits(h, w))
 
         n, g = rows.shape[:2]
         if "target_lse" in batch and "target_top" in batch:
@@ -390,7 +389,7 @@ class DSparkModule(L.LightningModule):
         need = need or out.conf_logits is not None or not self.training
         head, lse, top = tgt.logits, None, None
         if need and subset:
-            head, lse, top = self._target_law(batch, rows, hid_idx.view(B, -1), tgt, vocab)
+            head, lse, top = self._target_law(batch, rows, hid_idx.view(B, -1), tgt)
             inv = self.drafter.vocab_index()  # (V,) target id -> draft-vocabulary index, -1 outside
             labels, top = inv[labels], inv[top]
         elif subset:
@@ -471,7 +470,7 @@ class DSparkModule(L.LightningModule):
         stats = {**self._fit_stats, "validation_step": getattr(self, "_val_step", None),
                  "validation": self.last_validation}  # fmt: skip
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(stats, indent=2) + "\n")
+        write_atomic(path, json.dumps(stats, indent=2) + "\n")  # rewritten after a final validation: never torn
         table = self.validation_table()
         if table and not self.validation_is_stale:
             print(f"[dspark-lightning] validation at step {self._val_step} (teacher-forced):\n{table}", flush=True)
