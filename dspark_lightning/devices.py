@@ -4,9 +4,16 @@
 ``dtype``: ``"auto"``/None (bf16 on CUDA, fp32 on CPU, where bf16 products were ~10x slower when measured),
 ``"bf16"``/``"bfloat16"``, ``"fp16"``/``"float16"``/``"half"``, ``"fp32"``/``"float32"``, or a torch.dtype.
 The sampling law, acceptance test and residual are always computed in fp32 or wider whatever these are.
+
+A drafter's precision never affects losslessness, only its speed, so ``drafter_dtype="auto"`` picks what is
+fastest where it runs (:func:`resolve_drafter_dtype`): bf16 on CUDA; on a CPU, bf16 only when a measured product
+of the drafter's LM-head shape is faster than fp32 (CPUs with AVX512-BF16 or AMX: ~5x; without: ~10x slower).
 """
 
 from __future__ import annotations
+
+import functools
+import time
 
 import torch
 
@@ -54,3 +61,38 @@ def resolve_dtype(dtype: str | torch.dtype | None = "auto", device: str | torch.
 def dtype_name(dtype: torch.dtype) -> str:
     """The short name used in configs and tables (``bf16``, ``fp16``, ``fp32``)."""
     return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(dtype, str(dtype))
+
+
+BF16_MARGIN = 0.8  # bf16 is chosen on a CPU only when it takes < 80 % of fp32's time (noise must not flip it)
+
+
+def resolve_drafter_dtype(dtype, device: torch.device, default: torch.dtype, width: int, rows: int) -> torch.dtype:
+    """A drafter's weight precision: ``None`` = ``default`` (the target's), ``auto`` = the fastest here (bf16 on
+    CUDA; on a CPU the faster of fp32 and bf16 for a (8, width) x (width, rows) product, measured once per process
+    and shape, :func:`cpu_bf16_faster`), anything else as :func:`resolve_dtype`."""
+    if dtype is None:
+        return default
+    if isinstance(dtype, str) and dtype == "auto":
+        if device.type != "cpu":
+            return torch.bfloat16
+        return torch.bfloat16 if cpu_bf16_faster(width, rows) else torch.float32
+    return resolve_dtype(dtype, device)
+
+
+@functools.lru_cache(maxsize=16)
+def cpu_bf16_faster(width: int, rows: int, reps: int = 9) -> bool:
+    """Whether a bf16 product (8, width) x (width, rows) runs in < BF16_MARGIN x the fp32 time on this CPU (~50 ms)."""
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(rows, width, generator=gen)
+    x = torch.randn(8, width, generator=gen)
+    return _median_time(x.bfloat16(), w.bfloat16(), reps) < BF16_MARGIN * _median_time(x, w, reps)
+
+
+def _median_time(x: torch.Tensor, w: torch.Tensor, reps: int) -> float:
+    times = []
+    for i in range(reps + 2):
+        t0 = time.perf_counter()
+        torch.nn.functional.linear(x, w)
+        if i >= 2:  # warm-up
+            times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]

@@ -216,7 +216,8 @@ def load_drafter(
 
     ``device`` (``map_location`` is its older name): where the drafter runs, default the target's device (the
     drafter shares the target's embedding and LM head, so both must be on one device). ``dtype``: the drafter's
-    weights, default the target's dtype; its precision never affects losslessness (the laws are fp32).
+    weights, default the target's dtype, ``"auto"`` the fastest on this device (measured on a CPU; what
+    ``decode()`` and the CLI use); its precision never affects losslessness (the laws are fp32).
     A serving ``Qwen3DSparkModel`` directory (DeepSpec, ``dspark-lightning export --format dspark-hf``) is read
     too; it records no target of ours, so pass ``target``.
     """
@@ -273,11 +274,12 @@ def one_line(exc: BaseException) -> str:
 
 
 def place_drafter(drafter: Drafter, target: Any, device=None, dtype=None) -> Drafter:
-    """Move ``drafter`` to ``device`` in ``dtype`` (defaults: the target's); refuse a device the target is not on.
+    """Move ``drafter`` to ``device`` in ``dtype`` (defaults: the target's; ``auto``: the fastest there, see
+    :func:`~dspark_lightning.devices.resolve_drafter_dtype`); refuse a device the target is not on.
 
     The draft-vocabulary buffer keeps its integer dtype (``Module.to(dtype)`` only converts floating tensors).
     """
-    from .devices import resolve_device, resolve_dtype
+    from .devices import resolve_device, resolve_drafter_dtype
 
     tdev = target.device
     dev = tdev if device is None else resolve_device(device)
@@ -286,4 +288,7 @@ def place_drafter(drafter: Drafter, target: Any, device=None, dtype=None) -> Dra
             f"drafter device {dev} differs from the target's ({tdev}): the drafter reads the target's embedding "
             "and LM head, so load the target on that device too (load_target(..., device=...))"
         )
-    return drafter.to(device=tdev, dtype=target.dtype if dtype is None else resolve_dtype(dtype, tdev))
+    vocab = getattr(drafter, "draft_vocab", None)
+    rows = vocab.numel() if vocab is not None else target.geometry.vocab_size
+    want = resolve_drafter_dtype(dtype, tdev, target.dtype, target.geometry.hidden_size, rows)
+    return drafter.to(device=tdev, dtype=want)

@@ -17,7 +17,7 @@ import torch
 
 from dspark_lightning import load_drafter, load_target
 from dspark_lightning.eval.prompts import eval_prompts
-from dspark_lightning.eval.runner import run_info
+from dspark_lightning.eval.runner import drafter_dtype_name, run_info
 from dspark_lightning.infer import decode
 
 
@@ -33,7 +33,7 @@ def main() -> None:
     a = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     target = load_target(a.target)
-    drafter = load_drafter(a.drafter, target)
+    drafter = load_drafter(a.drafter, target, dtype="auto")
     rows = []
     for temp in a.temperatures:
         for dom in ("math", "code", "chat"):
@@ -61,7 +61,7 @@ def main() -> None:
                 print(json.dumps(row), flush=True)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    info = {"run": run_info(target), "drafter": a.drafter, "rows": rows}
+    info = {"run": run_info(target, drafter_dtype=drafter_dtype_name(drafter)), "drafter": a.drafter, "rows": rows}
     (out / "acceptance.json").write_text(json.dumps(info, indent=1) + "\n")
     lines = ["| T | set | γ | τ | α | A_1 | A_2 | A_3 | tok/s |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -37,7 +37,7 @@ def main() -> None:
 
     meta = read_config(a.drafter)["target"]
     target = load_target(meta["name"])
-    drafter = load_drafter(a.drafter, target)
+    drafter = load_drafter(a.drafter, target, dtype="auto")
     records = [r for d in ("math", "code", "chat") for r in eval_prompts(d, a.per_domain)]
     prompts = [target.render_prompt([{"role": "user", "content": r.turns[0]}]) for r in records]
     g = drafter.block_size

@@ -9,14 +9,13 @@ masks, embedding, decoder layers), lm_head (base logits over the draft vocabular
 γ steps), confidence, sampling (fp32 softmax / argmax / inverse-CDF draw, mapping to target ids, q in the target
 vocabulary), extend (the context cache update with the round's accepted features, as after a 3-token round).
 Rounds interleave the variants; medians over ``--rounds``. With ``--drafter`` the drafter's own vocabulary and
-weights are one more row ("trained"). Run it alone on the machine.
+weights are two more rows ("trained" in fp32 and bf16). Run it alone on the machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import time
@@ -28,6 +27,7 @@ import torch
 from dspark_lightning import create, load_drafter, load_target
 from dspark_lightning.infer.draft import BlockProposer
 from dspark_lightning.infer.sampling import SamplingParams
+from dspark_lightning.infer.sps import device_tag
 from dspark_lightning.infer.verify import build_verifier
 
 PARTS = ("backbone", "lm_head", "sequential", "confidence", "sampling", "extend")
@@ -36,7 +36,8 @@ PARTS = ("backbone", "lm_head", "sequential", "confidence", "sampling", "extend"
 def variants(target, a) -> dict:
     out = {}
     if a.drafter:
-        out["trained"] = load_drafter(a.drafter, target)
+        out["trained"] = load_drafter(a.drafter, target, dtype="fp32")
+        out["trained bf16"] = load_drafter(a.drafter, target, dtype="bf16")
     V = target.geometry.vocab_size
     for n in (None, 16384, 8192, 4096):
         torch.manual_seed(0)
@@ -65,13 +66,14 @@ def main() -> None:
     V = target.geometry.vocab_size
     torch.manual_seed(0)
     ctx = torch.randint(0, V, (a.context,)).tolist()
-    feats = build_verifier("auto", target).prefill([0], [ctx]).context  # (1, P, n*d)
+    pre = build_verifier("auto", target).prefill([0], [ctx])
+    feats, hidden = pre.context, pre.hidden  # (1, P, n*d), (1, P, d)
     drafters = variants(target, a)
     props = {}
     for name, d in drafters.items():
         p = BlockProposer(d)
         p.add([0])
-        p.extend([0], feats, torch.tensor([0]), torch.tensor([a.context]))
+        p.extend([0], feats, torch.tensor([0]), torch.tensor([a.context]), hidden=hidden)
         props[name] = p
     res: dict = {(n, T): {k: [] for k in (*PARTS, "total")} for n in drafters for T in (0.0, 1.0)}
     gen = torch.Generator().manual_seed(0)
@@ -84,7 +86,7 @@ def main() -> None:
                     timing = p.clock.enable()
                     t0 = time.perf_counter()
                     p.propose([0], torch.tensor([5]), torch.tensor([a.context]), SamplingParams(T), gen)
-                    p.extend([0], feats[:, :3], torch.tensor([a.context]), torch.tensor([3]))
+                    p.extend([0], feats[:, :3], torch.tensor([a.context]), torch.tensor([3]), hidden=hidden[:, :3])
                     total = time.perf_counter() - t0
                     p.kv.release_after(torch.tensor([0]), torch.tensor([a.context - 1]))  # keep the context fixed
                     if r >= 2:  # warm-up rounds
@@ -95,7 +97,8 @@ def main() -> None:
             for (n, T), parts in res.items()]  # fmt: skip
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     info = {"target": a.target, "layers": a.layers, "block_size": 7, "batch": 1, "context": a.context,
-            "rounds": a.rounds, "threads": torch.get_num_threads(), "cpu": platform.processor(), "commit": commit,
+            "rounds": a.rounds, "threads": torch.get_num_threads(), "cpu": device_tag(torch.device("cpu")),
+            "commit": commit,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "drafter": a.drafter}  # fmt: skip
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .hf import hf_generate
-from .runner import run_decode, run_info, warmup
+from .runner import drafter_dtype_name, run_decode, run_info, warmup
 
 HF, HF_PLD, PLAIN = "HF generate", "HF prompt lookup", "plain decode()"
 PLAIN_HF = "plain decode(), HF forward"  # our loop with the HF verifier: what the lean verifier gains
@@ -95,6 +95,7 @@ def bench(
         prompt_lookup_tokens=prompt_lookup_tokens,
         prompt_sets={k: len(v) for k, v in prompt_sets.items()},
         drafters={n: getattr(d, "source_dir", None) for n, d in drafters.items()},
+        drafter_dtypes={n: drafter_dtype_name(d) for n, d in drafters.items() if d is not None},
     )
     return {"info": info, "rows": rows}
 

@@ -99,7 +99,7 @@ def bench_parser() -> ArgumentParser:
 def load_drafters(specs: list[str], target_name: str | None, a=None):
     """``name=path`` or ``path`` (named after the registered drafter) -> (target, {name: drafter}).
 
-    ``a``: parsed arguments with ``device`` / ``dtype`` / ``drafter_dtype`` (default: auto, the target's dtype).
+    ``a``: parsed arguments with ``device`` / ``dtype`` / ``drafter_dtype`` (default: auto, the fastest drafter dtype).
     """
     pairs = []
     for spec in specs:
@@ -113,7 +113,7 @@ def load_drafters(specs: list[str], target_name: str | None, a=None):
         if not pairs:
             raise ValueError("give --target or at least one --drafter")
         target_name = pairs[0][2]["target"]["name"]
-    device, dtype, ddtype = (a.device, a.dtype, a.drafter_dtype) if a is not None else ("auto", "auto", None)
+    device, dtype, ddtype = (a.device, a.dtype, a.drafter_dtype) if a is not None else ("auto", "auto", "auto")
     from ..export import recorded_target_args
 
     recorded = recorded_target_args(pairs[0][1]) if pairs else {}  # the first drafter's layers and chat format

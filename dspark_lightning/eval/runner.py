@@ -111,6 +111,14 @@ def warmup(target, drafters: dict[str, Any], scheduler: Any = "static") -> None:
                    max_new_tokens=4, seed=0)  # fmt: skip
 
 
+def drafter_dtype_name(drafter: Any) -> str | None:
+    """The precision a drafter object runs in (``bf16``/``fp32``), None for parameter-free proposers."""
+    from ..devices import dtype_name
+
+    p = next(iter(drafter.parameters()), None) if isinstance(drafter, torch.nn.Module) else None
+    return None if p is None else dtype_name(p.dtype)
+
+
 def run_info(target, **extra: Any) -> dict:
     import subprocess
 
@@ -176,6 +184,7 @@ def tables(target, drafters, datasets, runs, settings) -> dict:
         "info": run_info(target, **settings),
         "datasets": [{**asdict(d), "prompts": len(d.prompts)} for d in datasets],
         "drafters": {n: getattr(drafters[n], "source_dir", None) for n in names},
+        "drafter_dtypes": {n: drafter_dtype_name(drafters[n]) for n in names},
         "tau": tau,
         "domain_tau": domain_tau,
         "macro_tau": {n: mean(list(tau[n].values())) for n in names},  # unweighted over datasets (SPEC §2)

@@ -23,7 +23,9 @@ def add_device_args(p: ArgumentParser) -> None:
     """``--device`` / ``--dtype`` / ``--drafter_dtype`` for every command that runs the target."""
     p.add_argument("--device", type=str, default="auto", help="auto (CUDA when available) | cpu | cuda | cuda:N")
     p.add_argument("--dtype", type=str, default="auto", help="target: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32")
-    p.add_argument("--drafter_dtype", type=str | None, default=None, help="drafter (default: the target's dtype)")
+    p.add_argument(
+        "--drafter_dtype", type=str, default="auto", help="drafter: auto (the faster of fp32/bf16 here) | bf16 | fp32"
+    )
 
 
 def check_device_args(a) -> None:

@@ -4,7 +4,8 @@ from dspark_lightning import load_target, load_drafter
 from dspark_lightning.infer import decode
 
 target = load_target("smollm2-135m-instruct")
-drafter = load_drafter("outputs/smollm2_dspark/tb/version_0/drafter")   # or None: plain decoding
+drafter = load_drafter("outputs/smollm2_dspark/tb/version_0/drafter", target, dtype="auto")  # or None: plain
+# dtype="auto": the faster of fp32 and bf16 on this machine (what decode() picks for a drafter given by path)
 result = decode(target, drafter, ["What is 17*23?"], max_new_tokens=256, temperature=0.0,
                 scheduler="hardware_aware", seed=0)
 result.texts, result.token_ids, result.stats.tau
@@ -114,7 +115,7 @@ def decode(
     progress: bool = False,
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
-    drafter_dtype: str | torch.dtype | None = None,
+    drafter_dtype: str | torch.dtype | None = "auto",
 ) -> DecodeResult:
     """Decode ``prompts`` with the target's exact sampling law, drafting with ``drafter`` (None = plain).
 
@@ -144,7 +145,8 @@ def decode(
         progress: show a progress bar over finished requests.
         device, dtype: where and in which precision a target given by name runs (default ``auto``: CUDA in bf16
             when available, else the CPU in fp32); a drafter given by path follows the target's device, in
-            ``drafter_dtype`` (default: the target's dtype). The sampling laws, the acceptance test and the
+            ``drafter_dtype`` (default ``auto``: the faster of fp32 and bf16 there, measured once on a CPU; None:
+            the target's dtype; a drafter object runs as it is). The sampling laws, the acceptance test and the
             residual are fp32 whatever these are, so a bf16 target's output law is the bf16 target's own.
     """
     t_start = time.perf_counter()

@@ -45,14 +45,17 @@ class DraftCost:
 
 
 def drafter_key(drafter) -> str | None:
-    """A stable identity of an exported drafter (its weights hash), None for one that only lives in memory."""
+    """A stable identity of an exported drafter as it runs (its weights hash and, when not fp32, its precision:
+    a bf16 round costs another time), None for one that only lives in memory."""
     src = getattr(drafter, "source_dir", None)
     if src is None:
         return None
     try:
-        return json.loads((Path(src) / "config.json").read_text())["weights_sha256"][:16]
+        key = json.loads((Path(src) / "config.json").read_text())["weights_sha256"][:16]
     except (OSError, KeyError, ValueError):
         return None
+    p = next(iter(drafter.parameters()), None) if isinstance(drafter, torch.nn.Module) else None
+    return key if p is None or p.dtype == torch.float32 else f"{key}-{str(p.dtype).removeprefix('torch.')}"
 
 
 def cost_path(target, key: str) -> Path:

@@ -55,6 +55,14 @@ class DSparkCLI(LightningCLI):
         parser.add_argument(
             "--export_dir", type=str | None, default=None, help="exported drafter dir (default: <log_dir>/drafter)"
         )
+        parser.add_argument(
+            "--calibrate",
+            type=dict | None,
+            default=None,
+            help="after export, fit STS confidence temperatures for these sampling temperatures, e.g. "
+            "{temperatures: [0.0], prompts_per_domain: 8}: `dspark-lightning calibrate` per temperature, so the "
+            "hardware-aware scheduler reads calibrated confidences (docs/inference.md)",
+        )
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -74,6 +82,7 @@ class DSparkCLI(LightningCLI):
         checks.model_args(cfg.get("model"))
         checks.data_args(cfg.get("data"))
         checks.output_dir("--export_dir", cfg.get("export_dir"))
+        calibrate_args(cfg.get("calibrate"))  # refused before training, not after it
         try:
             super().instantiate_classes()
         except USER_ERRORS:
@@ -176,6 +185,46 @@ class DSparkCLI(LightningCLI):
                 start = "" if self._tau_start is None else f"{float(self._tau_start):.3f} -> "
                 print(f"[dspark-lightning] held-out tau_hat {start}{float(end):.3f}", flush=True)
             print(f"[dspark-lightning] exported drafter -> {path}", flush=True)
+            calibrate_after_fit(path, self.config[self.subcommand].get("calibrate"))
+
+
+CALIBRATE_KEYS = {"temperatures", "prompts_per_domain", "max_new_tokens", "domains"}
+
+
+def calibrate_args(spec: dict | None) -> list[list[str]]:
+    """``--calibrate {temperatures: [...], prompts_per_domain, max_new_tokens, domains}`` -> one argument list of
+    ``dspark-lightning calibrate`` per temperature (no drafter yet); refuses unknown keys and empty lists."""
+    if not spec:
+        return []
+    unknown = set(spec) - CALIBRATE_KEYS
+    if unknown:
+        raise checks.UsageError(f"--calibrate: unknown keys {sorted(unknown)}; allowed: {sorted(CALIBRATE_KEYS)}")
+    from ..eval.cli import DOMAINS
+    from ..infer.cli import check_choice
+
+    temps = spec.get("temperatures")
+    if not isinstance(temps, list | tuple) or not temps:
+        raise checks.UsageError("--calibrate needs temperatures: a non-empty list, e.g. [0.0, 1.0]")
+    for t in temps:
+        checks.temperature("--calibrate.temperatures", t)
+    extra = []
+    for key in ("prompts_per_domain", "max_new_tokens"):
+        if spec.get(key) is not None:
+            checks.at_least(f"--calibrate.{key}", spec[key], 1)
+            extra += [f"--{key}", str(spec[key])]
+    if spec.get("domains"):
+        for d in spec["domains"]:
+            check_choice("--calibrate.domains", d, DOMAINS)
+        extra += ["--domains", *map(str, spec["domains"])]
+    return [["--temperature", str(float(t)), *extra] for t in temps]
+
+
+def calibrate_after_fit(drafter_dir: Path, spec: dict | None) -> None:
+    from ..eval.cli import run_calibrate
+
+    for args in calibrate_args(spec):
+        print(f"[dspark-lightning] calibrating the exported drafter at T = {args[1]}", flush=True)
+        run_calibrate(["--drafter", str(drafter_dir), *args])
 
 
 def check_checkpoint_file(path: str | None) -> None:

@@ -100,3 +100,37 @@ def test_hardware_aware_warns_on_uncalibrated_confidences(drafter_dir):
         decode(target, load_drafter(drafter_dir, target), ["hi"], **kw)
     with pytest.warns(UserWarning, match="calibrated=False"):
         decode(target, load_drafter(drafter_dir, target), ["hi"], calibrated=False, **kw)
+
+
+def test_fit_calibrates_the_exported_drafter(workdir):
+    """``fit --calibrate {temperatures: [0.0]}``: the export carries calibration_T0.json for its own weights."""
+    from pathlib import Path
+
+    from dspark_lightning.lightning.cli import DSparkCLI
+    from dspark_lightning.lightning.datamodule import DSparkDataModule
+    from dspark_lightning.lightning.module import DSparkModule
+
+    from .conftest import TINY
+
+    spec = "{temperatures: [0.0], prompts_per_domain: 2, max_new_tokens: 12}"
+    args = ["fit", "--config", TINY, "--trainer.max_steps=2", f"--calibrate={spec}"]
+    cli = DSparkCLI(DSparkModule, DSparkDataModule, args=args)
+    export = Path(cli.trainer.log_dir) / "drafter"
+    doc = json.loads((export / calibration_file(0.0)).read_text())
+    assert doc["weights_sha256"] == read_config(export)["weights_sha256"] and len(doc["temperatures"]) == 4
+    assert load_drafter(export).calibrations.keys() == {0.0}
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [({"temperatures": []}, "non-empty list"), ({"temperatures": [-1.0]}, "temperatures"),
+     ({"temperatures": [0.0], "prompts": 3}, "unknown keys"), ({"temperatures": [0.0], "domains": ["law"]}, "domains"),
+     ({"temperatures": [0.0], "prompts_per_domain": 0}, "prompts_per_domain")],
+)  # fmt: skip
+def test_fit_calibrate_spec_is_checked_before_training(spec, match):
+    from dspark_lightning.checks import UsageError
+    from dspark_lightning.lightning.cli import calibrate_args
+
+    with pytest.raises((UsageError, ValueError), match=match):
+        calibrate_args(spec)
+    assert calibrate_args(None) == [] and calibrate_args({"temperatures": [1]})[0][:2] == ["--temperature", "1.0"]

@@ -133,3 +133,46 @@ def test_schedulers_return_host_lengths():
                  {"name": "async_hardware_aware", "sps": sps}):  # fmt: skip
         ell = build_scheduler(spec)(conf)
         assert ell.device.type == "cpu" and ell.dtype == torch.long and ell.shape == (2,)
+
+
+@pytest.mark.parametrize("bf16_faster", [True, False])
+def test_auto_drafter_dtype_is_the_measured_faster_one(varied_target, prompts, tmp_path, monkeypatch, bf16_faster):
+    """``drafter_dtype="auto"`` (decode()'s default for a drafter path): bf16 only where the product measured
+    faster, and the output is the target's own greedy output either way."""
+    import dspark_lightning.devices as devices
+
+    monkeypatch.setattr(devices, "cpu_bf16_faster", lambda width, rows: bf16_faster)
+    d = make_drafter(varied_target, "dspark", block_size=3)
+    save_drafter(d, tmp_path / "d", varied_target)
+    want = torch.bfloat16 if bf16_faster else torch.float32
+    loaded = load_drafter(tmp_path / "d", varied_target, dtype="auto")
+    assert {p.dtype for p in loaded.parameters()} == {want}
+    assert load_drafter(tmp_path / "d", varied_target).backbone.fc.weight.dtype == torch.float32  # None: the target's
+    plain = decode(varied_target, None, prompts, max_new_tokens=MAX_NEW).token_ids
+    res = decode(varied_target, str(tmp_path / "d"), prompts, max_new_tokens=MAX_NEW)  # default "auto"
+    for p, got, ref in zip(prompts, res.token_ids, plain, strict=True):
+        assert_greedy_equal_up_to_ties(varied_target, p, got, ref)
+
+
+def test_resolve_drafter_dtype():
+    from dspark_lightning.devices import cpu_bf16_faster, resolve_drafter_dtype
+
+    cpu = torch.device("cpu")
+    assert resolve_drafter_dtype(None, cpu, torch.float16, 64, 256) == torch.float16
+    assert resolve_drafter_dtype("bf16", cpu, torch.float32, 64, 256) == torch.bfloat16
+    assert resolve_drafter_dtype("auto", torch.device("cuda"), torch.float32, 64, 256) == torch.bfloat16
+    got = resolve_drafter_dtype("auto", cpu, torch.float32, 64, 256)
+    assert got == (torch.bfloat16 if cpu_bf16_faster(64, 256) else torch.float32)
+    assert cpu_bf16_faster.cache_info().hits >= 1  # measured once per shape and process
+    with pytest.raises(ValueError, match="unknown dtype"):
+        resolve_drafter_dtype("int4", cpu, torch.float32, 64, 256)
+
+
+def test_draft_cost_cache_is_per_precision(varied_target, tmp_path):
+    """The cached drafting cost drives the gate: a bf16 run must not read the fp32 run's numbers."""
+    from dspark_lightning.infer.draft_cost import drafter_key
+
+    save_drafter(make_drafter(varied_target, "dspark", block_size=3), tmp_path / "d", varied_target)
+    k32 = drafter_key(load_drafter(tmp_path / "d", varied_target, dtype="fp32"))
+    k16 = drafter_key(load_drafter(tmp_path / "d", varied_target, dtype="bf16"))
+    assert k32 is not None and k16 == f"{k32}-bfloat16"
