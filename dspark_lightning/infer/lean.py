@@ -152,7 +152,10 @@ class LeanVerifier:
         self.rotary = dec.rotary_emb
         g = target.geometry
         self.H, self.Hkv, self.Dh = g.num_heads, g.num_kv_heads, g.head_dim
-        self.tap = {lid: i for i, lid in enumerate(g.layer_ids)}
+        self.tap: dict[int, list[int]] = {}  # layer id -> its slots in the context (a layer may be tapped twice)
+        for i, lid in enumerate(g.layer_ids):
+            self.tap.setdefault(lid, []).append(i)
+        self.n_taps = len(g.layer_ids)
         self.head = Linear(target.lm_head.weight, getattr(target.lm_head, "bias", None), pack)
         self.max_pos = getattr(cfg, "max_position_embeddings", None)
         self.rows: dict[int, int] = {}  # request id -> cache row
@@ -265,7 +268,7 @@ class LeanVerifier:
         write_rows = torch.arange(r0, r0 + R, device=dev)[:, None, None]
         heads = torch.arange(Hkv, device=dev)[None, :, None]
         cols = pos[:, None, :]  # (R, 1, W)
-        taps = [None] * len(self.tap)
+        taps = [None] * self.n_taps
         for li, L in enumerate(self.layers):
             h = rms_norm(x, L.ln_in)
             qkv = L.qkv(h)
@@ -288,8 +291,8 @@ class LeanVerifier:
             x = x + L.o(a.transpose(1, 2).reshape(R, W, H * Dh))
             g, u = L.gu(rms_norm(x, L.ln_post)).chunk(2, dim=-1)
             x = x + L.down(F.silu(g) * u)
-            if li in self.tap:
-                taps[self.tap[li]] = x
+            for slot in self.tap.get(li, ()):
+                taps[slot] = x
         self.lens[rows] = base + lengths.to(base)
         return rms_norm(x, self.final), torch.cat(taps, dim=-1)
 

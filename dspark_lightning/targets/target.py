@@ -24,12 +24,15 @@ from .chat import ChatFormat, encode_conversation, render_prompt
 
 
 def default_layer_ids(num_layers: int, n: int = 5) -> list[int]:
-    """DFlash layer rule (SPEC §3.2): n ids evenly spaced on [1, L-3], Python's round (half to even)."""
+    """DFlash layer rule (SPEC §3.2): n ids evenly spaced on [1, L-3], Python's round (half to even).
+
+    A target under 8 layers has fewer than n distinct layers there: each is tapped once (4 layers: [1]; 6: [1, 2, 3])
+    rather than the same layer's output concatenated several times."""
     if num_layers < 4:
         raise ValueError(f"the default layer rule needs a target with at least 4 layers, got {num_layers}")
     if n == 1:
         return [1]
-    return [round(1 + i * (num_layers - 4) / (n - 1)) for i in range(n)]
+    return list(dict.fromkeys(round(1 + i * (num_layers - 4) / (n - 1)) for i in range(n)))
 
 
 def check_layer_ids(layer_ids: list[int], num_layers: int) -> list[int]:
