@@ -12,7 +12,9 @@ def test_layer_rule(layers, expected):
     assert default_layer_ids(layers) == expected
 
 
-@pytest.mark.parametrize("layers,expected", [(4, [1]), (5, [1, 2]), (6, [1, 2, 3]), (7, [1, 2, 3, 4]), (8, [1, 2, 3, 4, 5])])
+@pytest.mark.parametrize(
+    "layers,expected", [(4, [1]), (5, [1, 2]), (6, [1, 2, 3]), (7, [1, 2, 3, 4]), (8, [1, 2, 3, 4, 5])]
+)
 def test_layer_rule_on_shallow_targets_taps_each_layer_once(layers, expected):
     assert default_layer_ids(layers) == expected
 
