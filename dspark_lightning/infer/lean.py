@@ -257,6 +257,7 @@ class LeanVerifier:
         j = torch.arange(W, device=dev)
         pos = base[:, None] + j  # (R, W)
         single = R == 1 or bool((base == base[0]).all())
+        c0 = int(base[0]) if single else 0  # read once per forward, not once per layer (a host sync on a GPU)
         mask = None
         if not (single and W == 1):  # key c visible to query i of row r iff c <= base_r + i
             mask = torch.arange(end, device=dev)[None, None, :] <= pos[:, :, None]  # (R, W, end)
@@ -280,7 +281,6 @@ class LeanVerifier:
                 q, k = rms_norm(q, L.q_norm), rms_norm(k, L.k_norm)
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
             if single:  # every row writes the same columns: a plain slice
-                c0 = int(base[0])
                 self.k[li][rows, :, c0 : c0 + W] = k
                 self.v[li][rows, :, c0 : c0 + W] = v
             else:
