@@ -117,29 +117,50 @@ class DraftGate:
     """Skip the drafter for a whole step when drafting has not paid on this machine (decided before drafting).
 
     Every step the engine reports whether it drafted, its batch size R, the tokens it committed and its wall
-    time. The gate keeps, per R, a running (EMA) rate of committed tokens per second for drafted steps and
-    for plain steps; before measuring plain steps it uses the SPS table's R * SPS(R). It drafts while the
-    drafted rate is at least the plain rate; otherwise it skips, and probes (drafts once) after ``probe``
-    skipped steps, doubling the interval up to ``max_probe`` while skipping keeps winning, so it returns to
-    drafting when the estimate turns (a better-matched prompt, a longer context, another batch size).
+    time. The gate keeps, per R, the last ``window`` drafted steps and the last ``window`` plain steps, and their
+    rate as committed tokens over seconds summed over the window (a ratio of sums: one unlucky step does not
+    decide); before measuring plain steps it uses the SPS table's R * SPS(R). Steps older than ``max_age`` steps
+    no longer count, and while fewer than ``warmup`` fresh drafted steps exist it drafts: the first rounds of a
+    response, which a drafter predicts worst, used to lock a drafter that pays later out for good. Otherwise it drafts
+    while the drafted rate is at least the plain rate; otherwise it skips, and probes (drafts once) after
+    ``probe`` skipped steps, doubling the interval up to ``max_probe`` while skipping keeps winning, so it returns
+    to drafting when the estimate turns (a better-matched prompt, a longer context, another batch size).
 
     Lossless: the decision at step t uses only steps < t (their tokens, acceptance and timing), never the
     drafts of step t, so it is a non-anticipating choice of l_r = 0 for every request.
     """
 
-    def __init__(self, probe: int = 8, max_probe: int = 64, decay: float = 0.3) -> None:
-        self.probe, self.max_probe, self.decay = probe, max_probe, decay
+    def __init__(
+        self, probe: int = 8, max_probe: int = 64, window: int = 16, warmup: int = 4, max_age: int = 64
+    ) -> None:
+        if min(probe, max_probe, window, max_age) < 1 or warmup < 0:
+            raise ValueError("probe, max_probe, window and max_age must be >= 1 and warmup >= 0")
+        self.probe, self.max_probe, self.window, self.warmup = probe, max_probe, window, warmup
+        self.max_age = max_age
         self.reset()
 
     def reset(self) -> None:
-        self.rate: dict[tuple[bool, int], float] = {}  # (drafted, R) -> EMA tokens/s
+        self.steps: dict[tuple[bool, int], deque[tuple[int, int, float]]] = {}  # (drafted, R) -> (step, tokens, s)
+        self.now = 0  # steps observed
         self.skipped = 0
         self.interval = self.probe
 
+    def _fresh(self, drafted: bool, R: int) -> list[tuple[int, int, float]]:
+        return [x for x in self.steps.get((drafted, R), ()) if x[0] > self.now - self.max_age]
+
+    def rate(self, drafted: bool, R: int) -> float | None:
+        """Committed tokens per second over the window of (drafted, R) steps no older than ``max_age`` steps."""
+        steps = self._fresh(drafted, R)
+        if not steps:
+            return None
+        return sum(t for _, t, _ in steps) / sum(s for _, _, s in steps)
+
     def wants_draft(self, R: int, plain_rate: float | None) -> bool:
-        drafted = self.rate.get((True, R))
-        plain = self.rate.get((False, R), plain_rate)
-        if drafted is None or plain is None or drafted >= plain:
+        fresh = self._fresh(True, R)
+        drafted = self.rate(True, R)
+        plain = self.rate(False, R)
+        plain = plain_rate if plain is None else plain
+        if len(fresh) < self.warmup or drafted is None or plain is None or drafted >= plain:
             self.skipped, self.interval = 0, self.probe
             return True
         if self.skipped >= self.interval:  # probe: draft once to refresh the estimate
@@ -149,11 +170,10 @@ class DraftGate:
         return False
 
     def observe(self, drafted: bool, R: int, tokens: int, seconds: float) -> None:
+        self.now += 1
         if seconds <= 0:
             return
-        key, r = (drafted, R), tokens / seconds
-        old = self.rate.get(key)
-        self.rate[key] = r if old is None else (1 - self.decay) * old + self.decay * r
+        self.steps.setdefault((drafted, R), deque(maxlen=self.window)).append((self.now, tokens, seconds))
 
 
 TIMINGS = ("model", "live")

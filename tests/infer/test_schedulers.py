@@ -144,7 +144,7 @@ def test_draft_cost_interpolates():
 def test_draft_gate_skips_when_drafting_loses_and_probes_back():
     from dspark_lightning.infer.schedulers import DraftGate
 
-    gate = DraftGate(probe=2, max_probe=8, decay=1.0)  # decay 1: each observation replaces the estimate
+    gate = DraftGate(probe=2, max_probe=8, window=1, warmup=1)  # window 1: each observation replaces the estimate
     assert gate.wants_draft(1, plain_rate=None)  # nothing measured yet: draft
     gate.observe(True, 1, tokens=2, seconds=1.0)  # drafting: 2 tok/s
     assert not gate.wants_draft(1, plain_rate=3.0)  # the table says plain gives 3 tok/s: skip
@@ -155,6 +155,36 @@ def test_draft_gate_skips_when_drafting_loses_and_probes_back():
     gate.observe(True, 1, tokens=6, seconds=1.0)  # the probe finds drafting pays again (6 tok/s > 4)
     assert all(gate.wants_draft(1, plain_rate=3.0) for _ in range(5))
     assert gate.wants_draft(8, plain_rate=3.0)  # another batch size has its own estimates
+
+
+def test_draft_gate_warms_up_and_judges_a_ratio_of_sums():
+    """One unlucky first round (1 token in a long step) must not lock a drafter that pays out: the gate drafts
+    through its warm-up, then compares tokens / seconds summed over the window (not a mean of per-step rates)."""
+    from dspark_lightning.infer.schedulers import DraftGate
+
+    gate = DraftGate(probe=8, max_probe=64, window=4, warmup=3)
+    for tokens in (1, 4, 4):  # 1 token, then 4 per 0.1 s step: 9 tokens in 0.3 s = 30 tok/s
+        assert gate.wants_draft(1, plain_rate=26.0)
+        gate.observe(True, 1, tokens=tokens, seconds=0.1)
+    assert gate.rate(True, 1) == pytest.approx(30.0) and gate.wants_draft(1, plain_rate=26.0)
+    gate.observe(True, 1, tokens=1, seconds=0.1)  # window (1, 4, 4, 1): 25 tok/s < 26: skip
+    assert not gate.wants_draft(1, plain_rate=26.0)
+    gate.observe(True, 1, tokens=8, seconds=0.1)  # the oldest step leaves the window: (4, 4, 1, 8) = 42.5 tok/s
+    assert gate.rate(True, 1) == pytest.approx(42.5) and gate.wants_draft(1, plain_rate=26.0)
+    with pytest.raises(ValueError):
+        DraftGate(window=0)
+
+    old = DraftGate(probe=100, max_probe=100, window=4, warmup=2, max_age=10)  # probes too rare to matter here
+    for _ in range(2):
+        old.observe(True, 1, tokens=1, seconds=0.1)  # 10 tok/s: loses to 26
+    assert not old.wants_draft(1, plain_rate=26.0)
+    for _ in range(8):
+        old.observe(False, 1, tokens=1, seconds=0.04)  # plain steps; the drafted ones age (step 10 of 10)
+    assert old.rate(True, 1) == pytest.approx(10.0) and not old.wants_draft(1, plain_rate=26.0)
+    old.observe(False, 1, tokens=1, seconds=0.04)  # the first drafted step is older than max_age: warm up again
+    assert old.wants_draft(1, plain_rate=26.0)
+    old.observe(False, 1, tokens=1, seconds=0.04)
+    assert old.rate(True, 1) is None
 
 
 def test_engine_skips_the_drafter_when_the_gate_says_so(varied_target, prompts):
