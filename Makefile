@@ -5,7 +5,7 @@ export HF_HUB_OFFLINE := 1
 
 .PHONY: setup run test test-fast lint bench bench-decode compare eval-compare bench-compare ablations \
 	calibrate threshold-sweep serve-bench serve-study profile-verify profile-draft bench-regen long long-dflash \
-	vocab-coverage sps-lean bench-speed speed-suite acceptance acceptance-main matrix-data matrix bench-main gpu-wheels gpu-check gpu-check-cpu serve-bench-gate
+	vocab-coverage sps-lean bench-speed speed-suite acceptance acceptance-main matrix-data matrix bench-main bench-long gpu-wheels gpu-check gpu-check-cpu serve-bench-gate
 
 $(VENV)/.setup-done: pyproject.toml scripts/setup.sh plugins/dspark_example_head/pyproject.toml
 	bash scripts/setup.sh
@@ -107,7 +107,8 @@ bench-speed: setup
 
 # What the drafter itself accepts with a fixed block (no scheduler, no gate).
 acceptance: setup
-	$(PY) scripts/acceptance_probe.py --drafter $(LONG) --prompts_per_domain 10 --out docs/data/acceptance_probe
+	$(PY) scripts/acceptance_probe.py --drafter $(LONG) --prompts_per_domain 10 --gammas 7 --temperatures 0 1 \
+		--out docs/data/acceptance_long
 
 # The same probe for make run's drafter, T = 0, γ = 7 (issue 18's make-run bar).
 acceptance-main: setup
@@ -121,6 +122,15 @@ matrix-data: setup
 matrix: matrix-data
 	$(PY) scripts/matrix.py --minutes 6 --out docs/data/matrix
 	$(PY) scripts/matrix.py --only best --minutes 3 6 12 --out docs/data/matrix
+
+# Issue 18's speed bars: both drafters, T = 0 and 1, batch 1, with the draft gate; Algorithm 1 (hardware_aware) and the
+# asynchronous variant, whose global budget search escapes the step in this CPU's SPS curve (docs/matrix.md).
+bench-long: setup
+	for s in hardware_aware async_hardware_aware; do \
+		$(VENV)/bin/dspark-lightning bench --drafter main=$(MAIN) --drafter long=$(LONG) --sps docs/data/sps_smollm2_cpu_lean.json \
+			--scheduler $$s --temperatures 0 1 --batches 1 --prompts_per_domain 3 --max_new_tokens 128 --repeats 2 \
+			--out docs/data/bench_long$$( [ $$s = hardware_aware ] || echo _async ) || exit 1; \
+	done
 
 # make run's drafter next to the long recipe's, T = 0, batch 1 (issue 12 item 6).
 bench-main: setup
