@@ -270,6 +270,17 @@ class _SPSScheduler:
         return SPSTable(tokens=self.sps.tokens, sps=sps, meta=self.sps.meta)
 
 
+def step_in_curve(sps: SPSTable, R: int = 1, span: int = 6, ratio: float = 3.0) -> int | None:
+    """The first B >= R where verifying one more token costs more than ``ratio`` x the mean cost of each of the next
+    ``span`` (a step in the step-time curve 1/SPS), or None for a smooth curve. There Algorithm 1's early break stops
+    although a longer block would pay (SPEC §6: the break needs a smooth SPS)."""
+    cost = [1.0 / float(sps(torch.tensor(float(b)))) for b in range(R, min(sps.max_tokens, R + span + 1) + 1)]
+    if len(cost) < span + 2:
+        return None
+    first, rest = cost[1] - cost[0], (cost[-1] - cost[1]) / span
+    return R if first > 0 and first > ratio * max(rest, 0.0) else None
+
+
 @register("scheduler", "hardware_aware")
 class HardwareAwareScheduler(_SPSScheduler):
     """Paper Algorithm 1 with the early-stopping break, driven by a profiled SPS table.
@@ -285,7 +296,25 @@ class HardwareAwareScheduler(_SPSScheduler):
     """
 
     def __call__(self, conf: torch.Tensor) -> torch.Tensor:
+        if not getattr(self, "_curve_checked", False) and self.sps is not None:
+            self._curve_checked = True
+            warn_on_step(self.sps)
         return prefix_schedule(conf.detach().cpu(), self._table(conf.shape[0]))
+
+
+def warn_on_step(sps: SPSTable) -> None:
+    """Say once per scheduler when this machine's SPS curve has a step at B = 1 (the scheduler still runs)."""
+    if step_in_curve(sps) is None:
+        return
+    import warnings
+
+    s1, s2 = float(sps(torch.tensor(1.0))), float(sps(torch.tensor(2.0)))
+    warnings.warn(
+        f"the SPS curve has a step (SPS(1) = {s1:.1f}, SPS(2) = {s2:.1f}, flat after): hardware_aware (Algorithm 1) "
+        f"admits no draft unless a_1 > {s1 / s2 - 1:.2f}, even when the whole block would pay; async_hardware_aware "
+        "searches its budget globally (docs/inference.md)",
+        stacklevel=3,
+    )
 
 
 @register("scheduler", "async_hardware_aware")

@@ -200,3 +200,25 @@ def test_engine_skips_the_drafter_when_the_gate_says_so(varied_target, prompts):
     plain = decode(varied_target, None, prompts, max_new_tokens=12)
     assert res.token_ids == plain.token_ids
     assert res.stats.skipped_steps == res.stats.steps > 0 and res.stats.mean_verify_len == 0
+
+
+def test_a_step_in_the_sps_curve_is_named():
+    """Algorithm 1's break needs a smooth SPS: a step at B = 1 (this project's AMD EPYC) is detected and warned about;
+    a smooth curve (its Intel Xeon) is not."""
+    import warnings
+
+    from dspark_lightning.infer import HardwareAwareScheduler, SPSTable
+    from dspark_lightning.infer.schedulers import step_in_curve
+
+    step = SPSTable.from_points({1: 26.4, 2: 15.8, 8: 15.8, 9: 14.0, 16: 12.0})
+    smooth = SPSTable.from_points({1: 33.3, 2: 30.1, 3: 27.3, 4: 21.0, 8: 17.2, 16: 10.7})
+    assert step_in_curve(step) == 1 and step_in_curve(smooth) is None
+    assert step_in_curve(SPSTable.from_points({1: 1.0, 2: 0.9})) is None  # too short to judge
+    sched = HardwareAwareScheduler(step)
+    conf = torch.full((1, 4), 0.5)
+    with pytest.warns(UserWarning, match="async_hardware_aware"):
+        sched(conf)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sched(conf)  # once per scheduler
+        HardwareAwareScheduler(smooth)(conf)
