@@ -253,6 +253,16 @@ class PythonStdlib(PromptSource):
 
     domain = "code"
     license = LICENSES["python_stdlib"]
+    STYLES = ("requests", "complete")
+
+    def __init__(self, *, style: str = "requests", limit: int | None = None, seed: int = 42) -> None:
+        """``style="complete"``: every callable as a HumanEval-form "complete this function" request (its signature
+        and docstring in a code block, HumanEval's instruction), ids ``python_stdlib/complete/module.qualname``; the
+        form the code evaluation prompts have (docs/matrix.md: the long drafter's decoded code gap)."""
+        if style not in self.STYLES:
+            raise ValueError(f"python_stdlib: style must be one of {self.STYLES}, got {style!r}")
+        super().__init__(limit=limit, seed=seed)
+        self.style = style
 
     def records(self) -> Iterator[PromptRecord]:
         import importlib
@@ -277,6 +287,11 @@ class PythonStdlib(PromptSource):
                     sig = f"{name}(...)"
                 sig = _ADDRESS.sub("", sig)  # sentinel defaults print their id(): the text must not vary by process
                 doc = doc if doc.endswith(".") else doc + "."
+                if self.style == "complete":
+                    body = f'def {sig}:\n    """{doc}"""'
+                    turn = f"{HumanEval.instruction}\n\n```python\n{body}\n```"
+                    yield PromptRecord(f"python_stdlib/complete/{mod_name}.{qual}", "code", self.name, [turn])
+                    continue
                 task = STDLIB_TASKS[int(_unit_interval("stdlib", self.seed, rid) * len(STDLIB_TASKS))]
                 yield PromptRecord(rid, "code", self.name, [task.format(sig=sig, doc=doc, mod=mod_name, qual=qual)])
 

@@ -37,6 +37,20 @@ def test_python_stdlib_prompts_are_code_requests_with_signatures():
     assert _records("python_stdlib", limit=10) == recs[:10]
 
 
+def test_python_stdlib_complete_style_has_the_humaneval_form():
+    """``style: complete``: the code eval prompts' form (instruction + signature and docstring in a code block)."""
+    from dspark_lightning.data.sources import HumanEval, build_source
+
+    recs = list(build_source({"name": "python_stdlib", "style": "complete"}))
+    plain = {r.id for r in build_source({"name": "python_stdlib"})}
+    assert len(recs) == len(plain) and all(r.id.startswith("python_stdlib/complete/") for r in recs)
+    assert not plain & {r.id for r in recs}  # both styles can share one mixture
+    text = {r.id: r.turns[0] for r in recs}["python_stdlib/complete/textwrap.dedent"]
+    assert text.startswith(HumanEval.instruction) and "```python\ndef dedent(text):\n    \"\"\"" in text
+    with pytest.raises(ValueError, match="style"):
+        build_source({"name": "python_stdlib", "style": "essay"})
+
+
 @pytest.mark.parametrize("name", sorted(BUILTIN))
 def test_builtin_source_domain_ids_deterministic(name):
     first, second = _records(name), _records(name)
