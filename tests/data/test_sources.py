@@ -46,7 +46,7 @@ def test_python_stdlib_complete_style_has_the_humaneval_form():
     assert len(recs) == len(plain) and all(r.id.startswith("python_stdlib/complete/") for r in recs)
     assert not plain & {r.id for r in recs}  # both styles can share one mixture
     text = {r.id: r.turns[0] for r in recs}["python_stdlib/complete/textwrap.dedent"]
-    assert text.startswith(HumanEval.instruction) and "```python\ndef dedent(text):\n    \"\"\"" in text
+    assert text.startswith(HumanEval.instruction) and '```python\ndef dedent(text):\n    """' in text
     with pytest.raises(ValueError, match="style"):
         build_source({"name": "python_stdlib", "style": "essay"})
 
