@@ -58,6 +58,12 @@ def resolve_dtype(dtype: str | torch.dtype | None = "auto", device: str | torch.
     return DTYPES[key]
 
 
+def param_dtype(module) -> torch.dtype | None:
+    """The dtype of a module's first parameter (what a drafter runs in), None for parameter-free objects."""
+    p = next(iter(module.parameters()), None) if isinstance(module, torch.nn.Module) else None
+    return None if p is None else p.dtype
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     """The short name used in configs and tables (``bf16``, ``fp16``, ``fp32``)."""
     return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(dtype, str(dtype))

@@ -113,10 +113,10 @@ def warmup(target, drafters: dict[str, Any], scheduler: Any = "static") -> None:
 
 def drafter_dtype_name(drafter: Any) -> str | None:
     """The precision a drafter object runs in (``bf16``/``fp32``), None for parameter-free proposers."""
-    from ..devices import dtype_name
+    from ..devices import dtype_name, param_dtype
 
-    p = next(iter(drafter.parameters()), None) if isinstance(drafter, torch.nn.Module) else None
-    return None if p is None else dtype_name(p.dtype)
+    dt = param_dtype(drafter)
+    return None if dt is None else dtype_name(dt)
 
 
 def run_info(target, **extra: Any) -> dict:

@@ -54,8 +54,10 @@ def drafter_key(drafter) -> str | None:
         key = json.loads((Path(src) / "config.json").read_text())["weights_sha256"][:16]
     except (OSError, KeyError, ValueError):
         return None
-    p = next(iter(drafter.parameters()), None) if isinstance(drafter, torch.nn.Module) else None
-    return key if p is None or p.dtype == torch.float32 else f"{key}-{str(p.dtype).removeprefix('torch.')}"
+    from ..devices import param_dtype
+
+    dt = param_dtype(drafter)
+    return key if dt in (None, torch.float32) else f"{key}-{str(dt).removeprefix('torch.')}"
 
 
 def cost_path(target, key: str) -> Path:

@@ -150,14 +150,11 @@ class DraftGate:
 
     def rate(self, drafted: bool, R: int) -> float | None:
         """Committed tokens per second over the window of (drafted, R) steps no older than ``max_age`` steps."""
-        steps = self._fresh(drafted, R)
-        if not steps:
-            return None
-        return sum(t for _, t, _ in steps) / sum(s for _, _, s in steps)
+        return _ratio(self._fresh(drafted, R))
 
     def wants_draft(self, R: int, plain_rate: float | None) -> bool:
         fresh = self._fresh(True, R)
-        drafted = self.rate(True, R)
+        drafted = _ratio(fresh)
         plain = self.rate(False, R)
         plain = plain_rate if plain is None else plain
         if len(fresh) < self.warmup or drafted is None or plain is None or drafted >= plain:
@@ -174,6 +171,11 @@ class DraftGate:
         if seconds <= 0:
             return
         self.steps.setdefault((drafted, R), deque(maxlen=self.window)).append((self.now, tokens, seconds))
+
+
+def _ratio(steps: list[tuple[int, int, float]]) -> float | None:
+    """Committed tokens over seconds summed over (step, tokens, seconds) records, None for none."""
+    return sum(t for _, t, _ in steps) / sum(s for _, _, s in steps) if steps else None
 
 
 TIMINGS = ("model", "live")
@@ -271,9 +273,9 @@ class _SPSScheduler:
 
 
 def step_in_curve(sps: SPSTable, R: int = 1, span: int = 6, ratio: float = 3.0) -> int | None:
-    """The first B >= R where verifying one more token costs more than ``ratio`` x the mean cost of each of the next
-    ``span`` (a step in the step-time curve 1/SPS), or None for a smooth curve. There Algorithm 1's early break stops
-    although a longer block would pay (SPEC §6: the break needs a smooth SPS)."""
+    """B = R when verifying one token more than R costs over ``ratio`` x the mean cost of each of the next ``span``
+    (a step in the step-time curve 1/SPS), else None (a smooth curve, or a table too short to judge). At a step
+    Algorithm 1's early break stops although a longer block would pay (SPEC §6: the break needs a smooth SPS)."""
     cost = [1.0 / float(sps(torch.tensor(float(b)))) for b in range(R, min(sps.max_tokens, R + span + 1) + 1)]
     if len(cost) < span + 2:
         return None
@@ -295,8 +297,10 @@ class HardwareAwareScheduler(_SPSScheduler):
         draft_cost: fixed drafting seconds per round (instead of the profile).
     """
 
+    _curve_checked = False  # the SPS table's step has been looked for (once per scheduler)
+
     def __call__(self, conf: torch.Tensor) -> torch.Tensor:
-        if not getattr(self, "_curve_checked", False) and self.sps is not None:
+        if not self._curve_checked and self.sps is not None:
             self._curve_checked = True
             warn_on_step(self.sps)
         return prefix_schedule(conf.detach().cpu(), self._table(conf.shape[0]))
