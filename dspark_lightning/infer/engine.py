@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .accept import accept
+from .backlog import ContextBacklog
 from .sampling import SamplingParams, probs, sample
 from .schedulers import build_scheduler, survival
 from .stats import RoundLog
@@ -84,6 +85,7 @@ class Engine:
         self.time_s = {"prefill": 0.0, "draft": 0.0, "schedule": 0.0, "verify": 0.0, "accept": 0.0}
         self._next_rid = 0
         self._extend_s = 0.0  # last round's drafter-cache update time (part of the drafting cost)
+        self.backlog = ContextBacklog()  # features of skipped steps, extended when drafting resumes
 
     @property
     def block_size(self) -> int:
@@ -160,6 +162,7 @@ class Engine:
         gate = getattr(self.scheduler, "wants_draft", None)
         drafting = self.proposer is not None and (gate is None or gate(R))  # decided from earlier steps only
         if drafting:
+            self.backlog.flush(self.proposer, ids)  # catch up on the steps the gate skipped (timed as drafting)
             draft_gens = [r.draft_generator for r in act]  # row r draws from request r's own stream
             prop = self.proposer.propose(ids, anchors, apos, self.params, draft_gens, requests=act)
             t1 = time.perf_counter()
@@ -216,9 +219,14 @@ class Engine:
             if alive:
                 sel = self._tensor(alive)
                 ext_ids, ext_len = [ids[i] for i in alive], accepted[sel] + 1
-                self.proposer.extend(ext_ids, out.context[sel], apos[sel], ext_len, hidden=out.hidden[sel])
-            self._extend_s = time.perf_counter() - t0
-            self.time_s["draft"] += self._extend_s
+                if drafting:
+                    self.proposer.extend(ext_ids, out.context[sel], apos[sel], ext_len, hidden=out.hidden[sel])
+                else:  # one committed position each: held until the drafter runs again
+                    self.backlog.push(ext_ids, out.context[sel], out.hidden[sel], apos[sel])
+                    if self.backlog.full():
+                        self.backlog.flush(self.proposer, [r.rid for r in self.active])
+            self._extend_s = time.perf_counter() - t0 if drafting else 0.0
+            self.time_s["draft"] += time.perf_counter() - t0
         observe_step = getattr(self.scheduler, "observe_step", None)
         if observe_step is not None:
             tokens = sum(len(new) for _, new in committed)
