@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .sampling import Generators, SamplingParams, sample, uniforms
+from .syncs import reads_are_free
 
 RESIDUAL_GUARD = 1e-8
 
@@ -28,16 +29,17 @@ def accept(
     drafts: torch.Tensor,  # (R, γ) draft tokens x_1..x_γ
     q: torch.Tensor,  # (R, γ, V) fp32 draft laws the drafts were sampled from
     p: torch.Tensor,  # (R, W, V) fp32 target laws p_t,1..p_t,W with W >= max(l) + 1
-    lengths: torch.Tensor,  # (R,) verification lengths l_r
+    lengths: torch.Tensor,  # (R,) verification lengths l_r, best on the host (the engine's copy): checked there
     params: SamplingParams,
     generator: Generators = None,  # one stream, or one per request
 ) -> Acceptance:
     R, g = drafts.shape
     W = p.shape[1]
-    if lengths.device.type == "cpu":  # on an accelerator this check would cost a synchronisation; the engine
-        lmax = int(lengths.max()) if R else 0  # sizes p from the host copy of l, so it holds by construction
+    if lengths.device.type == "cpu":  # a device copy is not read (a synchronisation): the engine passes its host l
+        lmax = int(lengths.max()) if R else 0
         if W < lmax + 1:
             raise ValueError(f"target laws cover {W} positions, verification needs {lmax + 1}")
+    lengths = lengths.to(drafts.device, non_blocking=True)
     k = min(g, W - 1)
     x = drafts[:, :k]  # (R, k)
     in_block = torch.arange(k, device=drafts.device) < lengths[:, None]  # (R, k)
@@ -61,7 +63,8 @@ def accept(
     if params.greedy:
         return Acceptance(m, p_next.argmax(-1))
     law = p_next.clone()
-    if p.device.type != "cpu" or bool(rejected.any()):  # the test is a free shortcut on the host only
+    # no drafts (plain decoding): nothing to reject; the rejection test itself is a free shortcut on the host only
+    if g > 0 and (not reads_are_free(p.device) or bool(rejected.any())):
         q_next = q[rows, m.clamp(max=g - 1)]
         resid = (p_next - q_next).clamp(min=0)
         mass = resid.sum(-1, keepdim=True)

@@ -26,7 +26,7 @@ class ContextBacklog:
         return len(self._steps)
 
     def push(self, ids: list[int], context: torch.Tensor, hidden: torch.Tensor, pos: torch.Tensor) -> None:
-        """One skipped step: rows of requests ``ids``, features (R, 1, n·d) and (R, 1, d) at positions ``pos``."""
+        """One skipped step: rows of requests ``ids``, features (R, 1, n·d) and (R, 1, d) at host positions ``pos``."""
         self._steps.append((list(ids), context[:, :1], hidden[:, :1], pos))
 
     def full(self) -> bool:
@@ -49,10 +49,10 @@ class ContextBacklog:
             return
         ctx = torch.cat([c[:, 0] for _, c, _, _ in steps])  # (rows of all steps, n·d)
         hid = torch.cat([h[:, 0] for _, _, h, _ in steps])
-        pos = torch.cat([p for _, _, _, p in steps])
+        pos = torch.cat([p for _, _, _, p in steps]).tolist()  # host positions
         ids = list(rows)
         L = max(len(r) for r in rows.values())
-        index = torch.tensor([r + [r[-1]] * (L - len(r)) for r in rows.values()], device=ctx.device)  # (R, L)
-        first = index[:, 0]
-        lengths = torch.tensor([len(r) for r in rows.values()], device=ctx.device)
-        proposer.extend(ids, ctx[index], pos[first], lengths, hidden=hid[index])
+        index = torch.tensor([r + [r[-1]] * (L - len(r)) for r in rows.values()]).to(ctx.device)  # (R, L)
+        start = torch.tensor([pos[r[0]] for r in rows.values()])  # host, like the engine's own extends
+        lengths = torch.tensor([len(r) for r in rows.values()])
+        proposer.extend(ids, ctx[index], start, lengths, hidden=hid[index])

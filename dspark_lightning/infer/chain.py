@@ -28,24 +28,32 @@ class ChainProposer:
         self.head_w = drafter.draft_head_weight().to(self.dtype)  # gathered once (reduced vocabulary), drafter dtype
         self.kv = RaggedCache([KVLayer()], flat=layout == "flat", device=self.device)
         self.pending: dict[int, tuple[int, torch.Tensor]] = {}  # rid -> (first position, features (L, d))
+        self.held: dict[int, int] = {}  # rid -> cached positions (host-side, for compaction checks)
+
+    def _live_max(self) -> int:
+        return sum(self.held.values()) if self.kv.flat else max(self.held.values(), default=0)
 
     def add(self, ids: list[int]) -> None:
         self.kv.add_requests(ids)
+        self.held.update((i, 0) for i in ids)
 
     def remove(self, ids: list[int]) -> None:
         for rid in ids:
             self.pending.pop(rid, None)
+            self.held.pop(rid, None)
         if ids:
             self.kv.remove_requests(ids)
-            self.kv.compact()
+            self.kv.compact(live_max=self._live_max())
 
     @torch.no_grad()
     def extend(self, ids, context, start, lengths, hidden=None) -> None:
-        """Hold the features of positions start..start+lengths-1 until their next tokens are known."""
-        W = int(lengths.max())
+        """Hold the features of positions start..start+lengths-1 until their next tokens are known (``start``
+        and ``lengths`` on the host, as the engine passes them)."""
+        n, starts = lengths.tolist(), start.tolist()
+        W = max(n, default=0)
         feats = self.drafter.features(context[:, :W], None if hidden is None else hidden[:, :W])
         for i, rid in enumerate(ids):
-            f, s0 = feats[i, : int(lengths[i])], int(start[i])
+            f, s0 = feats[i, : n[i]], starts[i]
             if rid in self.pending:
                 p0, old = self.pending[rid]
                 if p0 + old.shape[0] != s0:
@@ -68,18 +76,20 @@ class ChainProposer:
         if requests is None:
             raise ValueError("chain drafting needs the requests' token histories (requests=)")
         starts, feats, toks = [], [], []
-        for i, (rid, r) in enumerate(zip(ids, requests, strict=True)):
+        for rid, r in zip(ids, requests, strict=True):
             s0, f = self.pending.pop(rid)
-            P = int(anchor_pos[i])
             hist = r.prompt + r.output  # x_0 .. x_P (the anchor)
-            if s0 + f.shape[0] != P or len(hist) != P + 1:
+            P = len(hist) - 1  # the anchor's position, from the host (anchor_pos holds it on the device)
+            if s0 + f.shape[0] != P:
                 raise RuntimeError(f"request {rid}: pending features end at {s0 + f.shape[0] - 1}, anchor is at {P}")
             starts.append(s0)
             feats.append(f)
             toks.append(torch.as_tensor(hist[s0 + 1 : P + 1], dtype=torch.long))
         R = len(ids)
-        lens = torch.as_tensor([f.shape[0] for f in feats], dtype=torch.long, device=self.device)
-        grid = self.kv.grid(ids, lens)
+        lens_h = [f.shape[0] for f in feats]
+        lens = torch.as_tensor(lens_h, dtype=torch.long).to(self.device, non_blocking=True)
+        grid = self.kv.grid(ids, lens_h)
+        self.held.update((rid, s0 + n) for rid, s0, n in zip(ids, starts, lens_h, strict=True))
         F = torch.nn.utils.rnn.pad_sequence(feats, batch_first=True)
         T = torch.nn.utils.rnn.pad_sequence(toks, batch_first=True).to(self.device)
         rid = torch.as_tensor(ids, dtype=torch.long, device=self.device)
@@ -95,7 +105,7 @@ class ChainProposer:
         k, v = lay.attn.kv(x, cos, sin)
         self.kv.layers[0].update(k, v)
         self.kv.append(q_owner, q_pos)
-        self.kv.compact()
+        self.kv.compact(live_max=self._live_max())
         return h[torch.arange(R, device=self.device), lens - 1]
 
     @torch.no_grad()
@@ -112,7 +122,7 @@ class ChainProposer:
         d, lay, g = self.drafter, self.drafter.layer, self.block_size
         R = len(ids)
         h = self._step0(ids, anchor_pos, requests)  # (R, d): predicts x_{P+1}
-        grid = self.kv.grid(ids, torch.ones(R, dtype=torch.long, device=self.device))
+        grid = self.kv.grid(ids, [1] * R)
         rid = torch.as_tensor(ids, dtype=torch.long, device=self.device)
         c_owner = grid.scatter(rid[:, None], -1)  # (rows, L): one query per request
         self_ok = (c_owner[:, :, None] == c_owner[:, None, :]) & (c_owner[:, :, None] >= 0)

@@ -148,14 +148,22 @@ class BlockProposer:
         self.vocab = drafter.draft_vocab  # (N,) target ids of the draft vocabulary, or None
         self.state: dict[int, torch.Tensor] | None = {} if getattr(bb, "context_state", False) else None
         self.clock = Stopwatch()  # clock.enable() -> per-component times (scripts/profile_draft.py)
+        self.held: dict[int, int] = {}  # request id -> cached positions (host-side, for compaction checks)
+
+    def _live_max(self) -> int:
+        """Most live entries of one cache row: the longest request (padded layout) or all of them (flat)."""
+        return sum(self.held.values()) if self.kv.flat else max(self.held.values(), default=0)
 
     def add(self, ids: list[int]) -> None:
         self.kv.add_requests(ids)
+        self.held.update((i, 0) for i in ids)
 
     def remove(self, ids: list[int]) -> None:
         if ids:
             self.kv.remove_requests(ids)
-            self.kv.compact()
+            for i in ids:
+                self.held.pop(i, None)
+            self.kv.compact(live_max=self._live_max())
             if self.state is not None:
                 for i in ids:
                     self.state.pop(i, None)
@@ -163,8 +171,13 @@ class BlockProposer:
     @torch.no_grad()
     def extend(self, ids: list[int], context: torch.Tensor, start: torch.Tensor, lengths: torch.Tensor, hidden=None):
         """Append the target features (R, W, n*d) of positions start..start+lengths-1 to the context cache (and,
-        for a ``context_state`` backbone, keep each request's last final hidden state (R, d) for its next block)."""
+        for a ``context_state`` backbone, keep each request's last final hidden state (R, d) for its next block).
+        ``start`` and ``lengths`` are best given on the host (CPU tensors): shapes are read from them."""
         self.clock.start()
+        n = lengths.tolist()
+        for rid, s0, k in zip(ids, start.tolist(), n, strict=True):
+            self.held[rid] = max(self.held.get(rid, 0), s0 + k)
+        lengths = lengths.to(self.device, non_blocking=True)
         if self.state is not None:
             if hidden is None:
                 raise ValueError("this drafter's backbone reads the target's final hidden states (context_state)")
@@ -172,16 +185,16 @@ class BlockProposer:
             last = hidden[rows, lengths.to(hidden.device) - 1].to(self.device, self.dtype)  # (R, d)
             self.state.update(zip(ids, last.unbind(0), strict=True))
         bb = self.drafter.backbone
-        grid = self.kv.grid(ids, lengths)
-        W = int(lengths.max())
+        grid = self.kv.grid(ids, n)
+        W = max(n, default=0)
         rid = torch.as_tensor(ids, dtype=torch.long, device=self.device)
-        pos = start[:, None] + torch.arange(W, device=self.device)
+        pos = start.to(self.device, non_blocking=True)[:, None] + torch.arange(W, device=self.device)
         fused = grid.scatter(bb.fuse(context[:, :W].to(self.dtype)), 0.0)  # (rows, L, d)
         q_pos = grid.scatter(pos, 0)
         for layer, (k, v) in zip(self.kv.layers, bb.context_kv(fused, q_pos), strict=True):
             layer.update(k, v)
         self.kv.append(grid.scatter(torch.where(grid.valid, rid[:, None], -1), -1), q_pos)
-        self.kv.compact()
+        self.kv.compact(live_max=self._live_max())
         self.clock.lap("extend")
 
     @torch.no_grad()
@@ -198,7 +211,7 @@ class BlockProposer:
         d, g = self.drafter, self.block_size
         R = len(ids)
         self.clock.start()
-        grid = self.kv.grid(ids, torch.full((R,), g, dtype=torch.long, device=self.device))
+        grid = self.kv.grid(ids, [g] * R)
         rid = torch.as_tensor(ids, dtype=torch.long, device=self.device)
         blk = torch.full((R, g), d.mask_token_id, dtype=torch.long, device=self.device)
         blk[:, 0] = anchors  # [x_0, M x (γ-1)] at P..P+γ-1 (shifted convention)

@@ -126,15 +126,15 @@ class Engine:
             new.append(r)
             self._next_rid += 1
         ids = [r.rid for r in new]
-        lengths = self._tensor([len(r.prompt) for r in new])
-        start = torch.zeros_like(lengths)
+        lengths_h = torch.tensor([len(r.prompt) for r in new])  # host: the proposer reads shapes from it
+        lengths = lengths_h.to(self.device, non_blocking=True)
         out = self.verifier.prefill(ids, [r.prompt for r in new])
         rows = torch.arange(len(new), device=self.device)
         p = probs(self.verifier.logits(out.hidden[rows, lengths - 1]), self.params)  # (R, V)
         first = sample(p, self.params, self._generators(new)).tolist()
         if self.proposer is not None:
             self.proposer.add(ids)
-            self.proposer.extend(ids, out.context, start, lengths, hidden=out.hidden)
+            self.proposer.extend(ids, out.context, torch.zeros_like(lengths_h), lengths_h, hidden=out.hidden)
         now = time.perf_counter()
         for r, tok in zip(new, first, strict=True):
             r.anchor, r.pos, r.t_first = tok, len(r.prompt), now
@@ -154,7 +154,8 @@ class Engine:
         ids = [r.rid for r in act]
         R, g = len(act), self.block_size
         anchors = self._tensor([r.anchor for r in act])
-        apos = self._tensor([r.pos for r in act])
+        apos_h = torch.tensor([r.pos for r in act])  # host copies of what shapes and cache bookkeeping read
+        apos = apos_h.to(self.device, non_blocking=True)
 
         t_step = t0 = time.perf_counter()
         prop, a = None, None
@@ -179,16 +180,15 @@ class Engine:
             self.log.skipped_steps += 1
 
         W = int(ell.max()) + 1
-        ell_dev = ell.to(self.device, non_blocking=True)
         tokens = anchors[:, None] if prop is None else torch.cat([anchors[:, None], prop.tokens[:, : W - 1]], 1)
-        out = self.verifier.forward(ids, tokens, ell_dev + 1, apos)
+        out = self.verifier.forward(ids, tokens, ell + 1, apos_h)
         p = probs(self.verifier.logits(out.hidden), self.params)  # (R, W, V) p_t,1..p_t,W in fp32
         t1 = time.perf_counter()
         self.time_s["verify"] += t1 - t0
 
         drafts = prop.tokens if prop is not None else tokens[:, :0]
         q = prop.q if prop is not None else p[:, :0]
-        res = accept(drafts, q, p, ell_dev, self.params, self._generators(act))
+        res = accept(drafts, q, p, ell, self.params, self._generators(act))
         host = _to_host(res, drafts, a, None if prop is None else prop.conf_logits)  # the round's only result sync
         ell_l = ell.tolist()
         self.log.step_tokens.append(int((ell + 1).sum()))
@@ -208,8 +208,8 @@ class Engine:
             self._commit(r, new, stopped)
             committed.append((r, r.output[keep:]))
             r.anchor, r.pos = y, r.pos + m + 1
-        accepted = self._tensor(host.accepted)  # host -> device copy, no synchronisation
-        self.verifier.commit(self._tensor(ids), apos + accepted)
+        accepted_h = torch.tensor(host.accepted)
+        self.verifier.commit(ids, apos_h + accepted_h)
         finished = [r for r in act if r.done]
         self._retire(finished)
         t0 = time.perf_counter()
@@ -217,12 +217,14 @@ class Engine:
         if self.proposer is not None:
             alive = [i for i, r in enumerate(act) if not r.done]
             if alive:
-                sel = self._tensor(alive)
-                ext_ids, ext_len = [ids[i] for i in alive], accepted[sel] + 1
+                sel_h = torch.tensor(alive)
+                sel = sel_h.to(self.device, non_blocking=True)
+                ext_ids, ext_len = [ids[i] for i in alive], accepted_h[sel_h] + 1
+                ctx, hid = out.context[sel], out.hidden[sel]
                 if drafting:
-                    self.proposer.extend(ext_ids, out.context[sel], apos[sel], ext_len, hidden=out.hidden[sel])
+                    self.proposer.extend(ext_ids, ctx, apos_h[sel_h], ext_len, hidden=hid)
                 else:  # one committed position each: held until the drafter runs again
-                    self.backlog.push(ext_ids, out.context[sel], out.hidden[sel], apos[sel])
+                    self.backlog.push(ext_ids, ctx, hid, apos_h[sel_h])
                     if self.backlog.full():
                         self.backlog.flush(self.proposer, [r.rid for r in self.active])
             self._extend_s = time.perf_counter() - t0 if drafting else 0.0

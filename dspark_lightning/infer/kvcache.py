@@ -53,10 +53,15 @@ class Grid:
     shape: tuple[int, int]  # (rows, L) of the forward input
 
     def scatter(self, values: torch.Tensor, fill: float | int) -> torch.Tensor:
-        """(R, W, ...) per-request values -> (rows, L, ...) forward layout (``fill`` elsewhere)."""
-        out = values.new_full((*self.shape, *values.shape[2:]), fill)
-        out[self.rows[self.valid], self.cols[self.valid]] = values[self.valid]
-        return out
+        """(R, W, ...) per-request values -> (rows, L, ...) forward layout (``fill`` elsewhere).
+
+        Entries past a request's length go to one spare slot that is dropped: integer indices only, so no
+        boolean-mask indexing (a device -> host synchronisation on an accelerator)."""
+        n, rest = self.shape[0] * self.shape[1], values.shape[2:]
+        flat = torch.where(self.valid, self.rows * self.shape[1] + self.cols, n)  # (R, W)
+        out = values.new_full((n + 1, *rest), fill)
+        out[flat.reshape(-1)] = values.reshape(-1, *rest)
+        return out[:n].view(*self.shape, *rest)
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """(rows, L, ...) forward output -> (R, W, ...) per request (entries past lengths are padding)."""
@@ -139,14 +144,18 @@ class RaggedCache:
         self.owner, self.pos = self.owner[idx], self.pos[idx]
         self._map_layers(lambda t: t[idx])
 
-    def grid(self, ids: list[int], lengths: torch.Tensor) -> Grid:
+    def grid(self, ids: list[int], lengths: torch.Tensor | list[int]) -> Grid:
+        """Layout of a forward over ``ids`` with ``lengths`` new tokens each; ``lengths`` is host data (a list or a
+        CPU tensor: the grid's shape is read from it, and a device tensor would cost a synchronisation)."""
         R = len(ids)
-        W = int(lengths.max()) if R else 0
+        host = [int(n) for n in (lengths.tolist() if isinstance(lengths, torch.Tensor) else lengths)]
+        W = max(host, default=0)
+        lengths = torch.as_tensor(host, dtype=torch.long).to(self.device, non_blocking=True)
         j = torch.arange(W, device=self.device)
         valid = j[None, :] < lengths[:, None]  # (R, W)
         if self.flat:
             starts = torch.cumsum(lengths, 0) - lengths  # (R,)
-            total = int(lengths.sum())
+            total = sum(host)
             rows = torch.zeros((R, W), dtype=torch.long, device=self.device)
             cols = (starts[:, None] + j).clamp(max=max(total - 1, 0))
             return Grid(rows, cols, valid, (1, total))
@@ -162,21 +171,28 @@ class RaggedCache:
         self.owner = torch.cat([self.owner, owner], dim=1)
         self.pos = torch.cat([self.pos, pos], dim=1)
 
-    def release_after(self, ids: torch.Tensor, keep_pos: torch.Tensor) -> None:
-        """Free every entry of request ids[i] at a position > keep_pos[i] (rejected drafts)."""
-        if ids.numel() == 0:
+    def release_after(self, ids: list[int], keep_pos: torch.Tensor) -> None:
+        """Free every entry of request ids[i] (host list) at a position > keep_pos[i] (rejected drafts)."""
+        if not ids:
             return
-        limit = torch.full((int(ids.max()) + 1,), torch.iinfo(torch.long).max, dtype=torch.long, device=self.device)
-        limit[ids] = keep_pos
-        live = (self.owner >= 0) & (self.owner <= int(ids.max()))
+        top = max(ids)
+        limit = torch.full((top + 1,), torch.iinfo(torch.long).max, dtype=torch.long, device=self.device)
+        limit[torch.as_tensor(ids, dtype=torch.long).to(self.device, non_blocking=True)] = keep_pos
+        live = (self.owner >= 0) & (self.owner <= top)
         lim = limit[self.owner.clamp(min=0, max=limit.numel() - 1)]
         self.owner = self.owner.masked_fill(live & (self.pos > lim), -1)
 
-    def compact(self, slack: float = 2.0, min_free: int = 16) -> bool:
-        """Squeeze free entries out when the cache is more than ``slack`` x its live length (+ min_free)."""
+    def compact(self, slack: float = 2.0, min_free: int = 16, live_max: int | None = None) -> bool:
+        """Squeeze free entries out when the cache is more than ``slack`` x its live length (+ min_free).
+
+        ``live_max``: the caller's host-side bound on any row's live entries (its longest request), so the check
+        reads nothing from the device (an upper bound is enough: the extra columns are kept as free entries)."""
         live = self.live()
         counts = live.sum(1)
-        keep = int(counts.max()) if counts.numel() else 0
+        if live_max is not None:
+            keep = min(int(live_max), self.length)
+        else:
+            keep = int(counts.max()) if counts.numel() else 0
         if self.length <= slack * keep + min_free:
             return False
         order = torch.argsort((~live).to(torch.int8), dim=1, stable=True)[:, :keep]  # live columns first, in order

@@ -160,6 +160,7 @@ class LeanVerifier:
         self.max_pos = getattr(cfg, "max_position_embeddings", None)
         self.rows: dict[int, int] = {}  # request id -> cache row
         self.lens = torch.zeros(0, dtype=torch.long, device=self.device)  # committed length per row
+        self.lens_h: list[int] = []  # the same on the host: shapes and checks read it, never the device
         self.cap = capacity
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
@@ -202,20 +203,26 @@ class LeanVerifier:
                 for t in self.k + self.v:
                     t[row] = t[last]
                 self.lens[row] = self.lens[last]
+                self.lens_h[row] = self.lens_h[last]
                 self.rows[mover] = row
         self.lens = self.lens[: len(self.rows)].clone()
+        del self.lens_h[len(self.rows) :]
 
     def cached_length(self, rid: int) -> int:
         """Live cached positions of request ``rid`` (0 once removed)."""
-        return int(self.lens[self.rows[rid]]) if rid in self.rows else 0
+        return self.lens_h[self.rows[rid]] if rid in self.rows else 0
 
-    def commit(self, ids: torch.Tensor, keep_pos: torch.Tensor) -> None:
-        """Keep positions <= keep_pos[i] of request ids[i] (the rejected drafts are the newest entries)."""
-        rows = torch.as_tensor([self.rows[int(r)] for r in ids.tolist()], dtype=torch.long, device=self.device)
-        self.lens[rows] = torch.minimum(self.lens[rows], keep_pos.to(self.lens) + 1)
+    def commit(self, ids, keep_pos: torch.Tensor) -> None:
+        """Keep positions <= keep_pos[i] of request ids[i] (the rejected drafts are the newest entries); ``ids``
+        and ``keep_pos`` are host data (a list / CPU tensor)."""
+        rows_h = [self.rows[int(r)] for r in _host(ids)]
+        for row, k in zip(rows_h, _host(keep_pos), strict=True):
+            self.lens_h[row] = min(self.lens_h[row], int(k) + 1)
+        rows = torch.as_tensor(rows_h, dtype=torch.long).to(self.device, non_blocking=True)
+        self.lens[rows] = torch.as_tensor([self.lens_h[r] for r in rows_h], dtype=torch.long).to(self.device)
 
     # --- forward ---------------------------------------------------------------------------
-    def _order(self, ids: list[int]) -> tuple[torch.Tensor | None, int]:
+    def _order(self, ids: list[int]) -> tuple[list[int] | None, int]:
         """Cache rows of ``ids``: they must be a permutation of a contiguous row range [r0, r0 + R)."""
         rows = [self.rows[r] for r in ids]
         r0 = min(rows)
@@ -223,8 +230,9 @@ class LeanVerifier:
             raise RuntimeError("the lean verifier forwards every live request at once (or a freshly added group)")
         if rows == list(range(r0, r0 + len(rows))):
             return None, r0
-        inv = torch.empty(len(rows), dtype=torch.long, device=self.device)
-        inv[torch.as_tensor(rows, device=self.device) - r0] = torch.arange(len(rows), device=self.device)
+        inv = [0] * len(rows)
+        for i, row in enumerate(rows):
+            inv[row - r0] = i
         return inv, r0  # inv[row - r0] = index in ``ids``
 
     @torch.no_grad()
@@ -232,32 +240,35 @@ class LeanVerifier:
         self,
         ids: list[int],
         tokens: torch.Tensor,  # (R, W) tokens of each request, valid up to lengths[r]
-        lengths: torch.Tensor,  # (R,)
-        start: torch.Tensor,  # (R,) position of each request's first token (== its committed length)
+        lengths,  # (R,) host data (list or CPU tensor)
+        start,  # (R,) host data: position of each request's first token (== its committed length)
     ) -> SegmentOutput:
         inv, r0 = self._order(ids)
+        lengths, start = _host(lengths), _host(start)
         if inv is not None:  # into row order
-            tokens, lengths, start = tokens[inv], lengths[inv], start[inv]
+            idx = torch.as_tensor(inv, dtype=torch.long).to(self.device, non_blocking=True)
+            tokens, lengths, start = tokens[idx], [lengths[i] for i in inv], [start[i] for i in inv]
         hidden, context = self._run(r0, tokens, lengths, start)
         if inv is not None:  # back to the caller's order
-            back = torch.empty_like(inv)
-            back[inv] = torch.arange(len(inv), device=self.device)
+            back = torch.empty_like(idx)
+            back[idx] = torch.arange(len(inv), device=self.device)
             hidden, context = hidden[back], context[back]
         return SegmentOutput(hidden=hidden, context=context)
 
     def _run(self, r0: int, tokens, lengths, start) -> tuple[torch.Tensor, torch.Tensor]:
         R, W = tokens.shape
         rows = slice(r0, r0 + R)
-        base = self.lens[rows]
-        if not torch.equal(base, start.to(base)):
+        base_h = self.lens_h[rows]
+        if base_h != [int(s) for s in _host(start)]:
             raise RuntimeError("verification must start at each request's committed length")
-        end = int(base.max()) + W
+        end = max(base_h) + W
         self._ensure(self.k[0].shape[0], end)
         dev = self.device
+        base = self.lens[rows]
         j = torch.arange(W, device=dev)
         pos = base[:, None] + j  # (R, W)
-        single = R == 1 or bool((base == base[0]).all())
-        c0 = int(base[0]) if single else 0  # read once per forward, not once per layer (a host sync on a GPU)
+        single = len(set(base_h)) == 1
+        c0 = base_h[0] if single else 0  # from the host mirror: no device read per layer or per forward
         mask = None
         if not (single and W == 1):  # key c visible to query i of row r iff c <= base_r + i
             mask = torch.arange(end, device=dev)[None, None, :] <= pos[:, :, None]  # (R, W, end)
@@ -293,7 +304,8 @@ class LeanVerifier:
             x = x + L.down(F.silu(g) * u)
             for slot in self.tap.get(li, ()):
                 taps[slot] = x
-        self.lens[rows] = base + lengths.to(base)
+        self.lens_h[rows] = [b + int(n) for b, n in zip(base_h, _host(lengths), strict=True)]
+        self.lens[rows] = torch.as_tensor(self.lens_h[rows], dtype=torch.long).to(dev, non_blocking=True)
         return rms_norm(x, self.final), torch.cat(taps, dim=-1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -310,6 +322,7 @@ class LeanVerifier:
         for i, rid in enumerate(ids):
             self.rows[rid] = first + i
         self.lens = torch.cat([self.lens, self.lens.new_zeros(R)])
+        self.lens_h += [0] * R
         hidden = context = None
         groups: dict[int, list[int]] = {}
         for i, p in enumerate(prompts):
@@ -318,7 +331,7 @@ class LeanVerifier:
             # a group's rows must be contiguous: run it row by row unless it is the whole contiguous range
             for chunk in _contiguous(idx):
                 x = torch.as_tensor([prompts[i] for i in chunk], dtype=torch.long, device=self.device)
-                zero = torch.zeros(len(chunk), dtype=torch.long, device=self.device)
+                zero = torch.zeros(len(chunk), dtype=torch.long)  # host: lengths and starts are shapes
                 h, c = self._run(first + chunk[0], x, torch.full_like(zero, P), zero)
                 if hidden is None:
                     hidden = h.new_zeros((R, P_max, h.shape[-1]))
@@ -337,3 +350,8 @@ def _contiguous(idx: list[int]) -> list[list[int]]:
         else:
             runs.append([i])
     return runs
+
+
+def _host(x) -> list:
+    """Host data as a list: a list as is, a tensor through ``tolist`` (free for a CPU tensor)."""
+    return x.tolist() if isinstance(x, torch.Tensor) else list(x)

@@ -58,23 +58,30 @@ class HFVerifier:
             )
         self.kv = RaggedCache(layers, flat=layout == "flat", device=self.device)
         self.pad_id = 0
+        self.held: dict[int, int] = {}  # request id -> committed length (host-side, for compaction checks)
+
+    def _live_max(self) -> int:
+        return sum(self.held.values()) if self.kv.flat else max(self.held.values(), default=0)
 
     def remove(self, ids: list[int]) -> None:
         if ids:
             self.kv.remove_requests(ids)
-            self.kv.compact()
+            for i in ids:
+                self.held.pop(i, None)
+            self.kv.compact(live_max=self._live_max())
 
     @torch.no_grad()
     def forward(
         self,
         ids: list[int],
         tokens: torch.Tensor,  # (R, W) tokens of each request, valid up to lengths[r]
-        lengths: torch.Tensor,  # (R,)
-        start: torch.Tensor,  # (R,) position of each request's first token
+        lengths: torch.Tensor,  # (R,) host data (CPU tensor or list)
+        start: torch.Tensor,  # (R,) host data: position of each request's first token
     ) -> SegmentOutput:
         grid = self.kv.grid(ids, lengths)
         W = tokens.shape[1]
         rid = torch.as_tensor(ids, dtype=torch.long, device=self.device)
+        start = torch.as_tensor(start, dtype=torch.long).to(self.device, non_blocking=True)
         pos = start[:, None] + torch.arange(W, device=self.device)  # (R, W)
         owner = torch.where(grid.valid, rid[:, None], -1)
         inp = grid.scatter(tokens, self.pad_id)  # (rows, L)
@@ -109,6 +116,7 @@ class HFVerifier:
             tmp = self.target.new_cache()
             x = torch.as_tensor([prompts[i] for i in idx], dtype=torch.long, device=self.device)
             out = self.target(x, past_key_values=tmp, use_cache=True)
+            self.held.update((ids[i], P) for i in idx)
             self.kv.insert(
                 [ids[i] for i in idx],
                 [(layer.keys, layer.values) for layer in tmp.layers],
@@ -130,10 +138,13 @@ class HFVerifier:
         """Target logits (..., V) exactly as the model's forward computes them (its LM head and post-processing)."""
         return self.target.logits(hidden)
 
-    def commit(self, ids: torch.Tensor, keep_pos: torch.Tensor) -> None:
-        """Roll request ids[i] back to positions <= keep_pos[i] (drops its rejected drafts' K/V)."""
-        self.kv.release_after(ids, keep_pos)
-        self.kv.compact()
+    def commit(self, ids, keep_pos: torch.Tensor) -> None:
+        """Roll request ids[i] back to positions <= keep_pos[i] (drops its rejected drafts' K/V); host data."""
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        keep = keep_pos.tolist() if isinstance(keep_pos, torch.Tensor) else list(keep_pos)
+        self.held.update((rid, int(k) + 1) for rid, k in zip(ids, keep, strict=True))
+        self.kv.release_after(ids, torch.as_tensor(keep, dtype=torch.long).to(self.device, non_blocking=True))
+        self.kv.compact(live_max=self._live_max())
 
 
 def build_verifier(name: str, target, layout: str = "padded"):

@@ -1,0 +1,130 @@
+"""Counting device -> host synchronisations of a decoding round, on any device, CPU included.
+
+On an accelerator every read of a device tensor's value on the host (``.item()``, ``int(t)``, ``bool(t)``,
+``.tolist()``, ``.nonzero()``, boolean-mask indexing, ``.cpu()``) waits for the device queue to drain. A round
+should pay two: the confidences the scheduler reads, and the packed results of acceptance. On a CPU nothing
+waits, so such reads go unnoticed; :class:`HostReads` makes them visible by intercepting torch calls:
+
+- a tensor is *host* when it was made by ``.cpu()`` / ``.numpy()`` (counted as one transfer), by a factory call
+  without a ``device=`` argument, or by an op whose tensor inputs are all host tensors;
+- every other tensor is *device* (factories given ``device=``, ``.to(device)``, model outputs, caches, and any
+  tensor made before the counter started), and each value read of a device tensor counts one synchronisation.
+
+This is how CUDA behaves when the engine's device is a GPU and the default device is the CPU. On CUDA itself,
+``torch.cuda.set_sync_debug_mode`` is the ground truth (``scripts/gpu_check.py`` reports both).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import Counter
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+T = torch.Tensor
+READS = {T.item, T.tolist, T.__bool__, T.__int__, T.__float__, T.__index__, T.nonzero, torch.nonzero,
+         T.masked_select, torch.masked_select}  # fmt: skip
+TRANSFERS = {T.cpu, T.numpy}
+FACTORIES = {torch.tensor, torch.as_tensor, torch.zeros, torch.ones, torch.full, torch.empty, torch.arange,
+             torch.zeros_like, torch.ones_like, torch.full_like, torch.empty_like, torch.rand, torch.randn}  # fmt: skip
+LIKE = {torch.zeros_like, torch.ones_like, torch.full_like, torch.empty_like}
+
+
+_COUNTING = 0  # > 0 while a HostReads counter runs: the code takes the paths it takes on an accelerator
+
+
+def reads_are_free(device: torch.device) -> bool:
+    """Whether host reads of tensors on ``device`` cost nothing (a CPU device), so a data-dependent shortcut may
+    read them; False while :class:`HostReads` counts, so the count is the accelerator path's."""
+    return device.type == "cpu" and not _COUNTING
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, list | tuple):
+        for o in obj:
+            yield from _tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _tensors(o)
+
+
+def _bool_index(idx) -> bool:
+    return any(t.dtype == torch.bool for t in _tensors(idx))
+
+
+def _caller() -> str:
+    import traceback
+
+    for fr in reversed(traceback.extract_stack()[:-3]):
+        if "dspark_lightning" in fr.filename and not fr.filename.endswith("syncs.py"):
+            return f"{fr.filename.split('dspark_lightning/')[-1]}:{fr.lineno}"
+    return "?"
+
+
+class HostReads(TorchFunctionMode):
+    """``with HostReads() as h: ...`` -> ``h.count`` device -> host syncs, ``h.where`` a Counter by call name."""
+
+    def __init__(self, trace: bool = False) -> None:
+        super().__init__()
+        self.trace = trace  # also count by the calling line (``sites``), for finding them
+        self.sites: Counter = Counter()
+        self.host: dict[int, weakref.ref] = {}  # id -> the host tensor (tensors compare elementwise: no set)
+        self.count = 0
+        self.where: Counter = Counter()
+
+    def __enter__(self):
+        global _COUNTING
+        _COUNTING += 1
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        global _COUNTING
+        _COUNTING -= 1
+        return super().__exit__(*exc)
+
+    def _device(self, t: torch.Tensor) -> bool:
+        ref = self.host.get(id(t))
+        return ref is None or ref() is not t
+
+    def _mark(self, t: torch.Tensor) -> None:
+        self.host[id(t)] = weakref.ref(t)
+
+    def _sync(self, name: str) -> None:
+        self.count += 1
+        self.where[name] += 1
+        if self.trace:
+            self.sites[f"{name} at {_caller()}"] += 1
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", str(func))
+        ins = list(_tensors(args)) + list(_tensors(kwargs))
+        if func in TRANSFERS:
+            if ins and self._device(ins[0]):
+                self._sync(name)
+            out = func(*args, **kwargs)
+            if isinstance(out, torch.Tensor):
+                out = out.clone() if out is args[0] else out  # a real transfer makes a new tensor
+                self._mark(out)
+            return out
+        if func in READS and ins and self._device(ins[0]):
+            self._sync(name)
+        elif func is T.__getitem__ and self._device(args[0]) and _bool_index(args[1:]):
+            self._sync("bool-mask index")
+        elif func is T.__setitem__ and _bool_index(args[1:2]) and isinstance(args[2], torch.Tensor):
+            self._sync("bool-mask assign")
+        out = func(*args, **kwargs)
+        if func is T.to and any(isinstance(a, str | torch.device) for a in (*args[1:], kwargs.get("device"))):
+            out = out.clone() if out is args[0] else out  # .to(engine device): an upload makes a device tensor
+            host = False
+        elif func in FACTORIES:
+            host = "device" not in kwargs if func not in LIKE else (not ins or not self._device(ins[0]))
+        else:
+            host = bool(ins) and not any(self._device(t) for t in ins)
+        if host:
+            for t in _tensors(out):
+                self._mark(t)
+        return out
