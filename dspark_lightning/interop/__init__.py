@@ -2,8 +2,9 @@
 
 - ``export_drafter`` / ``dspark-lightning export``: ``native``, ``dspark-hf`` (``Qwen3DSparkModel``) or
   ``eagle3-hf`` (``LlamaForCausalLMEagle3``); a drafter a layout cannot represent raises :class:`InteropError`.
+  ``engine`` (``--engine``: one of :data:`ENGINES`) makes the export exact for vLLM, SGLang or DeepSpec (engines.py).
 - ``load_serving_drafter``: what :func:`dspark_lightning.export.load_drafter` calls for a directory whose
-  config.json names an HF architecture instead of our ``format_version``.
+  config.json names an HF architecture instead of our ``format_version`` (DeepSpec's checkpoints, sharded or not).
 
 Imports neither Lightning nor the training stack.
 """
@@ -16,8 +17,10 @@ from typing import Any
 from .common import InteropError
 from .convert import FORMATS, ExportResult, export_drafter, export_serving, run_export
 from .dspark_hf import is_dspark_config, load_dspark_hf
+from .engines import ENGINES
 
 __all__ = [
+    "ENGINES",
     "FORMATS",
     "ExportResult",
     "InteropError",

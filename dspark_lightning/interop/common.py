@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import save_file
 
 WEIGHTS_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"  # sharded checkpoints (HF save_pretrained past max_shard_size)
 CONFIG_FILE = "config.json"
 CALIBRATION_FILE = "dspark_calibration.json"  # per-position STS temperatures: no engine config key holds them
 EXPORT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}

@@ -4,7 +4,8 @@
     dspark-lightning export --drafter outputs/.../eagle3 --format eagle3-hf --out serving/eagle3 --dtype fp32
 
 ``native`` re-saves our own format; ``dspark-hf`` writes ``Qwen3DSparkModel``; ``eagle3-hf`` writes
-``LlamaForCausalLMEagle3``. A drafter a layout cannot represent is refused with the reason (exit code 2).
+``LlamaForCausalLMEagle3``; ``--engine vllm|sglang|deepspec|all`` makes it exact for that engine (engines.py).
+A drafter a layout or engine cannot represent is refused with the reason (exit code 2).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import Any
 import torch
 
 from .common import CALIBRATION_FILE, EXPORT_DTYPES, InteropError, cast_state, prepare_out, write_layout
-from .dspark_hf import KEEP_FP32, calibration_doc, check_dspark, dspark_config, dspark_state, is_dspark_config
+from .dspark_hf import HEADS, KEEP_FP32, calibration_doc, check_dspark, dspark_config, dspark_state, is_dspark_config
 from .eagle3_hf import check_eagle3, eagle3_config, eagle3_state
+from .engines import check_engine, dspark_additions, eagle3_additions, refuse_dspark, refuse_eagle3
 
 FORMATS = ("native", "dspark-hf", "eagle3-hf")
 DEFAULT_NUM_ANCHORS = 512  # SPEC §4; informational for serving, and our native export does not record it
@@ -44,11 +46,13 @@ def export_drafter(
     target: Any = None,
     num_anchors: int | None = None,
     with_target_vocab: bool = False,
+    engine: str | None = None,
 ) -> ExportResult:
     """Load ``drafter_dir`` (our format or a serving one) and write it to ``out`` in ``fmt``.
 
     ``dtype``: ``bf16`` (serving default; the confidence head stays fp32) or ``fp32`` (native default: as stored).
     ``target``: a Target or a target name/directory; default the one a native export records.
+    ``engine``: ``vllm`` / ``sglang`` / ``deepspec`` / ``all`` (exactly what that engine reads), or None (generic).
     """
     from ..export import load_drafter, read_config
 
@@ -57,6 +61,9 @@ def export_drafter(
         raise InteropError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
     if dtype is not None and dtype not in EXPORT_DTYPES:
         raise InteropError(f"unknown dtype {dtype!r}; choose from {', '.join(EXPORT_DTYPES)}")
+    check_engine(engine)
+    if engine is not None and fmt == "native":
+        raise InteropError("--engine applies to the serving layouts (dspark-hf, eagle3-hf), not native")
     if out.resolve() == src.resolve():
         raise InteropError("--out must differ from --drafter")
     cfg = read_config(src)
@@ -66,7 +73,7 @@ def export_drafter(
     if fmt == "native":
         return _native(drafter, target, src, out, dtype, overwrite)
     return export_serving(drafter, target, fmt, out, dtype=dtype or "bf16", overwrite=overwrite,
-                          num_anchors=anchors, with_target_vocab=with_target_vocab)  # fmt: skip
+                          num_anchors=anchors, with_target_vocab=with_target_vocab, engine=engine)  # fmt: skip
 
 
 def export_serving(
@@ -79,16 +86,21 @@ def export_serving(
     overwrite: bool = False,
     num_anchors: int = DEFAULT_NUM_ANCHORS,
     with_target_vocab: bool = False,
+    engine: str | None = None,
 ) -> ExportResult:
-    """Write an in-memory drafter in a serving layout (``dspark-hf`` or ``eagle3-hf``)."""
+    """Write an in-memory drafter in a serving layout (``dspark-hf`` or ``eagle3-hf``), exact for ``engine``."""
     from ..export import weights_sha256
 
+    check_engine(engine)
     out, tdtype = Path(out), EXPORT_DTYPES[dtype]
     extra: dict[str, Any] = {}
     if fmt == "dspark-hf":
         notes = check_dspark(drafter)
-        state = cast_state(dspark_state(drafter, with_target_vocab), tdtype, keep_fp32=KEEP_FP32)
+        notes += refuse_dspark(drafter, HEADS.get(type(drafter.seq_head)), engine)
+        state = dspark_state(drafter, with_target_vocab)
         config = dspark_config(drafter, target, tdtype, int(num_anchors))
+        dspark_additions(config, state, drafter, engine)
+        state = cast_state(state, tdtype, keep_fp32=KEEP_FP32)
         side = calibration_doc(drafter, weights_sha256(state))
         if side is not None:
             extra[CALIBRATION_FILE] = side
@@ -98,8 +110,10 @@ def export_serving(
             )
     elif fmt == "eagle3-hf":
         notes = check_eagle3(drafter)
+        refuse_eagle3(engine)
         state = cast_state(eagle3_state(drafter), tdtype)
         config = eagle3_config(drafter, target, tdtype)
+        notes += eagle3_additions(config, list(drafter.geometry.layer_ids), engine)
     else:
         raise InteropError(f"{fmt!r} is not a serving layout; choose dspark-hf or eagle3-hf")
     prepare_out(out, overwrite)
@@ -157,6 +171,9 @@ def export_parser():
     p.add_argument(
         "--with_target_vocab", type=bool, default=False, help="also write the target's embed_tokens/lm_head copies"
     )
+    p.add_argument(
+        "--engine", type=str | None, default=None, help="vllm | sglang | deepspec | all (default: generic layout)"
+    )
     return p
 
 
@@ -168,7 +185,7 @@ def run_export(argv: list[str]) -> None:
     checks.output_dir("--out", a.out)
     checks.at_least("--num_anchors", a.num_anchors, 1)
     res = export_drafter(a.drafter, a.format, a.out, dtype=a.dtype, overwrite=a.overwrite, target=a.target,
-                         num_anchors=a.num_anchors, with_target_vocab=a.with_target_vocab)  # fmt: skip
+                         num_anchors=a.num_anchors, with_target_vocab=a.with_target_vocab, engine=a.engine)  # fmt: skip
     print(f"exported {a.drafter} -> {res.path} ({res.format}, {res.dtype}, {res.tensors} tensors)")
     for note in res.notes:
         print(f"note: {note}")

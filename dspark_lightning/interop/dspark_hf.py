@@ -23,6 +23,7 @@ from ..modules import RMSNorm
 from .common import (
     CALIBRATION_FILE,
     CONFIG_FILE,
+    INDEX_FILE,
     WEIGHTS_FILE,
     InteropError,
     NameMap,
@@ -188,10 +189,7 @@ def load_dspark_hf(path: Path, cfg: dict[str, Any], target: Any) -> Drafter:
         drafter = _build(cfg, target)
     except ValueError as exc:
         raise DrafterLoadError(f"{where}: {exc}") from None
-    wfile = path / WEIGHTS_FILE
-    if not wfile.is_file():
-        raise DrafterLoadError(f"{wfile} not found (a single-file safetensors checkpoint is expected)")
-    state = load_file(str(wfile), device="cpu")
+    state, wfile = read_weights(path)
     try:
         _load_weights(drafter, state)
     except (ValueError, RuntimeError) as exc:
@@ -199,6 +197,28 @@ def load_dspark_hf(path: Path, cfg: dict[str, Any], target: Any) -> Drafter:
         raise DrafterLoadError(f"{wfile}: {msg}") from None
     drafter.calibrations = _read_calibration(path, weights_sha256(state))
     return drafter
+
+
+def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], Path]:
+    """All tensors of ``model.safetensors``, or of the shards ``model.safetensors.index.json`` maps (HF layout)."""
+    from ..export import DrafterLoadError
+
+    single, index = path / WEIGHTS_FILE, path / INDEX_FILE
+    if single.is_file():
+        return load_file(str(single), device="cpu"), single
+    if not index.is_file():
+        raise DrafterLoadError(f"{path}: neither {WEIGHTS_FILE} nor {INDEX_FILE} found")
+    try:
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise DrafterLoadError(f"{index} is not a safetensors index ({exc})") from None
+    state: dict[str, torch.Tensor] = {}
+    for name in shards:
+        shard = path / name
+        if Path(name).name != name or not shard.is_file():
+            raise DrafterLoadError(f"{index} names shard {name!r}, which is not a file in {path}")
+        state.update(load_file(str(shard), device="cpu"))
+    return state, index
 
 
 def _check_target(cfg: dict[str, Any], target: Any) -> None:
@@ -224,6 +244,11 @@ def _check_target(cfg: dict[str, Any], target: Any) -> None:
     if abs(float(cfg.get("rms_norm_eps", tg.rms_norm_eps)) - tg.rms_norm_eps) > 1e-12:
         raise ValueError(f"rms_norm_eps={cfg.get('rms_norm_eps')} differs from the target's ({tg.rms_norm_eps})")
     ids = [int(i) for i in cfg.get("target_layer_ids") or []]
+    if -1 in ids:
+        raise ValueError(
+            f"target_layer_ids {ids} taps -1, DeepSpec's embedding output; our targets tap decoder-layer outputs only, "
+            "so it cannot be mapped (retrain tapping decoder layers only)"
+        )
     if ids != list(tg.layer_ids):
         raise ValueError(
             f"the drafter taps target layers {ids}, the target taps {list(tg.layer_ids)}: "
@@ -265,7 +290,7 @@ def _build(cfg: dict[str, Any], target: Any) -> Drafter:
 def _load_weights(drafter: Drafter, state: dict[str, torch.Tensor]) -> None:
     ours = {}
     for name, t in state.items():
-        if name in SHARED or name in ("d2t", "t2d"):
+        if name in SHARED or name in ("d2t", "t2d") or name.startswith("rotary_emb."):
             continue
         new = NAMES.to_ours(name)
         if new is None:

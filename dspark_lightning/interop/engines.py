@@ -1,0 +1,131 @@
+"""Per-engine exports: what each consumer reads beyond the generic layout, and what it would load wrongly.
+
+``export --engine vllm|sglang|deepspec|all`` starts from the generic ``dspark-hf`` / ``eagle3-hf`` export and
+applies that engine's rules; ``all`` applies every rule at once (one directory every engine loads, where one
+exists). The rules, and the engine source each was read from, are tabled in docs/serving.md:
+
+- vLLM (``qwen3_dspark.py``, ``llm_base_proposer.py``): no gated / rnn head weights (its loader raises on
+  them); ``dflash_config.mask_token_id`` (older V1 proposers read the mask token only there).
+- SGLang (``models/dspark.py``, ``llama_eagle3.py``, PR #25454): ``markov_rank > 0``; ``markov_w2`` of
+  (vocab_size, r); a confidence head (built in every ragged-verify mode but static); EAGLE-3 aux ids in its
+  own convention (the target adds +1: always before PR #25454, since then only when the first id is 1).
+- DeepSpec (``modeling/dspark/qwen3/``): the target's ``embed_tokens`` / ``lm_head`` saved in the checkpoint
+  (``from_pretrained`` initialises absent ones at random), the full vocabulary, ``rope_parameters``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .common import InteropError
+
+ENGINES = ("vllm", "sglang", "deepspec", "all")
+SGLANG_PR = "sglang PR #25454"
+
+
+def check_engine(engine: str | None) -> None:
+    if engine is not None and engine not in ENGINES:
+        raise InteropError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)} (or none: generic)")
+
+
+def _wanted(engine: str | None) -> tuple[str, ...]:
+    return () if engine is None else ENGINES[:-1] if engine == "all" else (engine,)
+
+
+# --- dspark-hf --------------------------------------------------------------------------------------------------
+def refuse_dspark(drafter: Any, head_type: str | None, engine: str | None) -> list[str]:
+    """Raise :class:`InteropError` naming the engine for what it would load wrongly or reject; return notes."""
+    notes = []
+    for name in _wanted(engine):
+        notes += _DSPARK_RULES[name](drafter, head_type)
+    return notes
+
+
+def _vllm_dspark(drafter: Any, head_type: str | None) -> list[str]:
+    if head_type in ("gated", "rnn"):
+        raise InteropError(
+            f"vllm: markov_head_type {head_type!r} is refused: vLLM's Qwen3 DSpark loader has no "
+            f"markov_head.{'gate_proj' if head_type == 'gated' else 'joint_proj'} and raises on it; "
+            "train a vanilla head or export with --engine sglang"
+        )
+    if head_type is None:
+        return ["vllm: markov_rank 0 builds an empty Markov head in vLLM's Qwen3DSparkModel (not run here)"]
+    return []
+
+
+def _sglang_dspark(drafter: Any, head_type: str | None) -> list[str]:
+    if head_type is None:
+        raise InteropError(
+            "sglang: markov_rank 0 (a DFlash drafter) is refused: SGLang's DSpark model requires markov_rank > 0; "
+            "export without --engine for a DFlash-method engine"
+        )
+    if drafter.draft_vocab is not None:
+        n, v = drafter.draft_vocab.numel(), drafter.geometry.vocab_size
+        raise InteropError(
+            f"sglang: a reduced draft vocabulary is refused: SGLang DSpark builds markov_w2 as (vocab_size={v}, r) "
+            f"and shares the target's full lm_head, ours is ({n}, r); train with the full vocabulary"
+        )
+    if drafter.conf_head is None:
+        raise InteropError(
+            "sglang: a drafter without a confidence head is refused: SGLang builds one in every ragged-verify mode "
+            "but static, even with enable_confidence_head false, and raises on its missing weights; "
+            "train with a confidence head"
+        )
+    return []
+
+
+def _deepspec_dspark(drafter: Any, head_type: str | None) -> list[str]:
+    if drafter.draft_vocab is not None:
+        raise InteropError(
+            "deepspec: a reduced draft vocabulary is refused: DeepSpec's Qwen3DSparkModel has a (vocab_size, d) "
+            "lm_head and reads no d2t; train with the full vocabulary"
+        )
+    return []
+
+
+_DSPARK_RULES = {"vllm": _vllm_dspark, "sglang": _sglang_dspark, "deepspec": _deepspec_dspark}
+
+
+def dspark_additions(cfg: dict[str, Any], state: dict[str, torch.Tensor], drafter: Any, engine: str | None) -> None:
+    """Write, in place, the config keys and tensors the engine reads beyond the generic layout."""
+    wanted = _wanted(engine)
+    if "vllm" in wanted:
+        cfg["dflash_config"] = {**(cfg.get("dflash_config") or {}), "mask_token_id": drafter.mask_token_id}
+    if "deepspec" in wanted:
+        cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": drafter.geometry.rope_theta}
+        state["embed_tokens.weight"] = drafter.embed.weight.detach().clone()
+        state["lm_head.weight"] = drafter.lm_head.weight.detach().clone()
+
+
+# --- eagle3-hf --------------------------------------------------------------------------------------------------
+def sglang_aux_ids(layer_ids: list[int]) -> tuple[list[int], str | None]:
+    """``eagle_config.eagle_aux_hidden_state_layer_ids`` for SGLang, and a note naming the versions it suits.
+
+    SGLang captures the *input* of layer c (the output of layer c-1). Before PR #25454 it sets c = id + 1 for every
+    id; since then only when the first id is 1 (else c = id). Our id t is the output of layer t, so c = t + 1.
+    """
+    if layer_ids[0] == 1:
+        return list(layer_ids), None  # +1 under both rules
+    if layer_ids[0] == 0:
+        raise InteropError(
+            f"sglang: EAGLE-3 tapping layer 0 first is refused: since {SGLANG_PR} ids starting at 1 get +1 and "
+            "others are used as is, so the output of layer 0 cannot be named; retrain tapping layers >= 1"
+        )
+    note = f"sglang: aux ids follow {SGLANG_PR} and later; older SGLang adds +1 and taps one layer late"
+    return [t + 1 for t in layer_ids], note
+
+
+def refuse_eagle3(engine: str | None) -> None:
+    if engine == "deepspec":
+        raise InteropError("deepspec: only --format dspark-hf (Qwen3DSparkModel) is checked against DeepSpec")
+
+
+def eagle3_additions(cfg: dict[str, Any], layer_ids: list[int], engine: str | None) -> list[str]:
+    """SGLang reads ``eagle_config``; vLLM the top-level ids (already in its convention). Returns notes."""
+    if "sglang" not in _wanted(engine):
+        return []
+    ids, note = sglang_aux_ids(layer_ids)
+    cfg["eagle_config"] = {**cfg.get("eagle_config", {}), "eagle_aux_hidden_state_layer_ids": ids}
+    return [note] if note else []

@@ -1,0 +1,385 @@
+"""``export --engine``: each engine's published loading rules, re-implemented here from its own source, load our export.
+
+Each ``*_load`` function below takes a checkpoint's ``{tensor name: shape}`` and its config.json dict and returns what
+that engine would load, or raises ``ValueError`` where the engine raises. They are written from the engines' code
+(repository, path, commit of the copy read), never from our writer:
+
+- vLLM ``vllm-project/vllm``: ``vllm/model_executor/models/qwen3_dspark.py`` @ 0302ff40 (``load_weights``,
+  ``DSparkMarkovHead``, ``DSparkConfidenceHead``), ``vllm/model_executor/models/qwen3_dflash.py`` @ 036a00d1 (fc,
+  hidden_norm, layer names), ``vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py`` @ 0cfdd2e1 (aux layer ids),
+  ``vllm/v1/spec_decode/llm_base_proposer.py`` (``_init_parallel_drafting_params``: the mask token).
+- SGLang ``sgl-project/sglang``: ``python/sglang/srt/models/dspark.py`` and
+  ``python/sglang/srt/speculative/dspark_components/dspark_config.py`` @ 01f47623,
+  ``python/sglang/srt/models/llama_eagle3.py`` @ 03d5a777, PR #25454 (EAGLE-3 aux ids). The dense backbone goes to
+  ``DFlashDraftModel.load_weights`` (models/dflash.py, not read): its names are the ones ../shared/interop.md lists.
+- DeepSpec ``deepseek-ai/DeepSpec``: ``deepspec/modeling/dspark/qwen3/modeling.py`` @ 5905deb7,
+  ``deepspec/modeling/dspark/qwen3/config.py`` @ 041b6523, ``deepspec/modeling/dspark/common.py`` @ 3bc8dc74; its
+  ``markov_head.py`` is not in the index, so the Markov head names and shapes are SGLang's port of it.
+"""
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from dspark_lightning import create
+from dspark_lightning.cli import main
+from dspark_lightning.export import load_drafter, save_drafter
+from dspark_lightning.interop import InteropError, export_serving
+from dspark_lightning.targets import load_target
+from dspark_lightning.testing import random_target
+
+RANK = 8
+
+
+# --- shared by the engine re-implementations ---------------------------------------------------------------------
+def layer_shapes(cfg, i, prefix="layers"):
+    d, H, Hkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    Dh, inter = cfg.get("head_dim") or d // H, cfg["intermediate_size"]
+    p = f"{prefix}.{i}."
+    return {
+        p + "input_layernorm.weight": (d,),
+        p + "post_attention_layernorm.weight": (d,),
+        p + "self_attn.q_proj.weight": (H * Dh, d),
+        p + "self_attn.k_proj.weight": (Hkv * Dh, d),
+        p + "self_attn.v_proj.weight": (Hkv * Dh, d),
+        p + "self_attn.o_proj.weight": (d, H * Dh),
+        p + "self_attn.q_norm.weight": (Dh,),
+        p + "self_attn.k_norm.weight": (Dh,),
+        p + "mlp.gate_proj.weight": (inter, d),
+        p + "mlp.up_proj.weight": (inter, d),
+        p + "mlp.down_proj.weight": (d, inter),
+    }
+
+
+def backbone_shapes(cfg, n_features):
+    d = cfg["hidden_size"]
+    out = {"fc.weight": (d, n_features * d), "hidden_norm.weight": (d,), "norm.weight": (d,)}
+    for i in range(cfg["num_hidden_layers"]):
+        out.update(layer_shapes(cfg, i))
+    return out
+
+
+def markov_shapes(head_type, V_out, V, r, d):
+    """The three heads as SGLang's models/dspark.py (DeepSpec's port) builds them: W1 (V, r), W2 (V_out, r), ..."""
+    out = {"markov_head.markov_w1.weight": (V, r), "markov_head.markov_w2.weight": (V_out, r)}
+    if head_type == "gated":
+        out.update({"markov_head.gate_proj.weight": (r, d + r), "markov_head.gate_proj.bias": (r,)})
+    if head_type == "rnn":
+        out.update({"markov_head.joint_proj.weight": (3 * r, 2 * r + d), "markov_head.joint_proj.bias": (3 * r,)})
+    return out
+
+
+def conf_shapes(d, r, with_markov):
+    return {"confidence_head.proj.weight": (1, d + (r if with_markov else 0)), "confidence_head.proj.bias": (1,)}
+
+
+def check_shape(name, got, want, engine):
+    if tuple(got) != tuple(want):
+        raise ValueError(f"{engine}: {name} has shape {tuple(got)}, the model builds {tuple(want)}")
+
+
+# --- vLLM --------------------------------------------------------------------------------------------------------
+def vllm_aux_layers(cfg):
+    """eagle3_utils.get_eagle3_aux_layers_from_config: raw eagle_aux ids, else (dflash_config.)target_layer_ids + 1.
+    The target then captures the *input* of each layer id c, i.e. the output of layer c - 1."""
+    ids = cfg.get("eagle_aux_hidden_state_layer_ids")
+    dflash = cfg.get("dflash_config") if isinstance(cfg.get("dflash_config"), dict) else {}
+    ids = ids or [i + 1 for i in (dflash.get("target_layer_ids") or [])]
+    ids = ids or [i + 1 for i in (cfg.get("dspark_target_layer_ids") or [])]
+    ids = ids or [i + 1 for i in (cfg.get("target_layer_ids") or [])]
+    return tuple(ids) or None
+
+
+def vllm_mask_token(cfg):
+    """The V1 proposer's mask token, in its stricter (older) form: dflash_config.mask_token_id, pard_token or
+    ptd_token_id, else ValueError (00c4f22d also falls back to a top-level mask_token_id)."""
+    dflash = cfg.get("dflash_config") or {}
+    for value in (dflash.get("mask_token_id"), cfg.get("pard_token"), cfg.get("ptd_token_id")):
+        if value is not None:
+            return int(value)
+    raise ValueError("vllm: the draft config must have dflash_config.mask_token_id, pard_token or ptd_token_id")
+
+
+def vllm_dspark_load(shapes, cfg, target_vocab):
+    """Qwen3DSparkForCausalLM.load_weights: t2d skipped, d2t required for a reduced vocabulary, embed_tokens /
+    lm_head optional (else the target's), confidence weights dropped when the head is off, every other name must be
+    a parameter of the right shape (AutoWeightsLoader raises). Missing parameters are not checked (left random)."""
+    V, d, r = cfg["vocab_size"], cfg["hidden_size"], int(cfg["markov_rank"])
+    Vd = cfg.get("draft_vocab_size") or V
+    aux = vllm_aux_layers(cfg)
+    params = backbone_shapes(cfg, len(aux) if aux else cfg["num_hidden_layers"])
+    params.update(markov_shapes("vanilla", Vd, V, r, d))
+    conf = bool(cfg.get("enable_confidence_head", False))
+    if conf:
+        params.update(conf_shapes(d, r, cfg.get("confidence_head_with_markov", False)))
+    optional = {"embed_tokens.weight": (V, d), "lm_head.weight": (Vd, d), "d2t": (Vd,)}
+    loaded = {}
+    for name, shape in shapes.items():
+        if name == "t2d" or (name.startswith("confidence_head.") and not conf):
+            continue
+        want = params.get(name, optional.get(name))
+        if want is None:
+            raise ValueError(f"vllm: there is no module or parameter named {name!r} in Qwen3DSparkForCausalLM")
+        check_shape(name, shape, want, "vllm")
+        loaded[name] = shape
+    if Vd < target_vocab and not {"lm_head.weight", "d2t"} <= set(loaded):
+        raise ValueError("vllm: reduced-vocabulary Qwen3 DSpark checkpoints must include lm_head weights and d2t")
+    missing = sorted(n for n in set(params) - set(loaded) if 0 not in params[n])  # a rank-0 head has no tensors
+    return {"taps": [c - 1 for c in aux], "mask_token_id": vllm_mask_token(cfg), "missing": missing}
+
+
+# --- SGLang ------------------------------------------------------------------------------------------------------
+def sglang_dspark_load(shapes, cfg, target_vocab, ragged_mode="dynamic"):
+    """models/dspark.py: markov_rank > 0 and a known markov_head_type; a confidence head unless the ragged-verify
+    mode is static (with_markov defaults to markov_rank > 0), whose weights must all be present; embed_tokens /
+    lm_head / rotary_emb skipped (the target's are shared); unknown Markov names raise. Backbone names go to
+    DFlashDraftModel (not read): one that is no backbone parameter is reported as dropped."""
+    r = int(cfg.get("markov_rank", 0))
+    if r <= 0:
+        raise ValueError(f"sglang: DSpark requires markov_rank > 0, got markov_rank={r}")
+    head = str(cfg.get("markov_head_type")).lower()
+    if head not in ("vanilla", "gated", "rnn"):
+        raise ValueError(f"sglang: unsupported DSpark markov_head_type={head!r}")
+    if cfg.get("speculators_model_type") == "dspark":
+        raise ValueError("sglang: the speculators DSpark convention is refused")
+    if cfg.get("mask_token_id") is None or int(cfg["mask_token_id"]) >= target_vocab:
+        raise ValueError("sglang: DSpark requires mask_token_id inside the target vocabulary")
+    V, d = cfg["vocab_size"], cfg["hidden_size"]
+    ids = (cfg.get("dflash_config") or {}).get("target_layer_ids") or cfg["target_layer_ids"]
+    markov = markov_shapes(head, V, V, r, d)
+    conf = None if ragged_mode == "static" else conf_shapes(d, r, cfg.get("confidence_head_with_markov", r > 0))
+    backbone, loaded, dropped = backbone_shapes(cfg, len(ids)), {}, []
+    for name, shape in shapes.items():
+        if name.startswith(("embed_tokens.", "lm_head.", "rotary_emb.")):
+            continue
+        group = conf if name.startswith("confidence_head.") else markov if name.startswith("markov_head.") else None
+        if name.startswith("confidence_head.") and conf is None:
+            continue
+        if group is not None and name not in group:
+            raise ValueError(f"sglang: DSpark unexpected weight {name!r} not found in model parameters")
+        want = (group or backbone).get(name)
+        if want is None:
+            dropped.append(name)
+            continue
+        check_shape(name, shape, want, "sglang")
+        loaded[name] = shape
+    if conf is not None and not set(conf) <= set(loaded):
+        raise ValueError("sglang: DSpark confidence head is enabled but the checkpoint is missing its weights")
+    missing = sorted((set(backbone) | set(markov)) - set(loaded))
+    return {"taps": [int(i) for i in ids], "mask_token_id": int(cfg["mask_token_id"]), "missing": missing,
+            "dropped": dropped}  # fmt: skip
+
+
+def sglang_capture(ids, since_25454):
+    """The target's set_eagle3_layers_to_capture: c = id + 1 (always before PR #25454; since, only if ids[0] == 1),
+    capturing the input of layer c = the output of layer c - 1."""
+    shift = not since_25454 or ids[0] == 1
+    return [(i + 1 if shift else i) - 1 for i in ids]
+
+
+def sglang_eagle3_load(shapes, cfg, since_25454):
+    """llama_eagle3.py: fc of 3 * target_hidden_size, midlayer.* (q/k/v and gate/up stacked), norm, lm_head of
+    draft_vocab_size, d2t read as hot tokens, t2d skipped; a name that is no parameter is skipped *silently*."""
+    d, dt = cfg["hidden_size"], cfg.get("target_hidden_size") or cfg["hidden_size"]
+    H, Hkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    Dh = cfg.get("head_dim") or d // H
+    mid = {k.replace("layers.0.", "midlayer."): v for k, v in layer_shapes(cfg, 0).items() if "_norm." not in k}
+    mid.update({f"midlayer.self_attn.{p}_proj.weight": (n * Dh, 2 * d) for p, n in (("q", H), ("k", Hkv), ("v", Hkv))})
+    mid.update({"midlayer.input_layernorm.weight": (d,), "midlayer.hidden_norm.weight": (d,)})
+    params = {**mid, "fc.weight": (d, 3 * dt), "norm.weight": (d,), "lm_head.weight": (cfg["draft_vocab_size"], d)}
+    loaded, dropped = {}, []
+    for name, shape in shapes.items():
+        if name in ("d2t", "t2d"):
+            continue
+        if name not in params:
+            dropped.append(name)
+            continue
+        check_shape(name, shape, params[name], "sglang")
+        loaded[name] = shape
+    ids = (cfg.get("eagle_config") or {})["eagle_aux_hidden_state_layer_ids"]
+    return {"taps": sglang_capture(ids, since_25454), "missing": sorted(set(params) - set(loaded)), "dropped": dropped}
+
+
+# --- DeepSpec ----------------------------------------------------------------------------------------------------
+def deepspec_load(shapes, cfg):
+    """Qwen3DSparkModel.from_pretrained: the required config fields, target_layer_ids in {-1} U [0, L-1] strictly
+    increasing and never the final layer, then HF loading: a shape mismatch raises, absent parameters are
+    *initialised at random* (a warning), unexpected tensors are ignored."""
+    for key in ("target_layer_ids", "mask_token_id", "num_anchors", "enable_confidence_head", "markov_rank"):
+        if key not in cfg:
+            raise ValueError(f"deepspec: config.{key} must be provided")
+    r, conf = int(cfg["markov_rank"]), bool(cfg["enable_confidence_head"])
+    if (r > 0 and "markov_head_type" not in cfg) or (conf and "confidence_head_with_markov" not in cfg):
+        raise ValueError("deepspec: markov_head_type / confidence_head_with_markov must be provided")
+    ids, L = [int(i) for i in cfg["target_layer_ids"]], int(cfg["num_target_layers"])
+    if any(not (i == -1 or 0 <= i < L) for i in ids) or ids != sorted(set(ids)) or L - 1 in ids:
+        raise ValueError(f"deepspec: invalid target_layer_ids {ids} for {L} target layers")
+    V, d = cfg["vocab_size"], cfg["hidden_size"]
+    params = {**backbone_shapes(cfg, len(ids)), "embed_tokens.weight": (V, d), "lm_head.weight": (V, d)}
+    if r > 0:
+        params.update(markov_shapes(cfg["markov_head_type"], V, V, r, d))
+    if conf:
+        params.update(conf_shapes(d, r, cfg["confidence_head_with_markov"]))
+    for name, shape in shapes.items():
+        if name in params:
+            check_shape(name, shape, params[name], "deepspec")
+    return {"missing": sorted(set(params) - set(shapes)), "unexpected": sorted(set(shapes) - set(params))}
+
+
+# --- fixtures ----------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def targets(varied_target):
+    """The 4-layer target (taps [0, 1, 2]) and 6-layer ones tapping [1, 2, 3] and [2, 3, 4] for EAGLE-3."""
+    six = random_target(vocab=260, hidden=64, layers=6, init=0.3, seed=1)
+    tapped = {
+        ids: load_target(six.model, layer_ids=list(ids), tokenizer=six.tokenizer) for ids in ((1, 2, 3), (2, 3, 4))
+    }
+    return {"four": varied_target, **tapped}
+
+
+def drafter(target, head="vanilla", conf=True, vocab=None):
+    torch.manual_seed(0)
+    if head is None:
+        return create("drafter", "dflash", target, block_size=3, mask_token_id=1, backbone={"name": "dense",
+                      "num_layers": 1})  # fmt: skip
+    d = create("drafter", "dspark", target, block_size=3, mask_token_id=1, backbone={"name": "dense", "num_layers": 1},
+               seq_head={"name": head, "rank": RANK}, conf_head="linear" if conf else None,
+               draft_vocab_size=vocab)  # fmt: skip
+    if vocab:
+        d.set_draft_vocab(torch.arange(0, 2 * vocab, 2))
+    return d.eval()
+
+
+def exported(d, target, tmp_path, engine=None, fmt="dspark-hf"):
+    out = tmp_path / f"{fmt}-{engine}"
+    res = export_serving(d, target, fmt, out, engine=engine, overwrite=True)
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    return shapes, json.loads((out / "config.json").read_text()), res
+
+
+# --- vLLM tests --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["vanilla", "dflash", "reduced"])
+def test_vllm_loads_every_tensor_of_its_export_with_the_right_layers_and_mask(targets, tmp_path, kind):
+    t = targets["four"]
+    d = drafter(t, None if kind == "dflash" else "vanilla", vocab=40 if kind == "reduced" else None)
+    shapes, cfg, _ = exported(d, t, tmp_path, "vllm")
+    got = vllm_dspark_load(shapes, cfg, t.geometry.vocab_size)
+    assert got["missing"] == [] and got["taps"] == list(t.geometry.layer_ids)
+    assert got["mask_token_id"] == d.mask_token_id == cfg["dflash_config"]["mask_token_id"]
+
+
+def test_vllm_rules_bite_on_the_generic_export(targets, tmp_path):
+    t = targets["four"]
+    shapes, cfg, _ = exported(drafter(t), t, tmp_path)
+    with pytest.raises(ValueError, match="dflash_config.mask_token_id"):  # an older V1 proposer finds no mask token
+        vllm_dspark_load(shapes, cfg, t.geometry.vocab_size)
+    shapes, cfg, _ = exported(drafter(t, "gated"), t, tmp_path)
+    cfg["dflash_config"] = {"mask_token_id": 1}
+    with pytest.raises(ValueError, match="no module or parameter named 'markov_head.gate_proj"):
+        vllm_dspark_load(shapes, cfg, t.geometry.vocab_size)
+
+
+@pytest.mark.parametrize("head", ["gated", "rnn"])
+def test_vllm_export_refuses_gated_and_rnn_heads_in_one_line(targets, tmp_path, head):
+    with pytest.raises(InteropError, match=rf"^vllm: markov_head_type '{head}' is refused: .*; train a vanilla"):
+        export_serving(drafter(targets["four"], head), targets["four"], "dspark-hf", tmp_path / "o", engine="vllm")
+    assert not (tmp_path / "o").exists()
+
+
+# --- SGLang tests ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("head", ["vanilla", "gated", "rnn"])
+def test_sglang_loads_every_tensor_of_its_export(targets, tmp_path, head):
+    t = targets["four"]
+    shapes, cfg, _ = exported(drafter(t, head), t, tmp_path, "sglang")
+    got = sglang_dspark_load(shapes, cfg, t.geometry.vocab_size)
+    assert got["missing"] == got["dropped"] == [] and got["taps"] == list(t.geometry.layer_ids)
+    assert got["mask_token_id"] == 1
+
+
+SGLANG_REFUSALS = [
+    ({"head": None}, "markov_rank 0", "markov_rank > 0"),
+    ({"vocab": 40}, "reduced draft vocabulary", r"markov_w2.weight has shape \(40, 8\)"),
+    ({"conf": False}, "without a confidence head", "confidence head is enabled but the checkpoint is missing"),
+]
+
+
+@pytest.mark.parametrize("kw,refusal,engine_error", SGLANG_REFUSALS, ids=["dflash", "reduced", "no_conf"])
+def test_sglang_refusals_are_what_sglang_would_reject(targets, tmp_path, kw, refusal, engine_error):
+    t = targets["four"]
+    with pytest.raises(InteropError, match=rf"^sglang: .*{refusal}"):
+        export_serving(drafter(t, **kw), t, "dspark-hf", tmp_path / "o", engine="sglang")
+    shapes, cfg, _ = exported(drafter(t, **kw), t, tmp_path)  # the generic export, as SGLang would read it
+    with pytest.raises(ValueError, match=engine_error):
+        sglang_dspark_load(shapes, cfg, t.geometry.vocab_size)
+
+
+def eagle3(target):
+    torch.manual_seed(0)
+    return create("drafter", "eagle3", target, block_size=3)
+
+
+@pytest.mark.parametrize("since_25454", [False, True])
+def test_sglang_eagle3_taps_our_layers_before_and_since_pr_25454(targets, tmp_path, since_25454):
+    t = targets[(1, 2, 3)]
+    shapes, cfg, res = exported(eagle3(t), t, tmp_path, "sglang", fmt="eagle3-hf")
+    got = sglang_eagle3_load(shapes, cfg, since_25454)
+    assert got["taps"] == [1, 2, 3] and got["missing"] == [] and got["dropped"] == [] and res.notes == []
+    assert [c - 1 for c in vllm_aux_layers(cfg)] == [1, 2, 3]  # the same directory is right for vLLM too
+    shapes, cfg, _ = exported(eagle3(t), t, tmp_path, fmt="eagle3-hf")  # generic: vLLM's convention
+    assert sglang_eagle3_load(shapes, cfg, since_25454)["taps"] == ([1, 2, 3] if since_25454 else [2, 3, 4])
+
+
+def test_sglang_eagle3_other_first_layers_follow_pr_25454_or_are_refused(targets, tmp_path):
+    t = targets[(2, 3, 4)]
+    shapes, cfg, res = exported(eagle3(t), t, tmp_path, "sglang", fmt="eagle3-hf")
+    assert sglang_eagle3_load(shapes, cfg, since_25454=True)["taps"] == [2, 3, 4]
+    assert sglang_eagle3_load(shapes, cfg, since_25454=False)["taps"] == [3, 4, 5]  # what the note warns of
+    assert len(res.notes) == 1 and "sglang PR #25454 and later; older SGLang adds +1" in res.notes[0]
+    with pytest.raises(InteropError, match=r"^sglang: EAGLE-3 tapping layer 0 first is refused"):
+        export_serving(eagle3(targets["four"]), targets["four"], "eagle3-hf", tmp_path / "o", engine="sglang")
+
+
+# --- DeepSpec tests ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("head", ["vanilla", "gated", "rnn", None])
+def test_deepspec_export_ships_the_targets_embedding_and_head(targets, tmp_path, head):
+    t = targets["four"]
+    shapes, cfg, _ = exported(drafter(t, head), t, tmp_path, "deepspec")
+    assert deepspec_load(shapes, cfg) == {"missing": [], "unexpected": []}
+    assert cfg["rope_parameters"] == {"rope_type": "default", "rope_theta": t.geometry.rope_theta}
+    shapes, cfg, _ = exported(drafter(t, head), t, tmp_path)  # generic: DeepSpec would draft with random ones
+    assert deepspec_load(shapes, cfg)["missing"] == ["embed_tokens.weight", "lm_head.weight"]
+
+
+def test_deepspec_export_holds_the_targets_tensors_and_loads_back(targets, tmp_path):
+    t = targets["four"]
+    out = tmp_path / "ds"
+    export_serving(drafter(t, "rnn"), t, "dspark-hf", out, engine="deepspec", dtype="fp32")
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        assert torch.equal(f.get_tensor("embed_tokens.weight"), t.embed_tokens.weight)
+        assert torch.equal(f.get_tensor("lm_head.weight"), t.lm_head.weight)
+    assert load_drafter(out, t).seq_head is not None
+    with pytest.raises(InteropError, match=r"^deepspec: a reduced draft vocabulary is refused"):
+        export_serving(drafter(t, vocab=40), t, "dspark-hf", tmp_path / "o", engine="deepspec")
+
+
+# --- all engines, and the command line ---------------------------------------------------------------------------
+def test_one_export_for_all_engines_loads_in_each(targets, tmp_path):
+    t = targets["four"]
+    shapes, cfg, _ = exported(drafter(t), t, tmp_path, "all")
+    assert vllm_dspark_load(shapes, cfg, 260)["missing"] == sglang_dspark_load(shapes, cfg, 260)["missing"] == []
+    assert deepspec_load(shapes, cfg) == {"missing": [], "unexpected": []}
+    with pytest.raises(InteropError, match="^vllm: markov_head_type 'gated'"):
+        export_serving(drafter(t, "gated"), t, "dspark-hf", tmp_path / "o", engine="all")
+
+
+def test_cli_engine_option(tiny_target, tmp_path, capsys):
+    native = save_drafter(drafter(tiny_target), tmp_path / "native", tiny_target)
+    main(["export", "--drafter", str(native), "--out", str(tmp_path / "v"), "--engine", "vllm"])
+    assert json.loads((tmp_path / "v" / "config.json").read_text())["dflash_config"] == {"mask_token_id": 1}
+    with pytest.raises(SystemExit) as exc:
+        main(["export", "--drafter", str(native), "--out", str(tmp_path / "x"), "--engine", "tgi"])
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert exc.value.code == 2 and err.startswith("dspark-lightning export: error: unknown engine 'tgi'")
