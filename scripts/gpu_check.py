@@ -182,6 +182,47 @@ def check_throughput(device, dtype, shape: dict, batches: list[int], n_tokens: i
     return rows
 
 
+def check_syncs(device, dtype, shape: dict, batches: list[int], rounds: int) -> list[dict]:
+    """Device -> host synchronisations per decoding round (budget 2) and the round's time split, random DSpark
+    drafter, static γ = 7: counted by CUDA's own sync debug mode on a GPU and by HostReads everywhere."""
+    import warnings
+
+    from dspark_lightning.infer import Engine, SamplingParams, make_proposer
+    from dspark_lightning.infer.syncs import HostReads
+
+    target = random_llama(shape, device, dtype)
+    drafter = random_dspark(target, block_size=7)
+    rows = []
+    for b in batches:
+        eng = Engine(target, make_proposer(drafter), params=SamplingParams(1.0), scheduler="static",
+                     stop_token_ids=[])  # fmt: skip
+        eng.add([[(7 * i + j) % 250 + 3 for j in range(32 + i)] for i in range(b)], rounds * 8 + 8)
+        eng.step()
+        eng.settle_timings()
+        before = dict(eng.time_s)
+        cuda_syncs, counted = 0, 0
+        for _ in range(rounds):
+            with warnings.catch_warnings(record=True) as caught, HostReads() as h:
+                warnings.simplefilter("always")
+                if device.type == "cuda":
+                    torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    eng.step()
+                finally:
+                    if device.type == "cuda":
+                        torch.cuda.set_sync_debug_mode(0)
+            cuda_syncs += sum("synchroniz" in str(w.message) for w in caught)
+            counted += h.count
+        eng.settle_timings()
+        ms = {k: 1000 * (eng.time_s[k] - before[k]) / rounds for k in ("draft", "schedule", "verify", "accept")}
+        per = counted / rounds
+        cuda = f" · CUDA sync debug mode {cuda_syncs / rounds:.1f}" if device.type == "cuda" else ""
+        rows.append({"check": f"syncs per round, batch {b} (budget 2)", "ok": per <= 2 and cuda_syncs <= 2 * rounds,
+                     "detail": f"HostReads {per:.1f}{cuda} · ms per round: "
+                               + " ".join(f"{k} {v:.2f}" for k, v in ms.items())})  # fmt: skip
+    return rows
+
+
 def check_sps(device, dtype, shape: dict, max_tokens: int) -> dict:
     from dspark_lightning.infer import profile_sps
 
@@ -220,6 +261,7 @@ def main() -> None:
         lambda: [check_chi2(device, dtype, 300 if a.quick else 4000)],
         lambda: [check_fit(device, 3 if a.quick else 50, "bf16-mixed", Path(tempfile.mkdtemp(prefix="gpu_fit_")))],
         lambda: check_throughput(device, dtype, shape, [1] if a.quick else [1, 16], 8 if a.quick else 128),
+        lambda: check_syncs(device, dtype, shape, [1] if a.quick else [1, 8], 3 if a.quick else 20),
         lambda: [check_sps(device, dtype, shape, 8 if a.quick else 64)],
     ]
     for step in steps:

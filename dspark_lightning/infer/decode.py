@@ -278,6 +278,7 @@ def _result(engine: Engine, target, total_s: float) -> DecodeResult:
             }
         )
     generated = sum(len(r.output) for r in reqs)
+    engine.settle_timings()
     time_s = {**engine.time_s, "total": total_s}
     stats = summarize(engine.log, engine.block_size, generated, len(reqs), time_s)
     outputs, reasons = [list(r.output) for r in reqs], [r.finish_reason for r in reqs]

@@ -59,10 +59,14 @@ class Stopwatch:
 
     def start(self) -> None:
         if self.timing is not None:
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()
             self._t = time.perf_counter()
 
     def lap(self, name: str) -> None:
         if self.timing is not None:
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()  # profiling only: on a GPU a lap must include the launched work
             now = time.perf_counter()
             self.timing[name] = self.timing.get(name, 0.0) + now - self._t
             self._t = now

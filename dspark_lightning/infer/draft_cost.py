@@ -91,6 +91,7 @@ def profile_draft_cost(target, drafter, max_batch: int, progress: bool = False) 
         while engine.active and rounds < ROUNDS:
             engine.step()
             rounds += 1
+        engine.settle_timings()  # on a GPU the drafting intervals are read off the device's timeline
         seconds.append((engine.time_s["draft"] - start) / max(rounds, 1))
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "threads": torch.get_num_threads(), "rounds": ROUNDS}
     return DraftCost(batches=batches, seconds=seconds[1:], meta=meta)

@@ -19,6 +19,7 @@ import torch
 
 from .accept import accept
 from .backlog import ContextBacklog
+from .clock import RoundClock
 from .sampling import SamplingParams, probs, sample
 from .schedulers import build_scheduler, survival
 from .stats import RoundLog
@@ -86,6 +87,7 @@ class Engine:
         self._next_rid = 0
         self._extend_s = 0.0  # last round's drafter-cache update time (part of the drafting cost)
         self.backlog = ContextBacklog()  # features of skipped steps, extended when drafting resumes
+        self.clock = RoundClock(dev)  # device-timeline intervals, read after the round's own synchronisations
 
     @property
     def block_size(self) -> int:
@@ -157,7 +159,8 @@ class Engine:
         apos_h = torch.tensor([r.pos for r in act])  # host copies of what shapes and cache bookkeeping read
         apos = apos_h.to(self.device, non_blocking=True)
 
-        t_step = t0 = time.perf_counter()
+        clk = self.clock
+        t_step = t0 = clk.mark()
         prop, a = None, None
         ell = torch.zeros(R, dtype=torch.long)  # host: l_r sets tensor shapes
         gate = getattr(self.scheduler, "wants_draft", None)
@@ -166,16 +169,16 @@ class Engine:
             self.backlog.flush(self.proposer, ids)  # catch up on the steps the gate skipped (timed as drafting)
             draft_gens = [r.draft_generator for r in act]  # row r draws from request r's own stream
             prop = self.proposer.propose(ids, anchors, apos, self.params, draft_gens, requests=act)
-            t1 = time.perf_counter()
-            self.time_s["draft"] += t1 - t0
-            observe = getattr(self.scheduler, "observe_draft_time", None)
-            if observe is not None:
-                observe(t1 - t0 + self._extend_s)
-            # schedulers run on the host over R*γ numbers: one transfer of the confidences per round
-            ell = self.scheduler(prop.conf.detach().float().cpu()).cpu().clamp(0, g)
+            t1 = clk.mark()
+            # schedulers run on the host over R*γ numbers: one transfer of the confidences per round (after it the
+            # drafting has finished on the device, so its interval is known before the scheduler reads it)
+            conf_h = prop.conf.detach().float().cpu()
+            clk.span(t0, t1, self._drafted)
+            h0 = time.perf_counter()
+            ell = self.scheduler(conf_h).cpu().clamp(0, g)
             a = survival(prop.conf)
-            t0 = time.perf_counter()
-            self.time_s["schedule"] += t0 - t1
+            self.time_s["schedule"] += time.perf_counter() - h0
+            t0 = clk.mark()
         elif self.proposer is not None:
             self.log.skipped_steps += 1
 
@@ -183,13 +186,14 @@ class Engine:
         tokens = anchors[:, None] if prop is None else torch.cat([anchors[:, None], prop.tokens[:, : W - 1]], 1)
         out = self.verifier.forward(ids, tokens, ell + 1, apos_h)
         p = probs(self.verifier.logits(out.hidden), self.params)  # (R, W, V) p_t,1..p_t,W in fp32
-        t1 = time.perf_counter()
-        self.time_s["verify"] += t1 - t0
+        t1 = clk.mark()
+        clk.span(t0, t1, self._adder("verify"))
 
         drafts = prop.tokens if prop is not None else tokens[:, :0]
         q = prop.q if prop is not None else p[:, :0]
         res = accept(drafts, q, p, ell, self.params, self._generators(act))
         host = _to_host(res, drafts, a, None if prop is None else prop.conf_logits)  # the round's only result sync
+        clk.settle()  # every interval marked so far has finished
         ell_l = ell.tolist()
         self.log.step_tokens.append(int((ell + 1).sum()))
         self.log.step_requests.append(R)
@@ -212,8 +216,8 @@ class Engine:
         self.verifier.commit(ids, apos_h + accepted_h)
         finished = [r for r in act if r.done]
         self._retire(finished)
-        t0 = time.perf_counter()
-        self.time_s["accept"] += t0 - t1
+        t0 = clk.mark()
+        clk.span(t1, t0, self._adder("accept"))
         if self.proposer is not None:
             alive = [i for i, r in enumerate(act) if not r.done]
             if alive:
@@ -227,13 +231,38 @@ class Engine:
                     self.backlog.push(ext_ids, ctx, hid, apos_h[sel_h])
                     if self.backlog.full():
                         self.backlog.flush(self.proposer, [r.rid for r in self.active])
-            self._extend_s = time.perf_counter() - t0 if drafting else 0.0
-            self.time_s["draft"] += time.perf_counter() - t0
+            clk.span(t0, clk.mark(), self._extended if drafting else self._held)
         observe_step = getattr(self.scheduler, "observe_step", None)
-        if observe_step is not None:
-            tokens = sum(len(new) for _, new in committed)
-            observe_step(drafting, R, tokens, time.perf_counter() - t_step, verified=self.log.step_tokens[-1])
+        if observe_step is not None:  # the gate's view of this step (on a GPU: once its work has finished)
+            tokens, B = sum(len(new) for _, new in committed), self.log.step_tokens[-1]
+            clk.span(t_step, clk.mark(), lambda s: observe_step(drafting, R, tokens, s, verified=B))
         return committed
+
+    # --- timing ----------------------------------------------------------------------------
+    def _adder(self, key: str):
+        def add(seconds: float) -> None:
+            self.time_s[key] += seconds
+
+        return add
+
+    def _drafted(self, seconds: float) -> None:
+        """A drafting interval: into the totals, and (with the last cache update) to a scheduler that weighs it."""
+        self.time_s["draft"] += seconds
+        observe = getattr(self.scheduler, "observe_draft_time", None)
+        if observe is not None:
+            observe(seconds + self._extend_s)
+
+    def _extended(self, seconds: float) -> None:
+        self.time_s["draft"] += seconds
+        self._extend_s = seconds
+
+    def _held(self, seconds: float) -> None:  # a skipped step's backlog push: the next draft pays the catch-up
+        self.time_s["draft"] += seconds
+        self._extend_s = 0.0
+
+    def settle_timings(self) -> None:
+        """Wait for and account every interval still running on the device (the end of a decode)."""
+        self.clock.settle(wait=True)
 
     # --- bookkeeping -----------------------------------------------------------------------
     @staticmethod

@@ -1,7 +1,8 @@
 """scripts/gpu_check.py runs on the device machine, where nothing can be fixed mid-run: its code paths run here.
 
 The quick CPU mode uses the same checks (bf16 greedy equality, χ² at T = 1, prepare + a bf16-mixed fit, decode()
-against HF generate(), the SPS profile) on tiny shapes; a failure in any of them is a failed row and exit code 1.
+against HF generate(), syncs per round, the SPS profile) on tiny shapes; a failure in any of them is a failed row
+and exit code 1.
 """
 
 import json
@@ -21,10 +22,12 @@ def test_gpu_check_quick_on_cpu(tmp_path):
     run = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     report = json.loads((out / "gpu_check.json").read_text())
     rows = report["rows"]
-    kinds = ["greedy", "χ²", "fit", "tok/s", "SPS"]
+    kinds = ["greedy", "χ²", "fit", "tok/s", "syncs", "SPS"]
     assert [next(k for k in kinds if r["check"].startswith(k)) for r in rows] == kinds, rows
     failed = [r for r in rows if not r["ok"]]
     assert not failed, failed
     assert run.returncode == 0, run.stderr[-2000:]
     table = (out / "gpu_check.md").read_text()
     assert table.count("| PASS |") == len(rows) and report["run"]["dtype"] == "bf16"
+    syncs = next(r for r in rows if r["check"].startswith("syncs"))
+    assert "HostReads" in syncs["detail"] and "verify" in syncs["detail"]
