@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import Generators, SamplingParams, sample, uniforms
+from .sampling import Generators, SamplingParams, Streams, sample, uniforms
 from .syncs import reads_are_free
 
 RESIDUAL_GUARD = 1e-8
@@ -50,7 +50,7 @@ def accept(
         # stream never depends on its neighbours (a shared stream draws only the k it needs)
         u = (
             uniforms(R, g, generator, drafts.device)[:, :k]
-            if isinstance(generator, list)
+            if isinstance(generator, list | Streams)
             else uniforms(R, k, generator, drafts.device)
         )
         pt = p[:, :k].gather(-1, x[..., None]).squeeze(-1)  # (R, k) p_t,k(x_k)

@@ -20,7 +20,7 @@ import torch
 from .accept import accept
 from .backlog import ContextBacklog
 from .clock import RoundClock
-from .sampling import SamplingParams, probs, sample
+from .sampling import SamplingParams, Streams, sample, target_law
 from .schedulers import build_scheduler, survival
 from .stats import RoundLog
 from .verify import build_verifier
@@ -45,8 +45,10 @@ class Request:
     t_added: float = 0.0
     t_first: float = 0.0  # first token (after prefill)
     t_done: float = 0.0
-    generator: torch.Generator | None = None  # own acceptance/sampling stream (first token, acceptance, residual)
-    draft_generator: torch.Generator | None = None  # own drafting stream (draft tokens)
+    key: int = 0  # own acceptance/sampling stream (first token, acceptance, residual): a counter-based Streams key
+    draws: int = 0  # numbers drawn from it so far
+    draft_key: int = 0  # own drafting stream (draft tokens)
+    draft_draws: int = 0
 
     @property
     def done(self) -> bool:
@@ -121,10 +123,8 @@ class Engine:
             raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
         for i, p in enumerate(prompts):
             key = ("seed", int(seeds[i])) if seeds is not None else ("decode", self.seed, first_index + i)
-            gen = torch.Generator(device=self.device).manual_seed(stream_seed(*key, "accept"))
-            dgen = torch.Generator(device=self.device).manual_seed(stream_seed(*key, "draft"))
-            r = Request(first_index + i, self._next_rid, list(p), max_new_tokens, t_added=t0, generator=gen,
-                        draft_generator=dgen)  # fmt: skip
+            r = Request(first_index + i, self._next_rid, list(p), max_new_tokens, t_added=t0,
+                        key=stream_seed(*key, "accept"), draft_key=stream_seed(*key, "draft"))  # fmt: skip
             new.append(r)
             self._next_rid += 1
         ids = [r.rid for r in new]
@@ -132,8 +132,10 @@ class Engine:
         lengths = lengths_h.to(self.device, non_blocking=True)
         out = self.verifier.prefill(ids, [r.prompt for r in new])
         rows = torch.arange(len(new), device=self.device)
-        p = probs(self.verifier.logits(out.hidden[rows, lengths - 1]), self.params)  # (R, V)
-        first = sample(p, self.params, self._generators(new)).tolist()
+        p = target_law(self.verifier.logits(out.hidden[rows, lengths - 1]), self.params)  # (R, V)
+        streams = self._streams(new)
+        first = sample(p, self.params, streams).tolist()
+        self._advance(new, streams)
         if self.proposer is not None:
             self.proposer.add(ids)
             self.proposer.extend(ids, out.context, torch.zeros_like(lengths_h), lengths_h, hidden=out.hidden)
@@ -167,8 +169,9 @@ class Engine:
         drafting = self.proposer is not None and (gate is None or gate(R))  # decided from earlier steps only
         if drafting:
             self.backlog.flush(self.proposer, ids)  # catch up on the steps the gate skipped (timed as drafting)
-            draft_gens = [r.draft_generator for r in act]  # row r draws from request r's own stream
-            prop = self.proposer.propose(ids, anchors, apos, self.params, draft_gens, requests=act)
+            draft_streams = self._streams(act, draft=True)  # row r draws from request r's own stream
+            prop = self.proposer.propose(ids, anchors, apos, self.params, draft_streams, requests=act)
+            self._advance(act, draft_streams, draft=True)
             t1 = clk.mark()
             # schedulers run on the host over R*γ numbers: one transfer of the confidences per round (after it the
             # drafting has finished on the device, so its interval is known before the scheduler reads it)
@@ -185,13 +188,15 @@ class Engine:
         W = int(ell.max()) + 1
         tokens = anchors[:, None] if prop is None else torch.cat([anchors[:, None], prop.tokens[:, : W - 1]], 1)
         out = self.verifier.forward(ids, tokens, ell + 1, apos_h)
-        p = probs(self.verifier.logits(out.hidden), self.params)  # (R, W, V) p_t,1..p_t,W in fp32
+        p = target_law(self.verifier.logits(out.hidden), self.params)  # (R, W, V) p_t,1..p_t,W (greedy: logits)
         t1 = clk.mark()
         clk.span(t0, t1, self._adder("verify"))
 
         drafts = prop.tokens if prop is not None else tokens[:, :0]
         q = prop.q if prop is not None else p[:, :0]
-        res = accept(drafts, q, p, ell, self.params, self._generators(act))
+        streams = self._streams(act)
+        res = accept(drafts, q, p, ell, self.params, streams)
+        self._advance(act, streams)
         host = _to_host(res, drafts, a, None if prop is None else prop.conf_logits)  # the round's only result sync
         clk.settle()  # every interval marked so far has finished
         ell_l = ell.tolist()
@@ -265,10 +270,21 @@ class Engine:
         self.clock.settle(wait=True)
 
     # --- bookkeeping -----------------------------------------------------------------------
+    def _streams(self, reqs: list[Request], draft: bool = False) -> Streams:
+        """Each request's own acceptance (or drafting) stream, row by row, from its key and counter."""
+        if draft:
+            return Streams([r.draft_key for r in reqs], [r.draft_draws for r in reqs], self.device)
+        return Streams([r.key for r in reqs], [r.draws for r in reqs], self.device)
+
     @staticmethod
-    def _generators(reqs: list[Request]) -> list[torch.Generator]:
-        """Each request's own acceptance stream, row by row."""
-        return [r.generator for r in reqs]
+    def _advance(reqs: list[Request], streams: Streams, draft: bool = False) -> None:
+        """Every row drew ``streams.used`` numbers (the same for each: what a request draws never depends on the
+        batch)."""
+        for r in reqs:
+            if draft:
+                r.draft_draws += streams.used
+            else:
+                r.draws += streams.used
 
     def _commit(self, r: Request, new: list[int], stopped: bool) -> None:
         r.output.extend(new)
