@@ -127,8 +127,7 @@ class ChainProposer:
         c_owner = grid.scatter(rid[:, None], -1)  # (rows, L): one query per request
         self_ok = (c_owner[:, :, None] == c_owner[:, None, :]) & (c_owner[:, :, None] >= 0)
         ctx_mask = self.kv.attend(c_owner, grid.scatter((anchor_pos - 1)[:, None], 0))  # committed keys only
-        ctx_k, ctx_v = self._ctx(c_owner.shape[0])
-        ks, vs = [ctx_k], [ctx_v]
+        ctx_k, ctx_v = self._ctx(c_owner.shape[0])  # grows by each step's keys, written past the cached ones
         toks, qs, confs, zs = [], [], [], []
         vocab = d.draft_vocab  # (N,) target ids of a reduced draft vocabulary, or None
         for s in range(g):
@@ -145,11 +144,10 @@ class ChainProposer:
                 break
             xin, res = lay.pair(grid.scatter(h[:, None], 0.0), d.embed(grid.scatter(x[:, None], 0)))
             cos, sin = lay.rope(grid.scatter((anchor_pos + s)[:, None], 0))  # position P-1+(s+1)
-            mask = torch.cat([ctx_mask, *([self_ok] * (len(ks) - 1)), self_ok], -1)
-            h = grid.gather(lay(xin, res, cos, sin, torch.cat(ks, 2), torch.cat(vs, 2), mask))[:, 0]
+            mask = torch.cat([ctx_mask, *([self_ok] * s), self_ok], -1)  # [context; steps < s; itself]
+            h = grid.gather(lay(xin, res, cos, sin, ctx_k, ctx_v, mask))[:, 0]
             k, v = lay.attn.kv(xin, cos, sin)
-            ks.append(k)
-            vs.append(v)
+            ctx_k, ctx_v = self.kv.layers[0].lookahead(k, v, offset=s * k.shape[2])  # uncommitted: no rollback
         q, z = to_target_vocab(d, torch.stack(qs, 1), torch.stack(zs, 1))
         return Proposal(tokens=torch.stack(toks, 1), q=q, conf=torch.stack(confs, 1), logits=z)
 
