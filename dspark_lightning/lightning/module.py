@@ -127,8 +127,10 @@ def check_hparams(loss: LossConfig, optim: OptimConfig, block_size: int) -> None
              loss.top_ce_weight, "finite and >= 0")  # fmt: skip
 
 
-def _terms_text(t) -> str:
-    return f"ce {float(t.ce):.4g}, l1 {float(t.l1):.4g}, conf {float(t.conf):.4g}"
+def _loss_text(vals: torch.Tensor) -> str:
+    """(loss, ce, l1, conf) -> the divergence message (a host read: only once training has diverged)."""
+    loss, ce, l1, conf = vals.tolist()
+    return f"non-finite training loss {loss} (ce {ce:.4g}, l1 {l1:.4g}, conf {conf:.4g})"
 
 
 def full_drafter_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -410,13 +412,17 @@ class DSparkModule(L.LightningModule):
             target_top=top,
             top_ce_weight=c.top_ce_weight,
         )
-        self._step_anchors = int(valid.sum())
+        self._step_anchors = valid.sum()  # a device tensor: no host read
         return terms, v, B
 
     def _log_terms(self, prefix: str, terms, v: torch.Tensor, B: int) -> None:
+        """Log device tensors: Lightning reads them on the host only when it sends them to the loggers (every
+        ``log_every_n_steps``; validation's, all-reduced with ``sync_dist``, once per epoch). Progress-bar values are
+        the exception (read at every batch end, whatever the bar's refresh rate), so the training step shows
+        host copies, taken at logging steps only (:meth:`_show_progress`)."""
         on_step = prefix == "train"
         kw = {"on_step": on_step, "on_epoch": not on_step, "batch_size": B, "sync_dist": not on_step}
-        self.log(f"{prefix}/loss", terms.total, prog_bar=True, **kw)
+        self.log(f"{prefix}/loss", terms.total, prog_bar=not on_step, **kw)
         self.log(f"{prefix}/ce", terms.ce, **kw)
         self.log(f"{prefix}/l1", terms.l1, **kw)
         if self.loss_cfg.soft_ce_weight > 0:
@@ -426,7 +432,10 @@ class DSparkModule(L.LightningModule):
         self.log(f"{prefix}/conf_bce", terms.conf, **kw)
         vm = v.flatten(0, 1)
         n = vm.sum().clamp_min(1)
-        self.log(f"{prefix}/acc_mean", (terms.acc * vm).sum() / n, prog_bar=on_step, **kw)
+        acc_mean = (terms.acc * vm).sum() / n
+        self.log(f"{prefix}/acc_mean", acc_mean, **kw)
+        if on_step:
+            self._show_progress(terms.total, acc_mean, B)
         if terms.agree is not None:
             self.log(f"{prefix}/tfa_mean", (terms.agree * vm).sum() / n, **kw)
         if terms.conf_prob is not None:
@@ -434,8 +443,35 @@ class DSparkModule(L.LightningModule):
             self.log(f"{prefix}/conf_abs_err", (err.abs() * vm).sum() / n, **kw)
             self.log(f"{prefix}/conf_bias", (err * vm).sum() / n, **kw)
 
+    def _logging_step(self) -> bool:
+        """Whether Lightning sends this batch's metrics to the loggers: every ``log_every_n_steps`` optimizer steps,
+        at the last micro-batch of an accumulation (as ``_LoggerConnector.update_train_step_metrics`` decides)."""
+        try:
+            trainer = self.trainer
+            return trainer._logger_connector.should_update_logs and not trainer.fit_loop._should_accumulate()
+        except (AttributeError, RuntimeError):  # another Lightning, or no trainer: every step
+            return True
+
+    def _show_progress(self, loss: torch.Tensor, acc_mean: torch.Tensor, B: int) -> None:
+        """Keep this step's loss and acc_mean for the progress bar when it is a logging step (see
+        :meth:`on_train_batch_end`)."""
+        if self._logging_step():
+            self._progress = (torch.stack([loss.detach(), acc_mean.detach()]).float(), B)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        """The progress bar's ``loss`` and ``acc``: host copies made at logging steps only, after the step's backward
+        and optimizer step are queued, where the loggers read the same values anyway; shown until the next logging
+        step (a host tensor costs no device sync at the batch ends in between)."""
+        progress, self._progress = getattr(self, "_progress", None), None
+        if progress is None:
+            return
+        shown, B = progress[0].cpu(), progress[1]
+        self.log("loss", shown[0], prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=B)
+        self.log("acc", shown[1], prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=B)
+
     def on_train_start(self) -> None:
         self._fit_t0, self._fit_tokens, self._fit_rows, self._fit_anchors = time.perf_counter(), 0, 0, 0
+        self._pending_loss = None
 
     def on_train_end(self) -> None:
         """Write fit_stats.json (wall time, throughput, peak RSS, the last validation) next to the logs."""
@@ -443,14 +479,15 @@ class DSparkModule(L.LightningModule):
         if not self.trainer.is_global_zero or not hasattr(self, "_fit_t0"):
             return
         wall = time.perf_counter() - self._fit_t0
+        tokens, rows, anchors = (int(x) for x in (self._fit_tokens, self._fit_rows, self._fit_anchors))  # one read each
         self._fit_stats = {
             "steps": int(self.global_step),
             "wall_s": wall,
-            "tokens": self._fit_tokens,
-            "tokens_per_s": self._fit_tokens / wall if wall > 0 else 0.0,
-            "block_rows_per_s": self._fit_rows / wall if wall > 0 else 0.0,
-            "anchors_seen": self._fit_anchors,
-            "block_rows_seen": self._fit_rows,
+            "tokens": tokens,
+            "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+            "block_rows_per_s": rows / wall if wall > 0 else 0.0,
+            "anchors_seen": anchors,
+            "block_rows_seen": rows,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         }
         self._fit_stats_path = Path(log_dir or ".") / "fit_stats.json"
@@ -481,37 +518,80 @@ class DSparkModule(L.LightningModule):
             dm.set_epoch(self.current_epoch)
 
     def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        """No host read (the fused loss, the logged tensors and the fit counters stay on the device): the divergence
+        guard reads once per optimizer step, in :meth:`on_before_optimizer_step`."""
         terms, v, B = self._step(batch)
         self._log_terms("train", terms, v, B)
-        self._fit_tokens += int(batch["attention_mask"].sum())  # this rank's tokens
-        self._fit_rows += int(v.sum())  # supervised block rows (a curriculum phase trains fewer)
-        self._fit_anchors += self._step_anchors
+        # this rank's tokens, supervised block rows (a curriculum phase trains fewer) and anchors: device tensors,
+        # read once at the end of fit (fit_stats.json)
+        self._fit_tokens = self._fit_tokens + batch["attention_mask"].sum()
+        self._fit_rows = self._fit_rows + v.detach().sum()
+        self._fit_anchors = self._fit_anchors + self._step_anchors
         loss = terms.total + self._moe_terms(B)
-        bad = not bool(torch.isfinite(loss))  # one host sync per step; the terms are read only when it fails
-        self._stop_if(bad, lambda: f"non-finite training loss {float(loss)} ({_terms_text(terms)})")
+        self._watch_loss(loss, terms)
         return loss
 
     # --- divergence ----------------------------------------------------------------------------
+    def _scaled(self) -> bool:
+        """A loss scaler (``16-mixed``) expects overflow steps and skips them itself: no gradient check then."""
+        return getattr(self.trainer.precision_plugin, "scaler", None) is not None
+
+    def _watch_loss(self, loss: torch.Tensor, terms) -> None:
+        """The loss half of the divergence guard, without a host read: whether a loss since the last optimizer step
+        was non-finite, and the terms of the first such step, are kept on the device and read together with the
+        gradient check before the optimizer step (one read per optimizer step instead of one per micro-batch; a
+        non-finite loss gives non-finite gradients, which never reach the weights either way). Under a loss scaler,
+        which has no gradient check, the loss is read here, once per step."""
+        vals = torch.stack([loss.detach().float(), *(t.detach().float() for t in (terms.ce, terms.l1, terms.conf))])
+        bad = ~vals[0].isfinite()
+        if self._scaled():
+            self._stop_if(bad, lambda: _loss_text(vals))
+            return
+        pending = getattr(self, "_pending_loss", None)
+        if pending is not None:  # keep the values of the first non-finite micro-batch
+            bad, vals = pending[0] | bad, torch.where(pending[0], pending[1], vals)
+        self._pending_loss = (bad, vals)
+
     def on_before_optimizer_step(self, optimizer) -> None:
-        """Stop before a non-finite gradient reaches the weights (gradients unclipped, unscaled). Skipped under a
-        loss scaler (``16-mixed``), whose overflow steps are expected: the scaler skips them itself."""
-        if getattr(self.trainer.precision_plugin, "scaler", None) is not None:
+        """Stop before a non-finite loss or gradient reaches the weights (gradients unclipped, unscaled): one host read
+        for both, after one all-reduce across ranks. Skipped under a loss scaler (``16-mixed``), whose overflow steps
+        are expected: the scaler skips them itself (the loss is checked in the training step then)."""
+        if self._scaled():
             return
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]  # DTensor shards (FSDP2)
         norms = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in local if g.numel()]
-        bad = bool(norms) and not bool(torch.stack(norms).isfinite().all())
-        self._stop_if(bad, lambda: "non-finite gradient")
-
-    def _stop_if(self, bad: bool, what: Callable[[], str]) -> None:
-        """Raise :class:`TrainingDiverged` on every rank when any rank saw ``bad`` (none is left in a collective).
-        Stopping, rather than skipping steps, keeps the weights and the checkpoints written so far finite."""
-        if self.trainer.strategy.reduce_boolean_decision(bad, all=False):
-            raise TrainingDiverged(
-                f"{what()} at step {self.global_step}: training diverged and was stopped (nothing exported); "
-                "lower model.optim.lr or check model.loss and the data, then resume from an earlier checkpoint "
-                "with --ckpt_path or start again"
+        pending, self._pending_loss = getattr(self, "_pending_loss", None), None
+        flags = torch.zeros(2, device=self.device)
+        if pending is not None:
+            flags[0] = pending[0].to(flags.device)
+        if norms:
+            flags[1] = (~torch.stack(norms).isfinite().all()).to(flags.device)
+        loss_bad, grad_bad = self._any_rank(flags)
+        if loss_bad:
+            self._diverged(
+                _loss_text(pending[1]) if pending is not None else "non-finite training loss on another rank"
             )
+        if grad_bad:
+            self._diverged("non-finite gradient")
+
+    def _any_rank(self, flags: torch.Tensor) -> list[bool]:
+        """``flags`` (n,) summed over the ranks on the device, then read on the host: the one host read of a check."""
+        return (self.trainer.strategy.reduce(flags.float(), reduce_op="sum") > 0).tolist()
+
+    def _stop_if(self, bad: torch.Tensor, what: Callable[[], str]) -> None:
+        """Raise :class:`TrainingDiverged` on every rank when any rank saw ``bad`` (a 0-d bool tensor)."""
+        if self._any_rank(bad.reshape(1))[0]:
+            self._diverged(what())
+
+    def _diverged(self, what: str) -> None:
+        """Every rank raises together (none is left in a collective). Stopping, rather than skipping steps, keeps the
+        weights and the checkpoints written so far finite."""
+        raise TrainingDiverged(
+            f"{what} at step {self.global_step}: training diverged and was stopped (nothing exported); "
+            "lower model.optim.lr or check model.loss and the data, then resume from an earlier checkpoint "
+            "with --ckpt_path or start again"
+        )
 
     def _moe_terms(self, B: int) -> torch.Tensor | float:
         """MoE backbones: log each layer's expert load (max load x E: 1 = balanced) and add the weighted aux loss."""

@@ -1,6 +1,6 @@
 """Config-free building blocks (no registry, no recipe knowledge)."""
 
-from .layers import InjectedAttention, RMSNorm, SwiGLU, apply_rope, rope_cos_sin
+from .layers import InjectedAttention, RMSNorm, SwiGLU, apply_rope, grouped_attention, rope_cos_sin
 from .masks import block_attention_mask
 from .moe import MoE, Router, moe_aux_loss, moe_loads
 
@@ -12,6 +12,7 @@ __all__ = [
     "SwiGLU",
     "apply_rope",
     "block_attention_mask",
+    "grouped_attention",
     "moe_aux_loss",
     "moe_loads",
     "rope_cos_sin",

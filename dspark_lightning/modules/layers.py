@@ -5,6 +5,8 @@ Flat typed arguments only; no registry, no recipe knowledge.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -48,6 +50,50 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+@functools.cache
+def sdpa_has_gqa() -> bool:
+    """Whether this torch's ``scaled_dot_product_attention`` takes ``enable_gqa`` (torch >= 2.5); probed once."""
+    x = torch.zeros(1, 2, 1, 1)
+    try:
+        F.scaled_dot_product_attention(x, x[:, :1], x[:, :1], enable_gqa=True)
+    except TypeError:
+        return False
+    return True
+
+
+def _kernel_takes_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> bool:
+    """Whether SDPA runs grouped K/V in a fused kernel for these inputs. Where only the math backend takes them
+    (masked GQA in the CUDA memory-efficient kernel of older torch releases, head_dim > 256, ...), math would
+    materialise the (B, H, L, S) scores: repeating K/V for a fused kernel costs far less. A host-side check of
+    shapes, strides and dtypes (no device sync), the one SDPA makes itself to pick its kernel."""
+    if not sdpa_has_gqa():
+        return False
+    from torch.nn.attention import SDPBackend  # torch >= 2.2, as enable_gqa
+
+    return torch._fused_sdp_choice(q, k, v, mask, 0.0, False, enable_gqa=True) != int(SDPBackend.MATH)
+
+
+def grouped_attention(
+    q: torch.Tensor,  # (B, H, L, Dh)
+    k: torch.Tensor,  # (B, Hkv, S, Dh), H a multiple of Hkv: query head h reads key/value head h // (H / Hkv)
+    v: torch.Tensor,  # (B, Hkv, S, Dh)
+    mask: torch.Tensor | None = None,  # (B, 1, L, S) bool (True = may attend) or additive float
+) -> torch.Tensor:
+    """Scaled dot-product attention with grouped-query K/V -> (B, H, L, Dh).
+
+    The fused kernel reads each K/V head for its group of query heads (``enable_gqa``), so the (B, H, S, Dh) copies
+    of K and V that ``repeat_interleave`` makes (and autograd keeps) are never built; without a fused kernel for
+    grouped heads (older torch, see :func:`_kernel_takes_gqa`) K/V are repeated as before. Same values either way
+    (tests/unit/test_gqa_attention.py)."""
+    rep = q.shape[1] // k.shape[1]
+    if rep == 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    if _kernel_takes_gqa(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # (B, H, S, Dh)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 class InjectedAttention(nn.Module):
@@ -100,12 +146,8 @@ class InjectedAttention(nn.Module):
         k_blk, v_blk = self.kv(h, cos, sin)
         k = torch.cat([ctx_k, k_blk], dim=2)  # (B, Hkv, S+L, Dh)
         v = torch.cat([ctx_v, v_blk], dim=2)
-        rep = self.num_heads // self.num_kv_heads
-        if rep > 1:
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
         live = mask.any(-1, keepdim=True)  # (B, L, 1) rows with at least one key (dummy rows have none)
         safe = mask | ~live  # avoid NaN softmax on fully masked rows; their output is zeroed below
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=safe[:, None])  # (B, H, L, Dh)
+        out = grouped_attention(q, k, v, safe[:, None])  # (B, H, L, Dh)
         out = out.transpose(1, 2).reshape(h.shape[0], h.shape[1], -1) * live
         return self.o_proj(out)

@@ -19,6 +19,13 @@ from .layers import SwiGLU
 BALANCE = ("aux", "bias", "none")
 
 
+def expert_counts(idx: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Routed slots per expert (E,) long, from expert ids (N, k). A scatter-add: unlike ``torch.bincount``, whose
+    CUDA kernel reads the ids' min and max on the host to size its output, it needs no device sync."""
+    flat = idx.reshape(-1)
+    return torch.zeros(num_experts, dtype=torch.long, device=idx.device).scatter_add_(0, flat, torch.ones_like(flat))
+
+
 class Router(nn.Module):
     def __init__(self, dim: int, num_experts: int, top_k: int, balance: str = "aux", bias_rate: float = 1e-3) -> None:
         super().__init__()
@@ -37,7 +44,7 @@ class Router(nn.Module):
         idx = score.topk(self.top_k, dim=-1).indices  # (N, k)
         w = probs.gather(-1, idx)
         w = w / w.sum(-1, keepdim=True).clamp(min=1e-9)  # renormalised over the chosen experts
-        load = torch.bincount(idx.reshape(-1), minlength=self.num_experts).float() / max(idx.numel(), 1)
+        load = expert_counts(idx, self.num_experts).float() / max(idx.numel(), 1)
         if self.balance == "bias" and self.training and x.shape[0] > 0:
             with torch.no_grad():  # under-loaded experts (load below the mean 1/E) gain score
                 self.bias += self.bias_rate * torch.sign(1.0 / self.num_experts - load)
@@ -77,10 +84,15 @@ class MoE(nn.Module):
         flat = x.reshape(-1, shape[-1])  # (N, d)
         idx, w, probs, load = self.router(flat)
         out = torch.zeros_like(flat)
-        for e, expert in enumerate(self.experts):
-            rows, slot = (idx == e).nonzero(as_tuple=True)  # tokens routed to expert e
-            if rows.numel():
-                out.index_add_(0, rows, expert(flat[rows]) * w[rows, slot, None])
+        # Group the routed slots by expert with one stable sort; their sizes are the layer's one host read (the
+        # experts' shapes depend on it), where a boolean mask per expert would read once per expert.
+        k = idx.shape[-1]
+        order = idx.reshape(-1).argsort(stable=True)  # (N*k,) slots by expert, each expert's in (token, slot) order
+        rows_all, w_all = order // k, w.reshape(-1)[order]  # token and combine weight of each sorted slot
+        sizes = expert_counts(idx, len(self.experts)).tolist()
+        for expert, rows, wts in zip(self.experts, rows_all.split(sizes), w_all.split(sizes), strict=True):
+            if rows.numel():  # tokens routed to this expert
+                out.index_add_(0, rows, expert(flat[rows]) * wts[:, None])
         if self.shared is not None:
             out = out + self.shared(flat)
         E = self.router.num_experts
@@ -101,4 +113,4 @@ def moe_loads(module: nn.Module) -> list[torch.Tensor]:
     return [m.load for m in module.modules() if isinstance(m, MoE)]
 
 
-__all__ = ["BALANCE", "MoE", "Router", "moe_aux_loss", "moe_loads"]
+__all__ = ["BALANCE", "MoE", "Router", "expert_counts", "moe_aux_loss", "moe_loads"]
