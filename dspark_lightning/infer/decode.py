@@ -111,6 +111,7 @@ def decode(
     layout: str = "padded",
     calibrated: bool = True,
     verifier: str = "auto",
+    acceptance: str = "rejection",
     on_commit=None,
     progress: bool = False,
     device: str | torch.device | None = None,
@@ -141,6 +142,10 @@ def decode(
             them (``calibration_T<T>.json`` in its directory); False uses the raw confidence head.
         verifier: ``auto`` (the lean forward where it supports the target, else ``hf``) or a registered
             verifier name (``lean``, ``hf``).
+        acceptance: ``rejection`` (speculative sampling, the default) or ``coupled``: drafter and target share
+            Gumbel noise keyed by (seed, request, position), so at T > 0 the output is token for token that of
+            plain decoding with ``acceptance="coupled"`` and the same seed, whatever the drafter, scheduler, batch
+            or load (:mod:`.coupled`; it accepts somewhat less than rejection sampling).
         on_commit: ``fn(prompt_index, new_token_ids)`` after every round (streaming).
         progress: show a progress bar over finished requests.
         device, dtype: where and in which precision a target given by name runs (default ``auto``: CUDA in bf16
@@ -165,7 +170,7 @@ def decode(
         raise ValueError(f"seeds has {len(seeds)} entries for {len(encoded)} prompts")
     engine = make_engine(target, drafter, SamplingParams(temperature, top_k, top_p), scheduler=scheduler, seed=seed,
                          stop_token_ids=stop_token_ids, stop=stop, layout=layout, calibrated=calibrated,
-                         verifier=verifier)  # fmt: skip
+                         verifier=verifier, acceptance=acceptance)  # fmt: skip
     check_positions(target, encoded, max_new_tokens, engine.block_size)
     cap = batch_size or len(encoded)
     bind_scheduler(engine, target, cap, drafter)
@@ -190,7 +195,7 @@ def decode(
 
 def make_engine(target, drafter, params: SamplingParams, *, scheduler: Any = "static", seed: int = 0,
                 stop_token_ids: list[int] | None = None, stop: list[str] | None = None, layout: str = "padded",
-                calibrated: bool = True, verifier: str = "auto") -> Engine:  # fmt: skip
+                calibrated: bool = True, verifier: str = "auto", acceptance: str = "rejection") -> Engine:  # fmt: skip
     """The engine ``decode()`` drives (also driven directly by the closed-loop serving benchmark)."""
     temps = temperatures_for(drafter, params.temperature) if calibrated and drafter is not None else None
     proposer = make_proposer(drafter, layout=layout, conf_temperatures=temps) if drafter is not None else None
@@ -204,6 +209,7 @@ def make_engine(target, drafter, params: SamplingParams, *, scheduler: Any = "st
         seed=seed,
         layout=layout,
         verifier=verifier,
+        acceptance=acceptance,
     )
     if temps is None and getattr(drafter, "conf_head", None) is not None and hasattr(engine.scheduler, "bind"):
         # SPEC §5: the hardware-aware schedulers read absolute confidences; raw heads are overconfident

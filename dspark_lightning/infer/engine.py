@@ -20,10 +20,13 @@ import torch
 from .accept import accept
 from .backlog import ContextBacklog
 from .clock import RoundClock
+from .coupled import CoupledNoise, accept_coupled
 from .sampling import SamplingParams, Streams, sample, target_law
 from .schedulers import build_scheduler, survival
 from .stats import RoundLog
 from .verify import build_verifier
+
+ACCEPTANCE = ("rejection", "coupled")
 
 
 def stream_seed(*key: object) -> int:
@@ -70,9 +73,13 @@ class Engine:
         seed: int = 0,
         layout: str = "padded",
         verifier: str = "auto",
+        acceptance: str = "rejection",
     ) -> None:
+        if acceptance not in ACCEPTANCE:
+            raise ValueError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r}")
         self.target = target
         self.params = params
+        self.coupled = acceptance == "coupled" and not params.greedy  # greedy is already drafter-invariant
         self.verifier = build_verifier(verifier, target, layout)
         self.proposer = proposer
         self.scheduler = build_scheduler(scheduler if scheduler is not None else "static")
@@ -133,9 +140,12 @@ class Engine:
         out = self.verifier.prefill(ids, [r.prompt for r in new])
         rows = torch.arange(len(new), device=self.device)
         p = target_law(self.verifier.logits(out.hidden[rows, lengths - 1]), self.params)  # (R, V)
-        streams = self._streams(new)
-        first = sample(p, self.params, streams).tolist()
-        self._advance(new, streams)
+        if self.coupled:  # the first generated token sits at position len(prompt)
+            first = sample(p, self.params, self._noise(new, [len(r.prompt) for r in new], draft=False)).tolist()
+        else:
+            streams = self._streams(new)
+            first = sample(p, self.params, streams).tolist()
+            self._advance(new, streams)
         if self.proposer is not None:
             self.proposer.add(ids)
             self.proposer.extend(ids, out.context, torch.zeros_like(lengths_h), lengths_h, hidden=out.hidden)
@@ -169,9 +179,13 @@ class Engine:
         drafting = self.proposer is not None and (gate is None or gate(R))  # decided from earlier steps only
         if drafting:
             self.backlog.flush(self.proposer, ids)  # catch up on the steps the gate skipped (timed as drafting)
-            draft_streams = self._streams(act, draft=True)  # row r draws from request r's own stream
-            prop = self.proposer.propose(ids, anchors, apos, self.params, draft_streams, requests=act)
-            self._advance(act, draft_streams, draft=True)
+            if self.coupled:  # x_k at P + k from the noise the target will use there
+                prop = self.proposer.propose(ids, anchors, apos, self.params, self._noise(act, None, draft=True),
+                                             requests=act)  # fmt: skip
+            else:
+                draft_streams = self._streams(act, draft=True)  # row r draws from request r's own stream
+                prop = self.proposer.propose(ids, anchors, apos, self.params, draft_streams, requests=act)
+                self._advance(act, draft_streams, draft=True)
             t1 = clk.mark()
             # schedulers run on the host over R*γ numbers: one transfer of the confidences per round (after it the
             # drafting has finished on the device, so its interval is known before the scheduler reads it)
@@ -194,9 +208,12 @@ class Engine:
 
         drafts = prop.tokens if prop is not None else tokens[:, :0]
         q = prop.q if prop is not None else p[:, :0]
-        streams = self._streams(act)
-        res = accept(drafts, q, p, ell, self.params, streams)
-        self._advance(act, streams)
+        if self.coupled:
+            res = accept_coupled(drafts, p, ell, self._noise(act, None, draft=False))
+        else:
+            streams = self._streams(act)
+            res = accept(drafts, q, p, ell, self.params, streams)
+            self._advance(act, streams)
         host = _to_host(res, drafts, a, None if prop is None else prop.conf_logits)  # the round's only result sync
         clk.settle()  # every interval marked so far has finished
         ell_l = ell.tolist()
@@ -270,6 +287,13 @@ class Engine:
         self.clock.settle(wait=True)
 
     # --- bookkeeping -----------------------------------------------------------------------
+    def _noise(self, reqs: list[Request], base: list[int] | None, draft: bool) -> CoupledNoise:
+        """Coupled acceptance's shared noise for ``reqs`` from position ``base`` (default: after each anchor); the
+        drafter's copy reads it through its draft vocabulary."""
+        vocab = getattr(getattr(self.proposer, "drafter", None), "draft_vocab", None) if draft else None
+        base = [r.pos + 1 for r in reqs] if base is None else base
+        return CoupledNoise([r.key for r in reqs], base, self.device, vocab=vocab)
+
     def _streams(self, reqs: list[Request], draft: bool = False) -> Streams:
         """Each request's own acceptance (or drafting) stream, row by row, from its key and counter."""
         if draft:

@@ -149,6 +149,8 @@ def sample(p: torch.Tensor, params: SamplingParams, generator: Generators) -> to
     if params.greedy:
         return p.argmax(-1)
     flat = p.reshape(-1, p.shape[-1])
+    if hasattr(generator, "coupled_draw"):  # coupled acceptance: the Gumbel-max draw with the shared noise
+        return generator.coupled_draw(flat).view(p.shape[:-1])
     R, V = flat.shape
     u = uniforms(R, 1, generator, p.device, torch.float64)[:, 0]
     C = min(CHUNK, V)

@@ -1,0 +1,74 @@
+"""Coupled acceptance (``decode(..., acceptance="coupled")``): drafter and target share one Gumbel noise.
+
+Every token at absolute position t of request r is argmax_v(log p_t(v) + g_r,t(v)) with g_r,t(v) standard Gumbel
+noise that is a hash of (r's key, t, v). Drafted tokens use the same rule on the draft law, x_k =
+argmax_v(log q_k(v) + g_r,P+k(v)); a draft is accepted while it equals the target's own choice at its position, and
+the first mismatch (or the bonus) emits the target's choice there. So every emitted token is the one plain
+decoding in this mode emits with the same seed, token for token, whatever the drafter, the scheduler, the batch
+or the load: the output is drafter-invariant, and each position is an exact sample of the target law (the
+Gumbel-max trick with fresh noise per position). A draft is accepted with probability at least
+(1 - TV) / (1 + TV) of the 1 - TV that rejection sampling reaches (Daliri, Musco, Suresh 2024), so it trades some
+acceptance for determinism. Rejection sampling stays the default.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .sampling import M32, _hash32
+
+TOKEN_SALT = 0x27D4EB2F
+
+
+class CoupledNoise:
+    """Per-request Gumbel noise over token ids at absolute positions ``base[r] + offset`` (host ints).
+
+    ``vocab``: target token ids of the columns of the laws this object draws for (a reduced draft vocabulary), so
+    a draft-vocabulary index reads the noise of the target token it stands for.
+    """
+
+    def __init__(self, keys: list[int], base: list[int], device, vocab: torch.Tensor | None = None) -> None:
+        k = torch.tensor([[key & M32, (key >> 32) & M32] for key in keys], dtype=torch.long).reshape(-1, 2)
+        self.k = _hash32(k).to(device, non_blocking=True)  # (R, 2)
+        self.base = torch.tensor(base, dtype=torch.long).to(device, non_blocking=True)
+        self.vocab = vocab
+        self.device = device
+        self.cursor = 0  # successive sample() calls draw for successive positions
+
+    def __len__(self) -> int:
+        return self.base.shape[0]
+
+    def gumbel(self, offsets: torch.Tensor, V: int) -> torch.Tensor:
+        """(R, W, V) standard Gumbel noise at positions base + offsets (W,), for V law columns."""
+        ids = self.vocab if self.vocab is not None and self.vocab.numel() == V else torch.arange(V, device=self.device)
+        pos = (self.base[:, None] + offsets.to(self.base.device)) & M32  # (R, W)
+        lo, hi = self.k[:, :1, None], self.k[:, 1:, None]
+        h = _hash32(_hash32(_hash32(ids.long() ^ TOKEN_SALT) ^ _hash32(pos)[..., None] ^ lo) ^ hi)
+        u = ((h >> 8).float() + 0.5) * 2.0**-24  # (0, 1), never 0 or 1
+        return -torch.log(-torch.log(u))
+
+    def argmax(self, law: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """argmax_v(log law(v) + g(v)) per row and position: law (R, W, V) -> (R, W) column indices."""
+        return (law.clamp_min(0).log() + self.gumbel(offsets, law.shape[-1])).argmax(-1)
+
+    def coupled_draw(self, law: torch.Tensor) -> torch.Tensor:
+        """The coupled draw for (R, V) laws at the next position (:func:`~.sampling.sample`'s entry point)."""
+        off = torch.tensor([self.cursor]).to(self.device, non_blocking=True)
+        self.cursor += 1
+        return self.argmax(law[:, None], off)[:, 0]
+
+
+def accept_coupled(drafts: torch.Tensor, p: torch.Tensor, lengths: torch.Tensor, noise: CoupledNoise):
+    """Accept drafts x_1..x_l while x_k is the target's coupled choice at P + k; emit the target's choice at the
+    first unaccepted position. ``p`` (R, W, V) target laws at P+1..P+W; ``noise`` based at P + 1."""
+    from .accept import Acceptance
+
+    R, g = drafts.shape
+    W = p.shape[1]
+    choice = noise.argmax(p, torch.arange(W, device=p.device))  # (R, W) the target's token at P+1..P+W
+    k = min(g, W - 1)
+    lengths = lengths.to(drafts.device, non_blocking=True)
+    in_block = torch.arange(k, device=drafts.device) < lengths[:, None]
+    ok = (drafts[:, :k] == choice[:, :k]) & in_block
+    m = ok.long().cumprod(-1).sum(-1)
+    return Acceptance(m, choice[torch.arange(R, device=p.device), m])

@@ -1,0 +1,68 @@
+"""Coupled acceptance: drafter and target share Gumbel noise keyed by (seed, request, position), so at T > 0 the
+output is token for token that of plain decoding in the same mode, for every drafter, scheduler and batch; each
+position is still an exact sample of the target law."""
+
+import pytest
+import torch
+from infer_helpers import OracleDrafter, chi2_pvalue, exact_marginals, make_drafter
+
+from dspark_lightning import names
+from dspark_lightning.infer import SamplingParams, SPSTable, decode
+
+PROMPTS = [[5, 17, 33, 9, 41], [7, 2, 99, 14, 3, 60, 21, 8], [11, 4]]
+LAWS = [{"temperature": 1.0}, {"temperature": 0.7, "top_k": 20, "top_p": 0.9}]
+
+
+def sps():
+    return SPSTable.from_points({1: 30.0, 4: 28.0, 16: 20.0, 64: 8.0})
+
+
+def schedulers():
+    hw = {"sps": sps(), "include_draft_time": False}
+    return ["static", "threshold", {"name": "hardware_aware", **hw}, {"name": "async_hardware_aware", **hw}]
+
+
+def coupled(target, drafter, prompts=PROMPTS, **kw):
+    kw = {"max_new_tokens": 24, "seed": 3, "stop_token_ids": [], "acceptance": "coupled", **kw}
+    return decode(target, drafter, prompts, calibrated=False, **kw)
+
+
+@pytest.mark.filterwarnings("ignore:.*uncalibrated confidences")
+@pytest.mark.parametrize("law", LAWS, ids=["T1", "T0.7-topk-topp"])
+@pytest.mark.parametrize("name", names("drafter"))
+def test_every_drafter_and_scheduler_emits_plain_decodings_tokens(varied_target, name, law):
+    plain = coupled(varied_target, None, **law).token_ids
+    drafter = make_drafter(varied_target, name=name, block_size=4)
+    for sched in schedulers():
+        assert coupled(varied_target, drafter, scheduler=sched, **law).token_ids == plain, (name, sched)
+    rejection = decode(varied_target, None, PROMPTS, max_new_tokens=24, seed=3, stop_token_ids=[], **law).token_ids
+    assert rejection != plain  # a different mode: the equality above is not a property of the seed alone
+
+
+@pytest.mark.parametrize("law", LAWS, ids=["T1", "T0.7-topk-topp"])
+def test_a_good_drafter_is_accepted_and_the_output_does_not_move(toy_target, law):
+    prompts = [[1, 2, 3, 4], [4, 3], [2, 2, 2, 5, 6]]
+    plain = coupled(toy_target, None, prompts, **law)
+    good = coupled(toy_target, OracleDrafter(toy_target, 3, mix=0.9), prompts, **law)
+    assert good.token_ids == plain.token_ids
+    assert good.stats.acceptance_rate > 0.4  # drafts really were accepted: equality is not by rejecting all
+    alone = coupled(toy_target, OracleDrafter(toy_target, 3, mix=0.9), prompts[1:2], seeds=[9], **law)
+    batched = coupled(toy_target, OracleDrafter(toy_target, 3, mix=0.9), prompts, seeds=[1, 9, 2], **law)
+    assert alone.token_ids[0] == batched.token_ids[1]  # nor on its batch
+
+
+def test_the_coupled_output_law_is_the_targets(toy_target):
+    """4000 seeds: tokens 1 and 3 of a prompt follow the target's exact marginal law."""
+    prompt, n = [1, 2, 3, 4], 4000
+    want = exact_marginals(toy_target, prompt, 4, SamplingParams(1.0))
+    res = decode(toy_target, OracleDrafter(toy_target, 3, mix=0.6), [prompt] * n, max_new_tokens=4,
+                 stop_token_ids=[], temperature=1.0, acceptance="coupled", seed=11)  # fmt: skip
+    out = torch.tensor(res.token_ids)
+    for pos in (1, 3):
+        counts = torch.bincount(out[:, pos], minlength=8).double()
+        assert chi2_pvalue(counts, want[pos]) > 1e-3, (pos, counts, want[pos])
+
+
+def test_unknown_acceptance_is_refused(varied_target):
+    with pytest.raises(ValueError, match="acceptance must be one of"):
+        decode(varied_target, None, PROMPTS[:1], max_new_tokens=2, acceptance="gumbel")
