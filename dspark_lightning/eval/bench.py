@@ -17,7 +17,10 @@ from .hf import hf_generate
 from .runner import drafter_dtype_name, run_decode, run_info, warmup
 
 HF, HF_PLD, PLAIN = "HF generate", "HF prompt lookup", "plain decode()"
-PLAIN_HF = "plain decode(), HF forward"  # our loop with the HF verifier: what the lean verifier gains
+PLAIN_HF = "plain decode(), HF forward"
+COUPLED = (
+    "{} [coupled]"  # a row under coupled acceptance  # our loop with the HF verifier: what the lean verifier gains
+)
 OUTPUT_FILES = {
     "bench.json": "run info and one row per cell x engine (tok/s, speedups, τ, efficiency, time split)",
     "bench.md": "the same as a Markdown table",
@@ -46,31 +49,42 @@ def bench(
     scheduler: Any = "hardware_aware",
     seed: int = 0,
     prompt_lookup_tokens: int = 10,
+    acceptance: tuple[str, ...] = ("rejection",),
     progress: bool = True,
 ) -> dict:
+    """tok/s of HF generate(), HF prompt lookup, plain decode() (lean and HF forward) and each drafter, per cell
+    (temperature, batch, prompt set), alternating ``repeats``; ``acceptance`` with ``coupled`` adds, at T > 0, plain
+    decoding and each drafter under coupled acceptance (rows named ``... [coupled]``, compared with the same HF and
+    plain rows)."""
     from tqdm.auto import tqdm
 
     ids = {k: [target.render_prompt([{"role": "user", "content": p}]) for p in v] for k, v in prompt_sets.items()}
     mixed = [p for v in ids.values() for p in v]
-    engines = [HF, HF_PLD, PLAIN_HF, PLAIN, *drafters]
+    coupled = [COUPLED.format(e) for e in (PLAIN, *drafters)] if "coupled" in acceptance else []
+    engines = [HF, HF_PLD, PLAIN_HF, PLAIN, *drafters, *coupled]
     cells = [(T, b, s) for T in temperatures for b in batches for s in (ids if b == 1 else ["all"])]
     warmup(target, drafters, scheduler)
     _hf(target, mixed[:1], 1.0, 1, 4, seed, prompt_lookup_tokens)
-    bar = tqdm(total=len(cells) * len(engines) * repeats, desc="bench", unit="run", disable=not progress)
+    runs = sum(len(engines) - (len(coupled) if T == 0 else 0) for T, _, _ in cells) * repeats
+    bar = tqdm(total=runs, desc="bench", unit="run", disable=not progress)
     rows = []
     for T, batch, pset in cells:
         prompts = ids[pset] if pset != "all" else mixed
-        acc: dict[str, list[dict]] = {e: [] for e in engines}
+        here = [e for e in engines if T > 0 or e not in coupled]  # greedy is the same in both modes
+        acc: dict[str, list[dict]] = {e: [] for e in here}
         for rep in range(repeats):
-            for e in engines if rep % 2 == 0 else engines[::-1]:
+            for e in here if rep % 2 == 0 else here[::-1]:
                 bar.set_postfix_str(f"T={T:g} b={batch} {pset}: {e}")
                 if e in (HF, HF_PLD):
                     r = _hf(
                         target, prompts, T, batch, max_new_tokens, seed, prompt_lookup_tokens if e == HF_PLD else None
                     )
                 else:
-                    d = drafters.get(e)
+                    name = e.removesuffix(COUPLED.format(""))
+                    d = drafters.get(name)
                     kw = {"verifier": "hf"} if e == PLAIN_HF else {}
+                    if e in coupled:
+                        kw["acceptance"] = "coupled"
                     r = run_decode(
                         target,
                         d,
@@ -91,6 +105,7 @@ def bench(
         max_new_tokens=max_new_tokens,
         repeats=repeats,
         scheduler=str(scheduler),
+        acceptance=list(acceptance),
         seed=seed,
         prompt_lookup_tokens=prompt_lookup_tokens,
         prompt_sets={k: len(v) for k, v in prompt_sets.items()},

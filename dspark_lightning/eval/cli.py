@@ -93,6 +93,8 @@ def bench_parser() -> ArgumentParser:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     p.add_argument("--repeats", type=int, default=2, help="alternating repeats per cell (order reversed each time)")
     p.add_argument("--prompt_lookup_tokens", type=int, default=10, help="HF prompt-lookup candidate length")
+    p.add_argument("--acceptance", type=str, nargs="+", default=["rejection"],
+                   help="rejection and/or coupled (T > 0: extra rows under coupled acceptance)")  # fmt: skip
     return p
 
 
@@ -170,6 +172,8 @@ def run_bench(argv: list[str]) -> None:
         checks.at_least("--batches", b, 1)
     checks.at_least("--repeats", a.repeats, 1)
     checks.at_least("--prompt_lookup_tokens", a.prompt_lookup_tokens, 1)
+    for x in a.acceptance:
+        check_choice("--acceptance", x, ["rejection", "coupled"])
     target, drafters = load_drafters(a.drafter, a.target, a)
     sets = {d.domain: d.prompts for d in builtin_datasets(a.domains, a.prompts_per_domain)}
     doc = bench(
@@ -183,6 +187,7 @@ def run_bench(argv: list[str]) -> None:
         scheduler=_scheduler(a),
         seed=a.seed,
         prompt_lookup_tokens=a.prompt_lookup_tokens,
+        acceptance=tuple(a.acceptance),
     )
     paths = write_bench(doc, a.out)
     print(paths["bench.md"].read_text())

@@ -68,8 +68,9 @@ def jsonl_dataset(spec: str, n: int) -> Dataset:
 
 
 def run_decode(
-    target, drafter, prompts, *, temperature, batch_size, scheduler, max_new_tokens, seed, verifier="auto"
-) -> dict:
+    target, drafter, prompts, *, temperature, batch_size, scheduler, max_new_tokens, seed, verifier="auto",
+    acceptance="rejection",
+) -> dict:  # fmt: skip
     """One ``decode()`` run; the numbers every report reads."""
     from ..infer import decode
 
@@ -83,6 +84,7 @@ def run_decode(
         seed=seed,
         batch_size=batch_size,
         verifier=verifier,
+        acceptance=acceptance,
     )
     s = res.stats
     return {

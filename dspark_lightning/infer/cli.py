@@ -95,6 +95,8 @@ def decode_parser() -> ArgumentParser:
     p.add_argument("--batch_size", type=int | None, default=None, help="concurrent requests (default: all)")
     p.add_argument("--layout", type=str, default="padded", help="padded | flat")
     p.add_argument("--verifier", type=str, default="auto", help="auto (lean where supported) | lean | hf")
+    p.add_argument("--acceptance", type=str, default="rejection",
+                   help="rejection | coupled (T > 0: plain coupled decoding's tokens, any drafter)")  # fmt: skip
     p.add_argument("--no_chat", type=bool, default=False, help="do not apply the chat template")
     p.add_argument("--stop", type=str, action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--json_out", type=str | None, default=None, help="write texts, token ids and stats here")
@@ -148,6 +150,7 @@ def check_decode_cli(a) -> None:
     check_scheduler_args(a)
     check_choice("--layout", a.layout, LAYOUTS)
     check_verifier(a.verifier)
+    check_choice("--acceptance", a.acceptance, ["rejection", "coupled"])
     check_device_args(a)
     if any(not s for s in a.stop):
         raise checks.UsageError("--stop must not be empty (an empty stop string would cut every output to nothing)")
@@ -197,6 +200,7 @@ def run_decode(argv: list[str]) -> None:
         batch_size=a.batch_size,
         layout=a.layout,
         verifier=a.verifier,
+        acceptance=a.acceptance,
         on_commit=_Streamer(target.tokenizer) if stream else None,
         progress=not stream,
     )

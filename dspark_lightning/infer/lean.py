@@ -270,7 +270,8 @@ class LeanVerifier:
         single = len(set(base_h)) == 1
         c0 = base_h[0] if single else 0  # from the host mirror: no device read per layer or per forward
         mask = None
-        if not (single and W == 1):  # key c visible to query i of row r iff c <= base_r + i
+        causal = single and c0 == 0 and W > 1  # a prefill from position 0: the fused causal kernel, no (W, W) mask
+        if not (single and W == 1) and not causal:  # key c visible to query i of row r iff c <= base_r + i
             mask = torch.arange(end, device=dev)[None, None, :] <= pos[:, :, None]  # (R, W, end)
             mask = mask[:, None]
         x = self.embed(tokens)  # (R, W, d)
@@ -298,7 +299,8 @@ class LeanVerifier:
                 self.k[li][write_rows, heads, cols] = k
                 self.v[li][write_rows, heads, cols] = v
             K, V = self.k[li][rows, :, :end], self.v[li][rows, :, :end]
-            a = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, scale=L.scaling, enable_gqa=H != Hkv)
+            a = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, is_causal=causal, scale=L.scaling,
+                                               enable_gqa=H != Hkv)  # fmt: skip
             x = x + L.o(a.transpose(1, 2).reshape(R, W, H * Dh))
             g, u = L.gu(rms_norm(x, L.ln_post)).chunk(2, dim=-1)
             x = x + L.down(F.silu(g) * u)

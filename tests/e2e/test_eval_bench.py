@@ -90,3 +90,18 @@ def test_bench_writes_every_file(drafters, tmp_path, capsys):
             assert r["equals_hf"] is True  # every engine reproduces HF greedy decoding
     assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"
     assert "| 0 | 1 | math | dspark |" in (out / "bench.md").read_text()
+
+
+def test_bench_adds_coupled_rows_at_t_above_zero(drafters, tmp_path, capsys):
+    out = tmp_path / "bench"
+    args = ["bench", "--drafter", f"dspark={drafters['dspark']}", "--prompts_per_domain", "1", "--domains", "math"]
+    args += ["--max_new_tokens", "4", "--batches", "1", "--repeats", "1", "--acceptance", "rejection", "coupled"]
+    code, _, err = run_main(args + ["--scheduler", "static", "--out", str(out)], capsys)
+    assert code == 0, err[-2000:]
+    rows = json.loads((out / "bench.json").read_text())["rows"]
+    coupled = {(r["temperature"], r["engine"]) for r in rows if r["engine"].endswith("[coupled]")}
+    assert coupled == {(1.0, "plain decode() [coupled]"), (1.0, "dspark [coupled]")}  # none at T = 0 (greedy)
+    by = {(r["temperature"], r["engine"]): r for r in rows}
+    assert by[(1.0, "dspark [coupled]")]["tau"] >= 1 and by[(1.0, "dspark [coupled]")]["tok_s"] > 0
+    code, _, err = run_main(args[:-2] + ["--acceptance", "gumbel", "--out", str(tmp_path / "x")], capsys)
+    assert code != 0 and "--acceptance" in err
