@@ -231,7 +231,8 @@ class BlockProposer:
         if self.state is not None:
             x = d.backbone.inject_state(x, torch.stack([self.state[i] for i in ids]))
         x = grid.scatter(x, 0.0)  # (rows, L, d)
-        ctx_kv = [(layer.keys, layer.values) for layer in self.kv.layers]
+        # preallocated layers (KVLayer): each layer's block keys are written past its context, nothing is copied
+        ctx_kv = [layer if hasattr(layer, "lookahead") else (layer.keys, layer.values) for layer in self.kv.layers]
         h = d.backbone(x, grid.scatter(pos, 0), ctx_kv, per_layer_masks(d.backbone, mask))
         h = grid.gather(h)  # (R, γ, d)
         self.clock.lap("backbone")

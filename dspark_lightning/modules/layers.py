@@ -138,14 +138,17 @@ class InjectedAttention(nn.Module):
         h: torch.Tensor,  # (B, L, d) normed block states
         cos: torch.Tensor,  # (B, 1, L, Dh) block positions
         sin: torch.Tensor,
-        ctx_k: torch.Tensor,  # (B, Hkv, S, Dh) context keys (already rotated)
-        ctx_v: torch.Tensor,  # (B, Hkv, S, Dh)
+        ctx_k,  # (B, Hkv, S, Dh) context keys (already rotated), or a cache layer with ``lookahead`` (ctx_v None)
+        ctx_v: torch.Tensor | None,  # (B, Hkv, S, Dh)
         mask: torch.Tensor,  # (B, L, S+L) bool, True = may attend
     ) -> torch.Tensor:
         q = apply_rope(self.q_norm(self._heads(self.q_proj(h), self.num_heads)), cos, sin)  # (B, H, L, Dh)
         k_blk, v_blk = self.kv(h, cos, sin)
-        k = torch.cat([ctx_k, k_blk], dim=2)  # (B, Hkv, S+L, Dh)
-        v = torch.cat([ctx_v, v_blk], dim=2)
+        if ctx_v is None:  # a preallocated cache: the block is written past its keys, no copy of the context
+            k, v = ctx_k.lookahead(k_blk, v_blk, 0)
+        else:
+            k = torch.cat([ctx_k, k_blk], dim=2)  # (B, Hkv, S+L, Dh)
+            v = torch.cat([ctx_v, v_blk], dim=2)
         live = mask.any(-1, keepdim=True)  # (B, L, 1) rows with at least one key (dummy rows have none)
         safe = mask | ~live  # avoid NaN softmax on fully masked rows; their output is zeroed below
         out = grouped_attention(q, k, v, safe[:, None])  # (B, H, L, Dh)

@@ -28,7 +28,8 @@ class DecoderLayer(nn.Module):
         self.mlp = mlp
 
     def forward(self, h, cos, sin, ctx_kv: KV, mask) -> torch.Tensor:
-        h = h + self.attn(self.input_norm(h), cos, sin, ctx_kv[0], ctx_kv[1], mask)
+        ctx_k, ctx_v = (ctx_kv, None) if hasattr(ctx_kv, "lookahead") else ctx_kv  # (K, V) or a cache layer
+        h = h + self.attn(self.input_norm(h), cos, sin, ctx_k, ctx_v, mask)
         return h + self.mlp(self.post_norm(h))
 
 
