@@ -33,14 +33,61 @@ class ChatFormat:
         return list(turns)
 
 
+def text_ids(tokenizer: Any, text: str) -> list[int]:
+    """Ids of content text: special-token strings in it (``<|im_end|>``, ``</s>``, ...) stay text, so user text never
+    becomes control tokens."""
+    return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+
+
+def _specials(tokenizer: Any) -> list[str]:
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    found = {str(t) for t in getattr(tokenizer, "all_special_tokens", [])}
+    found |= {getattr(t, "content", str(t)) for t in added.values() if getattr(t, "special", True)}
+    return [t for t in found if t]
+
+
+def _has_special(tokenizer: Any, messages: list[dict[str, str]]) -> bool:
+    specials = _specials(tokenizer)
+    return any(sp in m["content"] for m in messages for sp in specials)
+
+
 def _ids(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool, fmt: ChatFormat) -> list[int]:
     if not fmt.use_chat_template or tokenizer.chat_template is None:
-        text = "".join(m["content"] for m in messages)
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        return text_ids(tokenizer, "".join(m["content"] for m in messages))
+    if _has_special(tokenizer, messages):
+        return _ids_with_literal_content(tokenizer, messages, add_generation_prompt)
     out = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt)
     if hasattr(out, "keys"):  # transformers 5 returns a BatchEncoding
         out = out["input_ids"]
     return list(out)
+
+
+def _ids_with_literal_content(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool):
+    """The template's text, its own pieces tokenized as usual (its control tokens) and each message's content as
+    text (:func:`text_ids`): the content is located in the rendered text in order (as written, else stripped, for
+    templates that trim it)."""
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    ids, cursor = [], 0
+    for m in messages:
+        content = m["content"]
+        at = rendered.find(content, cursor) if content else -1
+        if at < 0 and content.strip():
+            content = content.strip()
+            at = rendered.find(content, cursor)
+        if at < 0:
+            if _specials_in(tokenizer, m["content"]):
+                raise ValueError("the chat template rewrites message content that holds special-token text; pass "
+                                 "pre-formatted text with chat=False to tokenize it as written")  # fmt: skip
+            continue
+        ids += list(tokenizer(rendered[cursor:at], add_special_tokens=False)["input_ids"]) + text_ids(
+            tokenizer, content
+        )
+        cursor = at + len(content)
+    return ids + list(tokenizer(rendered[cursor:], add_special_tokens=False)["input_ids"])
+
+
+def _specials_in(tokenizer: Any, text: str) -> bool:
+    return any(sp in text for sp in _specials(tokenizer))
 
 
 def render_prompt(tokenizer: Any, turns: list[dict[str, str]], fmt: ChatFormat) -> list[int]:

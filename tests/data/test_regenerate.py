@@ -60,11 +60,12 @@ def test_same_seed_same_output_independent_of_batching(varied_target, tmp_path, 
 
 def test_resume_skips_existing_ids_without_duplicates(target, tmp_path):
     out, ref = tmp_path / "gen.jsonl", tmp_path / "ref.jsonl"
-    regenerate(target, _prompts(6), ref, batch_size=3, **FAST)
-    regenerate(target, _prompts(6)[:2], out, batch_size=3, **FAST)
-    stats = regenerate(target, _prompts(6), out, batch_size=3, **FAST)
+    fast = {**FAST, "temperature": 0.0}  # greedy: no response is empty by chance (it would be dropped)
+    regenerate(target, _prompts(6), ref, batch_size=3, **fast)
+    regenerate(target, _prompts(6)[:2], out, batch_size=3, **fast)
+    stats = regenerate(target, _prompts(6), out, batch_size=3, **fast)
     assert stats["skipped"] == 2 and stats["written"] == 4
-    again = regenerate(target, _prompts(6), out, batch_size=3, **FAST)
+    again = regenerate(target, _prompts(6), out, batch_size=3, **fast)
     assert again["written"] == 0 and again["skipped"] == 6 and again["tokens"] == 0
     rows = _rows(out)
     assert len({r["id"] for r in rows}) == len(rows) == 6
