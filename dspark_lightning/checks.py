@@ -62,8 +62,14 @@ def read_json(path: str | os.PathLike, what: str) -> Any:
     """Parse a JSON file; an unreadable or truncated file is a one-line error naming it."""
     p = Path(path)
     try:
+        if not p.is_file():  # a FIFO or a device would block the read forever
+            raise UsageError(f"{what} {p} is not a regular file")
         return json.loads(p.read_text())
+    except RecursionError:
+        raise UsageError(f"{what} {p} nests too deeply to be a JSON file we read") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
+        if isinstance(exc, UsageError):
+            raise
         raise UsageError(f"{what} {p} is not readable JSON ({type(exc).__name__}: {exc})") from None
 
 

@@ -45,6 +45,8 @@ class DecodeResult:
 def encode_prompt(target, prompt: Prompt, chat: bool = True) -> list[int]:
     """A string (chat template applied unless ``chat=False``), a list of turns, or token ids -> ids."""
     if isinstance(prompt, torch.Tensor):
+        if prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:
+            raise ValueError(f"a token-id prompt tensor must hold integers, got dtype {prompt.dtype}")
         ids = [int(t) for t in prompt.reshape(-1)]
     elif isinstance(prompt, str):
         if chat:
@@ -54,6 +56,9 @@ def encode_prompt(target, prompt: Prompt, chat: bool = True) -> list[int]:
     elif isinstance(prompt, list | tuple) and prompt and isinstance(prompt[0], dict):
         ids = target.render_prompt(list(prompt))
     elif isinstance(prompt, list | tuple):
+        bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, int)]
+        if bad:
+            raise ValueError(f"token-id prompts must hold ints, got {bad[0]!r} ({type(bad[0]).__name__})")
         ids = [int(t) for t in prompt]
     else:
         raise TypeError(f"a prompt must be a string, a list of turns or token ids, got {type(prompt).__name__}")
@@ -89,7 +94,29 @@ def resolve(target, drafter, device=None, dtype=None, drafter_dtype=None):
                 f"the drafter is on {p.device} and the target on {target.device}: "
                 "load_drafter(path, target) places it with the target"
             )
+        check_drafter_object(drafter, target)
     return target, drafter
+
+
+def check_drafter_object(drafter, target) -> None:
+    """A drafter object must fit the target as a drafter loaded from a path must (geometry, tapped layers, chat
+    format of the export it came from)."""
+    from ..export import check_chat_format, read_config
+
+    g = getattr(drafter, "geometry", None)
+    if g is None:
+        return
+    tg = target.geometry
+    for key in ("hidden_size", "vocab_size"):
+        if getattr(g, key, None) != getattr(tg, key):
+            raise ValueError(
+                f"the drafter's {key} is {getattr(g, key, None)}, target {target.name!r} has {getattr(tg, key)}"
+            )
+    if list(g.layer_ids) != list(tg.layer_ids):
+        raise ValueError(f"the drafter reads target layers {list(g.layer_ids)}, the target taps {list(tg.layer_ids)}")
+    src = getattr(drafter, "source_dir", None)
+    if src is not None and (Path(src) / "config.json").is_file():
+        check_chat_format(read_config(Path(src)), target, str(src))
 
 
 def decode(
@@ -156,7 +183,13 @@ def decode(
     """
     t_start = time.perf_counter()
     check_decode_args(max_new_tokens, temperature, top_k, top_p, batch_size)
+    stop = check_stop(stop)
     target, drafter = resolve(target, drafter, device, dtype, drafter_dtype)
+    check_stop_ids(stop_token_ids, target)
+    if seeds is not None:
+        for s_ in seeds:
+            if isinstance(s_, bool) or not isinstance(s_, int):
+                raise ValueError(f"seeds must be ints, got {s_!r}")
     if isinstance(prompts, torch.Tensor):  # (S,) one prompt, (N, S) N prompts
         prompts = [prompts] if prompts.dim() == 1 else list(prompts)
     single = isinstance(prompts, str) or (
@@ -230,6 +263,29 @@ def check_decode_args(max_new_tokens, temperature, top_k, top_p, batch_size) -> 
     checks.at_least("top_k", top_k, 1)
     checks.temperature("temperature", temperature)
     checks.in_range("top_p", top_p, 0.0, 1.0, open_low=True)
+
+
+def check_stop(stop) -> list[str] | None:
+    """``stop``: None, one string (one stop string, not its characters) or a list of non-empty strings."""
+    if stop is None:
+        return None
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, list | tuple) or any(not isinstance(x, str) for x in stop):
+        raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
+    if any(not x for x in stop):
+        raise ValueError("stop strings must not be empty (an empty stop string would cut every output to nothing)")
+    return list(stop)
+
+
+def check_stop_ids(stop_token_ids, target) -> None:
+    if stop_token_ids is None:
+        return
+    if isinstance(stop_token_ids, int | str) or not isinstance(stop_token_ids, list | tuple | set):
+        raise ValueError(f"stop_token_ids must be a list of token ids, got {stop_token_ids!r}")
+    V = target.geometry.vocab_size
+    for t in stop_token_ids:
+        checks.token_id("stop_token_ids", t, V)
 
 
 def check_positions(target, encoded: list[list[int]], max_new_tokens: int, block_size: int) -> None:

@@ -17,6 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from .. import checks
 from ..registry import create, register
 from .sps import SPSTable, load_or_profile
 
@@ -83,8 +84,7 @@ class StaticScheduler:
     """l_r = min(gamma, γ) for every request (gamma=None: the whole block, as in the paper's Table 1)."""
 
     def __init__(self, gamma: int | None = None) -> None:
-        if gamma is not None and gamma < 0:
-            raise ValueError(f"gamma must be >= 0, got {gamma}")
+        checks.at_least("gamma", gamma, 0)
         self.gamma = gamma
 
     def __call__(self, conf: torch.Tensor) -> torch.Tensor:
@@ -105,6 +105,7 @@ class ThresholdScheduler:
     def __init__(self, threshold: float = 0.5, mode: str = "cumulative") -> None:
         if mode not in ("cumulative", "raw"):
             raise ValueError(f"mode must be 'cumulative' or 'raw', got {mode!r}")
+        checks.probability("threshold", threshold)
         self.threshold, self.mode = float(threshold), mode
 
     def __call__(self, conf: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ between profiled points, and a B above the profiled maximum is inadmissible (SPS
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import re
@@ -48,8 +49,17 @@ class SPSTable:
     meta: dict[str, Any] = field(default_factory=dict)  # target, device, dtype, threads, context_len, date
 
     def __post_init__(self) -> None:
+        if not isinstance(self.tokens, list | tuple) or not isinstance(self.sps, list | tuple):
+            raise ValueError("an SPS table's tokens and sps must be lists of numbers")
         if not self.tokens or len(self.tokens) != len(self.sps):
             raise ValueError("an SPS table needs equally many token counts and SPS values (at least one)")
+        bad = [b for b in self.tokens if isinstance(b, bool) or not isinstance(b, int) or b < 1]
+        if bad:
+            raise ValueError(f"SPS table token counts must be integers >= 1, got {bad[:3]}")
+        bad = [v for v in self.sps if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
+               or v <= 0]  # fmt: skip
+        if bad:
+            raise ValueError(f"SPS table steps per second must be finite numbers > 0, got {bad[:3]}")
         if any(b <= a for a, b in zip(self.tokens, self.tokens[1:], strict=False)):
             raise ValueError("SPS table token counts must be strictly increasing")
         self._b = torch.tensor(self.tokens, dtype=torch.float64)
@@ -83,8 +93,14 @@ class SPSTable:
 
     @classmethod
     def load(cls, path: str | Path) -> SPSTable:
-        d = json.loads(Path(path).read_text())
-        return cls(tokens=d["tokens"], sps=d["sps"], raw_sps=d.get("raw_sps", []), meta=d.get("meta", {}))
+        from .. import checks
+
+        d = checks.read_json(path, "SPS table")
+        if not isinstance(d, dict) or not {"tokens", "sps"} <= d.keys():
+            raise ValueError(f"{path}: an SPS table is a JSON object with 'tokens' and 'sps' lists")
+        meta = d.get("meta", {})
+        meta = meta if isinstance(meta, dict) else {}
+        return cls(tokens=d["tokens"], sps=d["sps"], raw_sps=d.get("raw_sps", []), meta=meta)
 
     @classmethod
     def from_points(cls, points: dict[int, float], **meta: Any) -> SPSTable:
