@@ -49,11 +49,16 @@ def encode_prompt(target, prompt: Prompt, chat: bool = True) -> list[int]:
             raise ValueError(f"a token-id prompt tensor must hold integers, got dtype {prompt.dtype}")
         ids = [int(t) for t in prompt.reshape(-1)]
     elif isinstance(prompt, str):
+        _check_text(prompt, "prompt")
         if chat:
             ids = target.render_prompt([{"role": "user", "content": prompt}])
         else:
             ids = list(target.tokenizer(prompt, add_special_tokens=False)["input_ids"])
     elif isinstance(prompt, list | tuple) and prompt and isinstance(prompt[0], dict):
+        for turn in prompt:
+            if not isinstance(turn, dict) or not isinstance(turn.get("role"), str):
+                raise ValueError(f"a chat turn must be a dict with a string 'role', got {turn!r:.80}")
+            _check_text(turn.get("content"), f"the {turn['role']!r} turn's content")
         ids = target.render_prompt(list(prompt))
     elif isinstance(prompt, list | tuple):
         bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, int)]
@@ -69,6 +74,16 @@ def encode_prompt(target, prompt: Prompt, chat: bool = True) -> list[int]:
     if bad:
         raise ValueError(f"prompt token ids {bad[:5]} are outside the target vocabulary [0, {V})")
     return ids
+
+
+def _check_text(text, what: str) -> None:
+    """Text the tokenizer can take: a string that is valid Unicode (no lone surrogates)."""
+    if not isinstance(text, str):
+        raise ValueError(f"{what} must be a string, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{what} is not valid Unicode (a lone surrogate at character {exc.start})") from None
 
 
 def resolve(target, drafter, device=None, dtype=None, drafter_dtype=None):

@@ -125,3 +125,19 @@ def test_a_drafter_object_for_other_tapped_layers_is_refused(varied_target):
     wide = make_drafter(random_target(vocab=300, hidden=64, layers=4, init=0.3, seed=0), block_size=3)
     with pytest.raises(ValueError, match="vocab_size"):
         decode(varied_target, wide, [PROMPT], max_new_tokens=2)
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "bad \ud800 surrogate",
+        [{"role": "user", "content": None}],
+        [{"role": "user", "content": 5}],
+        [{"content": "no role"}],
+        [{"role": "user", "content": "ok"}, "not a turn"],
+    ],
+)
+def test_malformed_text_and_turns_are_refused(tiny_target, prompt):
+    with pytest.raises(ValueError) as exc:
+        decode(tiny_target, None, [prompt], max_new_tokens=2)
+    one_line(exc)
