@@ -232,7 +232,10 @@ class Rollouts:
         return self.z[mask], self.m[mask], self.ell[mask]
 
     def save(self, path) -> None:
-        torch.save({k: getattr(self, k) for k in ("z", "m", "ell", "prompt")}, path)
+        from .atomic import atomic_writer
+
+        with atomic_writer(path) as f:  # all or nothing
+            torch.save({k: getattr(self, k) for k in ("z", "m", "ell", "prompt")}, f)
 
     @classmethod
     def load(cls, path) -> Rollouts:
@@ -290,10 +293,13 @@ def save_calibration(
     weights_sha256: str,
     heldout: tuple[list[PositionReport], list[PositionReport]] | None = None,
 ):
-    """Write ``calibration_T<T>.json`` next to the weights; ``heldout`` = (raw, STS) reports on unseen prompts."""
+    """Write ``calibration_T<T>.json`` next to the weights; ``heldout`` = (raw, STS) reports on unseen prompts.
+    The file is replaced atomically: a full disk or a kill leaves the previous calibration whole."""
     import json
     from dataclasses import asdict
     from pathlib import Path
+
+    from .atomic import atomic_write
 
     path = Path(drafter_dir) / calibration_file(temperature)
     check_temperatures(res.temperatures, f"refusing to write {path}")
@@ -311,7 +317,7 @@ def save_calibration(
     }
     if heldout is not None:
         doc["heldout"] = {"before": [asdict(r) for r in heldout[0]], "after": [asdict(r) for r in heldout[1]]}
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    atomic_write(path, json.dumps(doc, indent=1) + "\n")  # a full disk leaves the previous file as it was
     return path
 
 

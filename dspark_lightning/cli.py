@@ -9,7 +9,8 @@
     dspark-lightning export --drafter DIR --format dspark-hf --out DIR   (layouts vLLM / SGLang serve)
     dspark-lightning calibrate|threshold-sweep|serve-bench --drafter DIR ...   (STS, Figure 5, Figures 7-8)
 
-Inference subcommands never import Lightning. Bad input gives a one-line error and exit code 2.
+Inference subcommands never import Lightning. Bad input, a full disk (naming the path and the space it needs) and
+a folder another command is writing to give a one-line error and exit code 2.
 """
 
 from __future__ import annotations
@@ -76,17 +77,24 @@ def main(args: list[str] | None = None) -> None:
 
         from yaml import YAMLError
 
+        from .atomic import DiskFullError, disk_full_message, is_disk_full
         from .data.cache import CacheError
         from .export import DrafterLoadError
+        from .locks import FolderLockedError
         from .registry import RegistryError
 
         errors = (ArgumentError, RegistryError, FileNotFoundError, DrafterLoadError, ValueError, NotImplementedError)
-        errors += (CacheError, FileExistsError, YAMLError)
+        errors += (CacheError, FileExistsError, YAMLError, DiskFullError, FolderLockedError)
         try:
             module, func = commands[argv[0]]
             getattr(importlib.import_module(module), func)(argv[1:])
         except errors as exc:
             print(f"dspark-lightning {argv[0]}: error: {one_line_error(exc)}", file=sys.stderr)
+            sys.exit(2)
+        except OSError as exc:  # a full disk in a write that is not ours: one line too, naming the file
+            if not is_disk_full(exc):
+                raise
+            print(f"dspark-lightning {argv[0]}: error: {disk_full_message(exc)}", file=sys.stderr)
             sys.exit(2)
         return
     from .lightning.cli import main as lightning_main

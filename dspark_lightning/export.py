@@ -4,27 +4,28 @@ The directory records the block convention, the target name, its layer ids and c
 registered names and hyperparameters of every part, a SHA-256 of the weights and one of the rest of
 config.json (``config_sha256``: block size, mask token, geometry, parts, convention, target...). Loading
 rebuilds the parts through the registry (no pickles) and refuses a mismatched target, an edited
-config.json, altered or non-finite weights. An export is written to a temp directory and renamed into
-place, so a killed export leaves no directory that looks like one (and its temp is removed next time).
+config.json, altered or non-finite weights. An export is written to a temp directory and swapped into
+place, so a killed or failed export leaves no directory that looks like one and the previous export intact (its
+temp is removed next time).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+from safetensors.torch import save as save_safetensors
 
+from .atomic import atomic_dir, atomic_write, recover_dir
 from .calibration import load_calibrations
 from .drafters import CONVENTION, Drafter, build_part, compose, draft_geometry
 from .drafters.drafter import check_draft_vocab
+from .locks import LOCK_FILE
 from .registry import create
 
 FORMAT_VERSION = 1
@@ -73,9 +74,12 @@ def save_drafter(
     and non-finite weights.
 
     ``state``: the weights to write (default ``drafter.state_dict()``), e.g. the full state gathered from FSDP shards.
-    Both files are written to a temp directory next to ``path`` first (see :func:`_install_export`).
+    Both files are written to a temp directory next to ``path``, which then replaces ``path`` in one swap
+    (:func:`~dspark_lightning.atomic.atomic_dir`): a failure (a full disk) or a kill leaves the previous export as
+    it was, and the temp folder of a killed export is removed by the next one.
     """
     path = Path(path)
+    recover_dir(path, EXPORT_TAG, "export")  # an export killed mid-swap: the previous folder comes back first
     if path.exists() and not path.is_dir():
         raise FileExistsError(f"export path {path} exists and is not a directory")
     if path.exists() and any(path.iterdir()) and not overwrite:
@@ -90,41 +94,20 @@ def save_drafter(
         **(extra or {}),
     }
     cfg["config_sha256"] = config_sha256(cfg)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_orphans(path)
-    tmp = Path(tempfile.mkdtemp(prefix=_tmp_prefix(path), dir=path.parent))
-    try:
-        save_file(state, str(tmp / "model.safetensors"))
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        _install_export(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    with atomic_dir(path, tag=EXPORT_TAG, what="export", carry=_carried) as tmp:
+        atomic_write(tmp / "model.safetensors", save_safetensors(state))
+        atomic_write(tmp / "config.json", json.dumps(cfg, indent=2) + "\n")
     return path
 
 
-def _tmp_prefix(path: Path) -> str:
-    return f".{path.name}.export-tmp-"
+EXPORT_TAG = "export-"  # temp folders are .<name>.export-tmp-<pid>-*, a swapped-out one .<name>.export-old-<pid>-*
+OWN_FILES = ("config.json", "model.safetensors")
 
 
-def _remove_orphans(path: Path) -> None:
-    """Remove the temp directories of earlier exports to ``path`` that were killed before their rename. Exports to
-    one path have one writer (rank 0 of ``fit``, or one ``export`` command), so such a directory is never live."""
-    for orphan in path.parent.glob(_tmp_prefix(path) + "*"):
-        warnings.warn(f"removing {orphan}, left by an export that was interrupted", stacklevel=3)
-        shutil.rmtree(orphan, ignore_errors=True)
-
-
-def _install_export(tmp: Path, path: Path) -> None:
-    """Move a finished export into place. A new (or empty) ``path`` is one atomic rename of the whole directory;
-    an existing one (``overwrite``) gets the weights first and config.json last, each replaced atomically, so an
-    interruption in between leaves a pair whose weights hash no longer matches: refused on load, never used."""
-    if path.is_dir() and not any(path.iterdir()):
-        path.rmdir()
-    if not path.exists():
-        tmp.rename(path)
-        return
-    for name in ("model.safetensors", "config.json"):
-        os.replace(tmp / name, path / name)
+def _carried(name: str) -> bool:
+    """What an overwrite keeps of the previous export: files it does not write itself (calibration files stay and
+    are checked against the new weights' hash on load), not the folder lock of a command that works on it."""
+    return name not in OWN_FILES and name != LOCK_FILE
 
 
 def read_config(path: str | Path) -> dict[str, Any]:

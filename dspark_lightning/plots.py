@@ -9,6 +9,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from .atomic import atomic_writer  # noqa: E402
+
 
 def plot_sps(table, path: str | Path) -> Path:
     """SPS(B) measured and smoothed, plus the time per verification forward."""
@@ -29,6 +31,7 @@ def plot_sps(table, path: str | Path) -> Path:
     where = f"{m.get('device', '?')} ({m.get('dtype', '?')}, context {m.get('context_len')})"
     fig.suptitle(f"SPS of {m.get('target', '?')} on {where}")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_writer(path) as f:  # all or nothing
+        fig.savefig(f, format=Path(path).suffix.lstrip(".") or "png", dpi=120)
     plt.close(fig)
     return path

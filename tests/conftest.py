@@ -30,3 +30,64 @@ def tiny_batch(tiny_target):
     ids = torch.randint(0, 256, (2, 24), generator=g)
     out = tiny_target(ids)
     return out.context, out.hidden, ids
+
+
+class DiskFull:
+    """Writes under ``root`` fail with ENOSPC, as on a disk that fills up: ``os.write`` once ``room`` bytes went
+    there (a short write first, as the kernel does), or every ``os.fsync`` there (``on="fsync"``: NFS, quotas).
+    ``free()`` makes space again."""
+
+    def __init__(self, monkeypatch, root, room: int = 0, on: str = "write") -> None:
+        import errno
+
+        self.root, self.room, self.hits, self.active = os.path.realpath(root), room, 0, True
+        real_write, real_fsync = os.write, os.fsync
+
+        def under_root(fd: int) -> bool:
+            try:
+                return self.active and os.readlink(f"/proc/self/fd/{fd}").startswith(self.root)
+            except OSError:
+                return False
+
+        def write(fd, data):
+            if on != "write" or not under_root(fd):
+                return real_write(fd, data)
+            if self.room <= 0:
+                self.hits += 1
+                raise OSError(errno.ENOSPC, "No space left on device")
+            view = memoryview(data).cast("B")[: self.room]
+            n = real_write(fd, view)
+            self.room -= n
+            return n
+
+        def fsync(fd):
+            if on == "fsync" and under_root(fd):
+                self.hits += 1
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_fsync(fd)
+
+        monkeypatch.setattr(os, "write", write)
+        monkeypatch.setattr(os, "fsync", fsync)
+
+    def free(self) -> None:
+        self.active = False
+
+
+@pytest.fixture
+def disk_full(monkeypatch):
+    """``disk_full(root, room=0, on="write")``: make the file system under ``root`` full (see :class:`DiskFull`)."""
+    return lambda root, room=0, on="write": DiskFull(monkeypatch, root, room, on)
+
+
+def _snapshot(root) -> dict[str, bytes]:
+    from pathlib import Path
+
+    root = Path(root)
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def snapshot():
+    """``snapshot(root)``: every file below ``root`` (relative path -> bytes), hidden ones included: compare before
+    and after a failed write (same bytes, no temp debris)."""
+    return _snapshot

@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -32,6 +31,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from ..atomic import atomic_write
 from .cache import FeatureCache, cache_meta, describe_estimate, merge_caches, write_cache
 from .features import extract_features, tokenize_conversations
 from .regenerate import load_conversations, regenerate
@@ -89,15 +89,9 @@ def _log(msg: str) -> None:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temp file next to ``path`` and rename it into place (readers never see half a file)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    for orphan in path.parent.glob(f".{path.name}.tmp-*"):  # a killed earlier write's (one writer per file)
-        orphan.unlink(missing_ok=True)
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write ``text`` to a temp file next to ``path`` and rename it into place (readers never see half a file; a full
+    disk leaves the previous file as it was): :func:`dspark_lightning.atomic.atomic_write`."""
+    atomic_write(path, text)
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:

@@ -2,8 +2,9 @@
 
 Every user turn is answered in order from the regenerated history, rendered with the target's
 shared :class:`~dspark_lightning.targets.ChatFormat` (pitfall 5). Output is JSONL, one row per
-conversation, appended and flushed per batch and keyed by id, so a resume skips finished ids and
-never duplicates a row (pitfall 19). Row schema::
+conversation, appended and fsynced per batch and keyed by id, so a resume skips finished ids and
+never duplicates a row (pitfall 19). An append that fails (a full disk) is cut back to the rows
+before it; a resume drops a torn last line and deduplicates ids an old race wrote twice. Row schema::
 
     {"id": str, "domain": str, "source": str,
      "turns": [{"role": "user", "content": ...}, {"role": "assistant", "content": ...}, ...],
@@ -37,6 +38,7 @@ from typing import Any
 
 import torch
 
+from ..atomic import append_durable, atomic_writer
 from .sources import PromptRecord
 
 log = logging.getLogger(__name__)
@@ -204,46 +206,89 @@ def _answer_batch(target: Any, recs: list[PromptRecord], cfg: dict[str, Any]) ->
     return conv.result()
 
 
-def _scan_rows(path: Path) -> tuple[list[tuple[int, dict]], int | None]:
-    """Parse a JSONL file of rows; returns (rows with line numbers, byte offset of a truncated last line or None).
+class _Scan:
+    """A JSONL file of rows as :func:`_scan_rows` reads it."""
 
-    A malformed complete line raises ``ValueError("<file>:<line>: ...")``; only an unterminated, unparseable final
-    line (a crash mid-write) is reported as truncated.
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, dict]] = []  # (line number, row) of every valid line
+        self.truncated_at: int | None = None  # byte offset of an unparseable last line (a torn write)
+        self.unterminated_at: int | None = None  # byte offset of a valid last line without its newline
+        self.size = 0
+
+
+def _scan_rows(path: Path) -> _Scan:
+    """Parse a JSONL file of rows.
+
+    A malformed line followed by more rows raises ``ValueError("<file>:<line>: ...")``; an unparseable *last* line
+    (a crash or a full disk mid-write, or the zeros a file system leaves after a power loss) is reported as
+    truncated, a parseable last line without its newline as unterminated.
     """
-    rows: list[tuple[int, dict]] = []
-    offset, truncated_at = 0, None
+    scan, pending = _Scan(), None
+    offset = 0
     with open(path, "rb") as f:
         for lineno, line in enumerate(f, 1):
             start, offset = offset, offset + len(line)
             if not line.strip():
                 continue
+            if pending is not None:  # a bad line with rows after it: not a torn write
+                raise ValueError(f"{path}:{pending[1]}: malformed row: {pending[2]}")
             try:
                 row = json.loads(line)
                 if not isinstance(row, dict) or not isinstance(row.get("id"), str):
                     raise ValueError('expected a JSON object with a string "id"')
             except ValueError as exc:
-                if not line.endswith(b"\n"):
-                    truncated_at = start
-                    break
-                raise ValueError(f"{path}:{lineno}: malformed row: {exc}") from None
-            rows.append((lineno, row))
-    return rows, truncated_at
+                pending = (start, lineno, exc)
+                continue
+            scan.rows.append((lineno, row))
+            if not line.endswith(b"\n"):
+                scan.unterminated_at = start
+    scan.size = offset
+    if pending is not None:
+        scan.truncated_at = pending[0]
+    return scan
+
+
+def _warn(msg: str) -> None:
+    warnings.warn(msg, stacklevel=3)
+    log.warning(msg)
 
 
 def _prepare_resume(path: Path, cfg: dict[str, Any]) -> set[str]:
-    """Ids already in ``path``; cuts a truncated last line and checks the settings match."""
+    """Ids already in ``path``, after repairing what an interrupted or concurrent writer left: a torn last line (not
+    valid JSON: cut short, or the zeros of a power loss) is cut off, and rows whose id is already on an earlier line
+    are dropped (the first complete line wins), each with a one-line warning; then checks the settings match.
+
+    A last line that parses but lost only its newline is a whole row (a JSON object closes only at its end): it
+    gets its newline back rather than being paid for again."""
     if not path.exists() or path.stat().st_size == 0:
         return set()
-    rows, truncated_at = _scan_rows(path)
-    if truncated_at is not None:
-        log.warning("%s: dropping a truncated last line (interrupted write) before resuming", path)
+    scan = _scan_rows(path)
+    rows = scan.rows
+    if scan.truncated_at is not None:
+        _warn(
+            f"{path}: dropping a truncated last line at byte {scan.truncated_at} (not valid JSON: an interrupted "
+            "write) before resuming"
+        )
         with open(path, "r+b") as f:
-            f.truncate(truncated_at)
-    else:
-        with open(path, "r+b") as f:
-            f.seek(-1, os.SEEK_END)
-            if f.read(1) != b"\n":  # a complete last row without its newline
-                f.write(b"\n")
+            f.truncate(scan.truncated_at)
+            f.flush()
+            os.fsync(f.fileno())
+    if scan.unterminated_at is not None:  # only ever the file's last line
+        append_durable(path, b"\n")  # a complete last row without its newline
+    first: dict[str, int] = {}
+    dups = [(lineno, row["id"]) for lineno, row in rows if first.setdefault(row["id"], lineno) != lineno]
+    if dups:
+        lineno, rid = dups[0]
+        _warn(
+            f"{path}: {len(dups)} rows repeat an id of an earlier line (e.g. id {rid!r} on line {lineno}, first on "
+            f"line {first[rid]}; two writers at once?): keeping the first of each"
+        )
+        keep = {lineno for lineno, row in rows if first[row["id"]] == lineno}
+        with open(path, "rb") as src, atomic_writer(path) as dst:
+            for n, line in enumerate(src, 1):
+                if n in keep:
+                    dst.write(line)
+        rows = [(n, row) for n, row in rows if n in keep]
     for lineno, row in rows:
         old = {k: row.get("gen", {}).get(k) for k in cfg}
         if old != cfg:
@@ -319,17 +364,15 @@ def regenerate(
         worker, step = EngineRegenerator(target, cfg, concurrency).answer, max(batch_size, 4 * concurrency)
     else:
         worker, step = (lambda recs: _answer_batch(target, recs, cfg)), batch_size
-    with open(path, "a", encoding="utf-8") as f:
-        for b in range(0, len(todo), step):
-            rows, n_tok, dropped = worker(todo[b : b + step])
-            f.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)
-            f.flush()
-            os.fsync(f.fileno())
-            stats["written"] += len(rows)
-            stats["dropped_empty"] += dropped
-            stats["tokens"] += n_tok
-            bar.update(len(rows) + dropped)
-            bar.set_postfix(tok_s=f"{stats['tokens'] / max(time.perf_counter() - start, 1e-9):.1f}")
+    for b in range(0, len(todo), step):
+        rows, n_tok, dropped = worker(todo[b : b + step])
+        if rows:  # one durable append per batch; a failed one (a full disk) is cut back, never half a row
+            append_durable(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+        stats["written"] += len(rows)
+        stats["dropped_empty"] += dropped
+        stats["tokens"] += n_tok
+        bar.update(len(rows) + dropped)
+        bar.set_postfix(tok_s=f"{stats['tokens'] / max(time.perf_counter() - start, 1e-9):.1f}")
     bar.close()
     stats["seconds"] = time.perf_counter() - start
     stats["tokens_per_s"] = stats["tokens"] / stats["seconds"] if stats["seconds"] > 0 else 0.0
@@ -346,7 +389,8 @@ def load_conversations(path: str | os.PathLike) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"conversation file {path} does not exist")
-    rows, truncated_at = _scan_rows(path)
+    scan = _scan_rows(path)
+    rows, truncated_at = scan.rows, scan.truncated_at
     if truncated_at is not None:
         msg = f"{path}: ignoring a truncated last line at byte {truncated_at} (interrupted write; a resume removes it)"
         warnings.warn(msg, stacklevel=2)

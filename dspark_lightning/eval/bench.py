@@ -157,6 +157,7 @@ def write_bench(doc: dict, out: str | Path) -> dict[str, Path]:
 
 def plot_bench(doc: dict, path: Path) -> Path:
     from ..plots import plt
+    from .report import save_figure
 
     cells = list(dict.fromkeys((r["temperature"], r["batch"], r["prompt_set"]) for r in doc["rows"]))
     fig, axes = plt.subplots(1, len(cells), figsize=(3.2 * len(cells), 3.8), squeeze=False, sharey=False)
@@ -171,6 +172,6 @@ def plot_bench(doc: dict, path: Path) -> Path:
     axes[0][0].set_ylabel("tokens / s")
     fig.suptitle(f"{doc['info']['target']}: throughput per engine (grey: HF, dark: our plain, blue: drafters)")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
     return path

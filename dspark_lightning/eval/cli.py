@@ -7,12 +7,14 @@ dspark-lightning calibrate --drafter outputs/compare/dspark/tb/version_0/drafter
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
 from .. import checks
+from ..atomic import atomic_write
 from ..infer.cli import add_device_args, check_choice, check_device_args, check_scheduler_args, check_sps_file
 
 DOMAINS = ("math", "code", "chat")  # the built-in held-out sets; a --dataset names one of them as its domain
@@ -214,6 +216,16 @@ def calibrate_parser() -> ArgumentParser:
 
 
 def run_calibrate(argv: list[str]) -> None:
+    """``dspark-lightning calibrate``; holds the drafter folder's lock (one writer of its calibration files)."""
+    from .. import locks
+
+    a = calibrate_parser().parse_args(argv)
+    check_calibrate_args(a)
+    with locks.folder_lock(a.drafter, "calibrate") if locks.is_primary_process() else contextlib.nullcontext():
+        _calibrate(a)
+
+
+def _calibrate(a) -> None:
     import json
 
     import torch
@@ -222,8 +234,6 @@ def run_calibrate(argv: list[str]) -> None:
     from ..export import read_config
     from .report import calibration_markdown, plot_reliability
 
-    a = calibrate_parser().parse_args(argv)
-    check_calibrate_args(a)
     ro = load_rollouts(a.rollouts) if a.rollouts else None
     target, drafters = load_drafters([a.drafter], None, a)
     drafter = next(iter(drafters.values()))
@@ -260,8 +270,8 @@ def run_calibrate(argv: list[str]) -> None:
     if a.report_dir:
         out = Path(a.report_dir)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "calibration_report.json").write_text(json.dumps(doc, indent=1) + "\n")
-        (out / "calibration_report.md").write_text(calibration_markdown(doc) + "\n")
+        atomic_write(out / "calibration_report.json", json.dumps(doc, indent=1) + "\n")
+        atomic_write(out / "calibration_report.md", calibration_markdown(doc) + "\n")
         if not a.rollouts:
             ro.save(out / "rollouts.pt")
         rows = held if heldout is not None else ~held

@@ -6,22 +6,33 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+from ..atomic import atomic_write, atomic_writer
+
 
 def write_outputs(doc: dict, out: str | Path, files: dict[str, Callable | None]) -> dict[str, Path]:
     """Write a command's files into ``out``: ``*.json`` is the document itself, ``*.md`` is ``files[name](doc)``,
-    anything else (plots) is written by ``files[name](doc, path)``."""
+    anything else (plots) is written by ``files[name](doc, path)``. Each file replaces its previous version
+    atomically (a full disk leaves the previous one as it was)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
     for name, make in files.items():
         path = paths[name] = out / name
         if name.endswith(".json"):
-            path.write_text(json.dumps(doc, indent=1) + "\n")
+            atomic_write(path, json.dumps(doc, indent=1) + "\n")
         elif name.endswith(".md"):
-            path.write_text(make(doc) + "\n")
+            atomic_write(path, make(doc) + "\n")
         else:
             make(doc, path)
     return paths
+
+
+def save_figure(fig, path: str | Path, dpi: int) -> Path:
+    """``fig.savefig`` through a temp file next to ``path`` (all or nothing)."""
+    path = Path(path)
+    with atomic_writer(path) as f:
+        fig.savefig(f, format=path.suffix.lstrip(".") or "png", dpi=dpi)
+    return path
 
 
 def _f(v, spec: str = ".2f") -> str:
@@ -88,7 +99,7 @@ def plot_acceptance(acceptance: dict, path: str | Path, title: str = "") -> Path
     axes[0][-1].legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
     return path
 
@@ -167,7 +178,7 @@ def plot_reliability(z, m, ell, temps_before, temps_after, out_dir: str | Path, 
         axc.set_yscale("log")
         fig.tight_layout()
         path = out_dir / f"reliability_pos{k + 1}.png"
-        fig.savefig(path, dpi=110)
+        save_figure(fig, path, dpi=110)
         plt.close(fig)
         paths.append(path)
     return paths
@@ -271,7 +282,7 @@ def plot_frontier(doc: dict, path: str | Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
     return Path(path)
 
@@ -297,7 +308,7 @@ def plot_budget(doc: dict, path: str | Path) -> Path:
     a1.legend(fontsize=7)
     fig.suptitle(f"{doc['info']['target']}: verification budget against load", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
     return Path(path)
 
@@ -351,6 +362,6 @@ def plot_threshold_sweep(doc: dict, path: str | Path) -> Path:
     ax2.legend(fontsize=7, loc="upper right")
     fig.suptitle(f"{doc['info']['target']}: threshold sweep ({doc['info']['mode']} rule)", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
     return Path(path)

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..atomic import atomic_write
 from .prompts import EVAL_SETS, eval_prompts
 
 BUILTIN = {"gsm_symbolic": "math", "humaneval": "code", "mtbench": "chat"}  # dataset -> domain
@@ -224,9 +225,9 @@ def write_eval(doc: dict, out: str | Path) -> dict[str, Path]:
         "acceptance.json": out / "acceptance.json",
         "acceptance.png": out / "acceptance.png",
     }
-    paths["tau_table.json"].write_text(json.dumps(doc, indent=1) + "\n")
-    paths["acceptance.json"].write_text(json.dumps(acceptance, indent=1) + "\n")
-    paths["tau_table.md"].write_text(eval_markdown(doc) + "\n")
+    atomic_write(paths["tau_table.json"], json.dumps(doc, indent=1) + "\n")  # each file all or nothing
+    atomic_write(paths["acceptance.json"], json.dumps(acceptance, indent=1) + "\n")
+    atomic_write(paths["tau_table.md"], eval_markdown(doc) + "\n")
     plot_acceptance(acceptance, paths["acceptance.png"], title=_title(doc["info"]))
     doc["acceptance"] = acceptance
     return paths

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
 from .. import checks
+from ..atomic import atomic_write
 from .sampling import GREEDY_EPS
 
 LAYOUTS = ("padded", "flat")
@@ -215,7 +215,7 @@ def run_decode(argv: list[str]) -> None:
     if a.json_out:
         out = {"texts": res.texts, "token_ids": res.token_ids, "finish_reasons": res.finish_reasons}
         out |= {"stats": res.stats.to_dict(), "requests": res.requests}
-        Path(a.json_out).write_text(json.dumps(out, indent=2) + "\n")
+        atomic_write(a.json_out, json.dumps(out, indent=2) + "\n")  # the previous file survives a full disk
 
 
 def run_profile(argv: list[str]) -> None:

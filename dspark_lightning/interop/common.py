@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save
 
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"  # sharded checkpoints (HF save_pretrained past max_shard_size)
@@ -147,20 +147,35 @@ def cast_state(state: dict[str, torch.Tensor], dtype: torch.dtype, keep_fp32: tu
 
 
 def prepare_out(out: Path, overwrite: bool) -> None:
-    """Refuse a non-empty directory unless ``overwrite`` (then the files this package writes are replaced)."""
+    """Refuse a non-empty directory unless ``overwrite``. Nothing is removed here: :func:`write_layout` builds the
+    new export beside ``out`` and swaps it in, so a failed export leaves the previous one as it was."""
+    from ..atomic import recover_dir
+    from ..export import EXPORT_TAG
+
+    recover_dir(out, EXPORT_TAG, "export")  # an export killed mid-swap: its previous folder comes back first
     if out.exists() and not out.is_dir():
         raise InteropError(f"{out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()):
-        if not overwrite:
-            raise InteropError(f"output directory {out} is not empty (pass --overwrite to replace its export)")
-        for f in [*out.glob("calibration_T*.json"), *(out / n for n in (CONFIG_FILE, WEIGHTS_FILE, CALIBRATION_FILE))]:
-            f.unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise InteropError(f"output directory {out} is not empty (pass --overwrite to replace its export)")
+
+
+def kept_on_overwrite(name: str) -> bool:
+    """Files of a previous export in ``--out`` that an overwrite keeps: not the ones an export writes (weights,
+    config, calibration side files, a stale shard index) nor a command's folder lock."""
+    from ..locks import LOCK_FILE
+
+    own = (CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE, CALIBRATION_FILE, LOCK_FILE)
+    return name not in own and not (name.startswith("calibration_T") and name.endswith(".json"))
 
 
 def write_layout(out: Path, config: dict[str, Any], state: dict[str, torch.Tensor], extra: dict[str, Any]) -> None:
-    """``config.json``, ``model.safetensors`` (HF's ``format: pt`` metadata) and JSON side files."""
-    save_file(state, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
-    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    for name, doc in extra.items():
-        (out / name).write_text(json.dumps(doc, indent=1) + "\n")
+    """``config.json``, ``model.safetensors`` (HF's ``format: pt`` metadata) and JSON side files, built in a temp
+    folder next to ``out`` and swapped in (:func:`~dspark_lightning.atomic.atomic_dir`)."""
+    from ..atomic import atomic_dir, atomic_write
+    from ..export import EXPORT_TAG
+
+    with atomic_dir(out, tag=EXPORT_TAG, what="export", carry=kept_on_overwrite) as tmp:
+        atomic_write(tmp / WEIGHTS_FILE, save(state, metadata={"format": "pt"}))
+        atomic_write(tmp / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
+        for name, doc in extra.items():
+            atomic_write(tmp / name, json.dumps(doc, indent=1) + "\n")

@@ -11,14 +11,21 @@ A drafter a layout or engine cannot represent is refused with the reason (exit c
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .common import CALIBRATION_FILE, EXPORT_DTYPES, InteropError, cast_state, prepare_out, write_layout
+from .common import (
+    CALIBRATION_FILE,
+    EXPORT_DTYPES,
+    InteropError,
+    cast_state,
+    kept_on_overwrite,
+    prepare_out,
+    write_layout,
+)
 from .dspark_hf import HEADS, KEEP_FP32, calibration_doc, check_dspark, dspark_config, dspark_state, is_dspark_config
 from .eagle3_hf import check_eagle3, eagle3_config, eagle3_state
 from .engines import check_engine, dspark_additions, eagle3_additions, refuse_dspark, refuse_eagle3
@@ -139,18 +146,20 @@ def _target_for(src: Path, cfg: dict[str, Any], target: Any) -> Any:
 
 def _native(drafter: Any, target: Any, src: Path, out: Path, dtype: str | None, overwrite: bool) -> ExportResult:
     """Re-save in our format; calibration files travel when the weights are unchanged (their hash matches)."""
-    from ..export import read_config, save_drafter
+    from ..atomic import atomic_dir, atomic_write
+    from ..export import EXPORT_TAG, read_config, save_drafter
 
     if dtype is not None:
         drafter = drafter.to(EXPORT_DTYPES[dtype])
     prepare_out(out, overwrite)
-    save_drafter(drafter, out, target, overwrite=True)
-    sha = read_config(out)["weights_sha256"]
     notes, kept = [], 0
-    for f in sorted(src.glob("calibration_T*.json")):
-        if json.loads(f.read_text()).get("weights_sha256") == sha:
-            shutil.copy2(f, out / f.name)
-            kept += 1
+    with atomic_dir(out, tag=EXPORT_TAG, what="export", carry=kept_on_overwrite) as tmp:  # all of it or none
+        save_drafter(drafter, tmp, target, overwrite=True)
+        sha = read_config(tmp)["weights_sha256"]
+        for f in sorted(src.glob("calibration_T*.json")):
+            if json.loads(f.read_text()).get("weights_sha256") == sha:
+                atomic_write(tmp / f.name, f.read_bytes())
+                kept += 1
     if getattr(drafter, "calibrations", None) and not kept:
         notes.append("STS calibration not carried over: it is tied to the source weights' hash (recalibrate)")
     return ExportResult(out, "native", dtype or "as stored", len(drafter.state_dict()), notes)

@@ -10,6 +10,7 @@ a one-line error and exit code 2.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import sys
@@ -23,11 +24,13 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException  # n
 from lightning.pytorch.cli import LightningCLI  # noqa: E402
 from yaml import YAMLError  # noqa: E402
 
-from .. import checks  # noqa: E402
+from .. import checks, locks  # noqa: E402
+from ..atomic import DiskFullError, disk_full_message, is_disk_full  # noqa: E402
 from ..cli import one_line_error  # noqa: E402
 from ..data.cache import CacheError  # noqa: E402
 from ..export import DrafterLoadError, save_drafter  # noqa: E402
 from ..registry import RegistryError  # noqa: E402
+from .checkpoint_io import AtomicCheckpointIO, checkpoint_problem  # noqa: E402
 from .datamodule import DSparkDataModule  # noqa: E402
 from .module import DSparkModule, TrainingDiverged  # noqa: E402
 
@@ -42,10 +45,17 @@ USER_ERRORS = (
     TrainingDiverged,
     MisconfigurationException,  # Lightning's word for a bad trainer argument
     YAMLError,  # a recipe that is not YAML
+    DiskFullError,  # names the path and the space it needs; the previous file is untouched
+    locks.FolderLockedError,  # another fit / prepare / calibrate writes to the same folder
 )
 
 
 class DSparkCLI(LightningCLI):
+    def __init__(self, *args, **kwargs) -> None:
+        """The folder locks taken by :meth:`instantiate_classes` are held until the command ends (or fails)."""
+        with contextlib.ExitStack() as self._locks:
+            super().__init__(*args, **kwargs)
+
     def add_arguments_to_parser(self, parser) -> None:
         parser.link_arguments("data.target", "model.target")
         parser.link_arguments("data.layer_ids", "model.layer_ids")
@@ -90,6 +100,21 @@ class DSparkCLI(LightningCLI):
         except (RuntimeError, TypeError, IndexError) as exc:
             raise checks.UsageError(f"the recipe's model or data cannot be built: {one_line_error(exc)}") from None
         check_built(self.model)
+        if self.subcommand == "fit" and locks.is_primary_process():  # the ranks of one run share its folders
+            for folder in (cfg.get("trainer", {}).get("default_root_dir"), cfg.get("data", {}).get("work_dir")):
+                if folder and "://" not in str(folder):
+                    self._locks.enter_context(locks.folder_lock(folder, "fit"))
+
+    def _instantiate_trainer(self, config: dict, callbacks: list):
+        """Checkpoints go through :class:`AtomicCheckpointIO` unless the recipe brings its own ``CheckpointIO``."""
+        from lightning.pytorch.plugins.io import CheckpointIO
+
+        plugins = config.get("plugins")
+        plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list | tuple) else [plugins]
+        strategy_io = getattr(config.get("strategy"), "_checkpoint_io", None)
+        if strategy_io is None and not any(isinstance(p, CheckpointIO) for p in plugins):
+            config["plugins"] = [*plugins, AtomicCheckpointIO()]
+        return super()._instantiate_trainer(config, callbacks)
 
     def before_instantiate_classes(self) -> None:
         """``data.target_dtype: null`` follows the trainer: fp32 for a CPU run or a 32-bit precision (the CPU recipes
@@ -162,7 +187,9 @@ class DSparkCLI(LightningCLI):
         return patterns
 
     def _latest_checkpoint(self) -> Path:
-        """The most recently written checkpoint matching :meth:`_checkpoint_patterns` (``last.ckpt`` wins a tie)."""
+        """The most recently written *readable* checkpoint matching :meth:`_checkpoint_patterns` (``last.ckpt`` wins
+        a tie). A truncated or damaged newer one (a disk that filled, a copy that broke off) is skipped, in one line;
+        none readable is a one-line error."""
         patterns = self._checkpoint_patterns()
         found = [Path(f) for pattern in patterns for f in glob.glob(pattern) if Path(f).is_file()]
         if not found:
@@ -170,7 +197,7 @@ class DSparkCLI(LightningCLI):
             raise FileNotFoundError(
                 f"--ckpt_path last: no checkpoint of this recipe matches {where}; run fit without --ckpt_path to start"
             )
-        return max(found, key=lambda f: (f.stat().st_mtime_ns, f.stem.startswith("last")))
+        return newest_readable(found)
 
     def after_fit(self) -> None:
         if self.model.validation_is_stale and self.trainer.limit_val_batches:  # stopped between validations
@@ -227,6 +254,23 @@ def calibrate_after_fit(drafter_dir: Path, spec: dict | None) -> None:
         run_calibrate(["--drafter", str(drafter_dir), *args])
 
 
+def newest_readable(found: list[Path]) -> Path:
+    """The newest of ``found`` (``last*`` wins a tie) that :func:`checkpoint_problem` passes; says which it skipped."""
+    skipped = []
+    for f in sorted(found, key=lambda f: (f.stat().st_mtime_ns, f.stem.startswith("last")), reverse=True):
+        problem = checkpoint_problem(f)
+        if problem is None:
+            if skipped:
+                names = "; ".join(f"{p} ({why})" for p, why in skipped)
+                print(f"[dspark-lightning] --ckpt_path last: skipping unreadable {names}; using {f}", flush=True)
+            return f
+        skipped.append((f, problem))
+    names = "; ".join(f"{p} ({why})" for p, why in skipped)
+    raise checks.UsageError(
+        f"--ckpt_path last: no readable checkpoint of this recipe ({names}); run fit without --ckpt_path to start over"
+    )
+
+
 def check_checkpoint_file(path: str | None) -> None:
     """An explicit ``--ckpt_path`` file must be a torch checkpoint (a zip archive): a garbage file used to fail
     deep inside ``torch.load`` after the model was built and validated."""
@@ -272,6 +316,11 @@ def main(args: list[str] | None = None) -> None:
         )
     except USER_ERRORS as exc:
         print(f"dspark-lightning{' ' + command if command else ''}: error: {one_line_error(exc)}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as exc:
+        if not is_disk_full(exc):  # a full disk in a write that is not ours (a logger's): one line too
+            raise
+        print(f"dspark-lightning{' ' + command if command else ''}: error: {disk_full_message(exc)}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -71,11 +71,32 @@ def _world(cfg: Any) -> tuple[int, int, bool]:
     return int(os.environ.get("RANK", 0)), world, world > 1 and "MASTER_ADDR" in os.environ
 
 
+def lock_folders(job: Any, rank: int, world: int, launched: bool, merge: bool) -> list[Path]:
+    """The folders this process writes, locked for as long as it runs (one writer per folder): the work dir for a
+    single process, rank 0 of a torchrun job and ``--merge``; each rank's own folder where ranks run side by side."""
+    work = Path(job.work_dir)
+    if merge:
+        return [work]
+    folders = [job.paths.rank_dir(job.fingerprint, rank, world)] if world > 1 else []
+    return [work, *folders] if rank == 0 and (world == 1 or launched) else folders
+
+
 def run_prepare(argv: list[str]) -> None:
+    import contextlib
+
+    from .. import locks
+
     dm, cfg = _parse("prepare", argv, extra=True)
     dm.prepare_device = cfg.device
     rank, world, launched = _world(cfg)
     job = dm.prepare_job()
+    with contextlib.ExitStack() as held:
+        for folder in lock_folders(job, rank, world, launched, cfg.merge):
+            held.enter_context(locks.folder_lock(folder, "prepare"))
+        _prepare(dm, cfg, job, rank, world, launched)
+
+
+def _prepare(dm: DSparkDataModule, cfg: Any, job: Any, rank: int, world: int, launched: bool) -> None:
     if cfg.merge:
         job.merge(world)
     elif launched:
