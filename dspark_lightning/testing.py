@@ -111,3 +111,19 @@ def check_seq_head(spec: Any, block_size: int = 4, seed: int = 0, **kwargs: Any)
     for p, out in zip(prompts, res.token_ids, strict=True):
         ref = target.model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=GREEDY_TOKENS, pad_token_id=0)
         assert out == ref[0, len(p) :].tolist(), f"{name}: decode() is not lossless (greedy output differs)"
+
+
+def assert_decodes_target_greedy(target: Any, drafter: Any, texts=("hello there", "def f(a, b):"), n: int = 16):
+    """``decode()`` with ``drafter`` (static scheduler) gives the target's own greedy ``generate()`` output for chat
+    prompts ``texts``, and really ran rounds: the check every imported or exported drafter must pass."""
+    import torch
+
+    from .infer import decode
+
+    prompts = [target.render_prompt([{"role": "user", "content": t}]) for t in texts]
+    res = decode(target, drafter, prompts, max_new_tokens=n, scheduler="static")
+    for ids, got in zip(prompts, res.token_ids, strict=True):
+        ref = target.model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n,
+                                    eos_token_id=target.stop_token_ids, pad_token_id=0)  # fmt: skip
+        assert got == ref[0, len(ids) :].tolist()
+    assert res.stats.rounds > 0

@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import save_file
 
 from dspark_lightning.export import DrafterLoadError, load_drafter
-from dspark_lightning.infer import decode
+from dspark_lightning.testing import assert_decodes_target_greedy
 
 RANK = 8
 MARKOV = {
@@ -151,13 +151,7 @@ def test_deepspec_checkpoint_loads_exactly_and_decodes_the_targets_greedy_output
     drafter = load_drafter(out, target, dtype=torch.float32)
     assert_same_weights(drafter, state)
     assert drafter.block_size == 4 and drafter.mask_token_id == 1 and drafter.conf_head is not None
-    prompts = [target.render_prompt([{"role": "user", "content": t}]) for t in ("hello there", "def f(a, b):")]
-    res = decode(target, drafter, prompts, max_new_tokens=16, scheduler="static")
-    for ids, got in zip(prompts, res.token_ids, strict=True):
-        ref = target.model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=16,
-                                    eos_token_id=target.stop_token_ids, pad_token_id=0)  # fmt: skip
-        assert got == ref[0, len(ids) :].tolist()
-    assert res.stats.rounds > 0
+    assert_decodes_target_greedy(target, drafter)
 
 
 @pytest.mark.parametrize("head", ["gated", "rnn"])

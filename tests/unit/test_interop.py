@@ -13,9 +13,9 @@ from dspark_lightning import create
 from dspark_lightning.cli import main
 from dspark_lightning.drafters import VanillaMarkovHead
 from dspark_lightning.export import DrafterLoadError, load_drafter, read_config, save_drafter
-from dspark_lightning.infer import decode
 from dspark_lightning.interop import InteropError, export_drafter, export_serving
 from dspark_lightning.interop.common import TARGET_ONLY_KEYS
+from dspark_lightning.testing import assert_decodes_target_greedy
 
 RANK = 16
 LAYER_KEYS = (
@@ -291,13 +291,7 @@ def test_loaded_dspark_hf_decodes_the_targets_greedy_output(varied_target, tmp_p
     target = varied_target
     out = export_dir(parallel(target, layers=1), target, tmp_path)  # bf16, as served
     drafter = load_drafter(out, target)
-    prompts = [target.render_prompt([{"role": "user", "content": t}]) for t in ("hello there", "def f(a, b):")]
-    res = decode(target, drafter, prompts, max_new_tokens=16, scheduler="static")
-    for ids, got in zip(prompts, res.token_ids, strict=True):
-        ref = target.model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=16,
-                                    eos_token_id=target.stop_token_ids, pad_token_id=0)  # fmt: skip
-        assert got == ref[0, len(ids) :].tolist()
-    assert res.stats.rounds > 0
+    assert_decodes_target_greedy(target, drafter)
 
 
 def test_eagle3_export_layout(varied_target, tmp_path):
