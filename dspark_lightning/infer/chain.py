@@ -30,9 +30,6 @@ class ChainProposer:
         self.pending: dict[int, tuple[int, torch.Tensor]] = {}  # rid -> (first position, features (L, d))
         self.held: dict[int, int] = {}  # rid -> cached positions (host-side, for compaction checks)
 
-    def _live_max(self) -> int:
-        return sum(self.held.values()) if self.kv.flat else max(self.held.values(), default=0)
-
     def add(self, ids: list[int]) -> None:
         self.kv.add_requests(ids)
         self.held.update((i, 0) for i in ids)
@@ -43,7 +40,7 @@ class ChainProposer:
             self.held.pop(rid, None)
         if ids:
             self.kv.remove_requests(ids)
-            self.kv.compact(live_max=self._live_max())
+            self.kv.compact(live_max=self.kv.live_bound(self.held))
 
     @torch.no_grad()
     def extend(self, ids, context, start, lengths, hidden=None) -> None:
@@ -105,7 +102,7 @@ class ChainProposer:
         k, v = lay.attn.kv(x, cos, sin)
         self.kv.layers[0].update(k, v)
         self.kv.append(q_owner, q_pos)
-        self.kv.compact(live_max=self._live_max())
+        self.kv.compact(live_max=self.kv.live_bound(self.held))
         return h[torch.arange(R, device=self.device), lens - 1]
 
     @torch.no_grad()

@@ -154,10 +154,6 @@ class BlockProposer:
         self.clock = Stopwatch()  # clock.enable() -> per-component times (scripts/profile_draft.py)
         self.held: dict[int, int] = {}  # request id -> cached positions (host-side, for compaction checks)
 
-    def _live_max(self) -> int:
-        """Most live entries of one cache row: the longest request (padded layout) or all of them (flat)."""
-        return sum(self.held.values()) if self.kv.flat else max(self.held.values(), default=0)
-
     def add(self, ids: list[int]) -> None:
         self.kv.add_requests(ids)
         self.held.update((i, 0) for i in ids)
@@ -167,7 +163,7 @@ class BlockProposer:
             self.kv.remove_requests(ids)
             for i in ids:
                 self.held.pop(i, None)
-            self.kv.compact(live_max=self._live_max())
+            self.kv.compact(live_max=self.kv.live_bound(self.held))
             if self.state is not None:
                 for i in ids:
                     self.state.pop(i, None)
@@ -198,7 +194,7 @@ class BlockProposer:
         for layer, (k, v) in zip(self.kv.layers, bb.context_kv(fused, q_pos), strict=True):
             layer.update(k, v)
         self.kv.append(grid.scatter(torch.where(grid.valid, rid[:, None], -1), -1), q_pos)
-        self.kv.compact(live_max=self._live_max())
+        self.kv.compact(live_max=self.kv.live_bound(self.held))
         self.clock.lap("extend")
 
     @torch.no_grad()

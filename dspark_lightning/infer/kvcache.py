@@ -334,6 +334,11 @@ class RaggedCache:
         lim = limit[self.owner.clamp(min=0, max=limit.numel() - 1)]
         self.owner.masked_fill_(live & (self.pos > lim), -1)
 
+    def live_bound(self, held: dict[int, int]) -> int:
+        """Most live entries one row can hold, from the host's count per request: the longest request (padded
+        layout) or all of them (flat): the ``live_max`` of :meth:`compact`."""
+        return sum(held.values()) if self.flat else max(held.values(), default=0)
+
     def compact(self, slack: float = 2.0, min_free: int = 16, live_max: int | None = None) -> bool:
         """Squeeze free entries out when the cache is more than ``slack`` x its live length (+ min_free).
 

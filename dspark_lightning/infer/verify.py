@@ -60,15 +60,12 @@ class HFVerifier:
         self.pad_id = 0
         self.held: dict[int, int] = {}  # request id -> committed length (host-side, for compaction checks)
 
-    def _live_max(self) -> int:
-        return sum(self.held.values()) if self.kv.flat else max(self.held.values(), default=0)
-
     def remove(self, ids: list[int]) -> None:
         if ids:
             self.kv.remove_requests(ids)
             for i in ids:
                 self.held.pop(i, None)
-            self.kv.compact(live_max=self._live_max())
+            self.kv.compact(live_max=self.kv.live_bound(self.held))
 
     @torch.no_grad()
     def forward(
@@ -144,7 +141,7 @@ class HFVerifier:
         keep = keep_pos.tolist() if isinstance(keep_pos, torch.Tensor) else list(keep_pos)
         self.held.update((rid, int(k) + 1) for rid, k in zip(ids, keep, strict=True))
         self.kv.release_after(ids, torch.as_tensor(keep, dtype=torch.long).to(self.device, non_blocking=True))
-        self.kv.compact(live_max=self._live_max())
+        self.kv.compact(live_max=self.kv.live_bound(self.held))
 
 
 def build_verifier(name: str, target, layout: str = "padded"):
