@@ -1,4 +1,8 @@
-"""Sequential Temperature Scaling (STS, SPEC §5) and the calibration metrics of SPEC §2.
+"""Sequential Temperature Scaling (STS, docs/algorithm.md §5) and the calibration metrics of docs/algorithm.md §2.
+
+A leaf: tensors in, numbers out, plus the calibration files next to a drafter's weights. The rollouts that produce
+the rows (real decoding on held-out prompts) and the ``calibrate`` command are the evaluation layer's
+(:mod:`dspark_lightning.eval.calibrate`).
 
 Rows are decoding rounds with full-length verification (ℓ = γ, or shorter after an accepted stop):
 raw confidence logits z (N, γ), accepted drafts m (N,), effective lengths ℓ (N,). Position k is
@@ -15,13 +19,13 @@ from dataclasses import dataclass, field
 import torch
 
 N_BINS = 20
-MIN_ROWS = 200  # SPEC §5
+MIN_ROWS = 200  # docs/algorithm.md §5
 MIN_CLASS = 10  # our guard: fewer surviving (or failing) rounds than this at a position copies the previous T
 EPS = 1e-8
 
 
 def default_grid() -> torch.Tensor:
-    """400 log-spaced temperatures in [0.05, 20] plus 1.0, sorted (SPEC §5)."""
+    """400 log-spaced temperatures in [0.05, 20] plus 1.0, sorted (docs/algorithm.md §5)."""
     g = torch.logspace(math.log10(0.05), math.log10(20.0), 400, dtype=torch.float64)
     return torch.sort(torch.cat([g, torch.ones(1, dtype=torch.float64)])).values
 
@@ -192,95 +196,9 @@ def check_temperatures(temps: object, where: str) -> None:
         raise ValueError(f"{where}: temperatures must be a non-empty list of finite numbers > 0, got {temps!r}")
 
 
-# --- rollouts, storage next to the weights, selection at decode time ---------------------------
-CALIBRATION_PROMPTS = {  # held out from every recipe and from `eval`'s first prompts (see eval/prompts.py)
-    "math": {"source": {"name": "gsm_symbolic"}, "skip": 120},
-    "code": {"source": {"name": "humaneval"}, "skip": 120},
-    "chat": {"source": {"name": "sharegpt"}, "skip": 0},
-}
-
-
-def calibration_prompts(domains: list[str], n: int) -> list[str]:
-    """``n`` first user turns per domain from the STS pool (disjoint from training and from `eval`'s sets)."""
-    import itertools
-
-    from .data.sources import build_source
-
-    out = []
-    for dom in domains:
-        if dom not in CALIBRATION_PROMPTS:
-            raise ValueError(f"unknown domain {dom!r}; choose from {', '.join(CALIBRATION_PROMPTS)}")
-        spec = CALIBRATION_PROMPTS[dom]
-        src = dict(spec["source"], limit=spec["skip"] + n)
-        recs = list(itertools.islice(build_source(src), spec["skip"], spec["skip"] + n))
-        if len(recs) < n:
-            raise ValueError(f"the {dom} calibration pool has only {len(recs)} prompts, asked for {n}")
-        out += [r.turns[0] for r in recs]
-    return out
-
-
-@dataclass
-class Rollouts:
-    """Per request-round records of full-length decoding: what STS fits and what the report scores."""
-
-    z: torch.Tensor  # (N, γ) raw confidence logits
-    m: torch.Tensor  # (N,) accepted drafts
-    ell: torch.Tensor  # (N,) effective verified lengths
-    prompt: torch.Tensor  # (N,) index of the prompt the round belongs to
-
-    def rows(self, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return self.z[mask], self.m[mask], self.ell[mask]
-
-    def save(self, path) -> None:
-        from .atomic import atomic_writer
-
-        with atomic_writer(path) as f:  # all or nothing
-            torch.save({k: getattr(self, k) for k in ("z", "m", "ell", "prompt")}, f)
-
-    @classmethod
-    def load(cls, path) -> Rollouts:
-        return cls(**torch.load(path, weights_only=True))
-
-
-def rollouts(target, drafter, prompts, *, temperature: float, max_new_tokens: int, seed: int = 0, batch_size=8,
-             progress: bool = False) -> Rollouts:  # fmt: skip
-    """Real speculative decoding with full-length verification (ℓ = γ) and raw confidences, per round."""
-    from .infer import decode
-
-    if getattr(drafter, "conf_head", None) is None:
-        raise ValueError("this drafter has no confidence head to calibrate")
-    res = decode(
-        target,
-        drafter,
-        prompts,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        scheduler="static",
-        seed=seed,
-        batch_size=batch_size,
-        calibrated=False,
-        progress=progress,
-    )
-    log = res.log
-    return Rollouts(
-        torch.stack(log.conf_logits).double(),
-        torch.tensor(log.accepted),
-        torch.tensor(log.ell),
-        torch.tensor(log.request),
-    )
-
-
-def heldout_prompts(per_domain: int, domains: int, fraction: float) -> list[int]:
-    """Indices of the held-out prompts: every 1/fraction-th prompt of each domain's run (interleaved, so both
-    splits cover every domain and the same prompt lengths); their rounds are never used by the fit."""
-    if not 0 <= fraction < 1:
-        raise ValueError(f"heldout_fraction must be in [0, 1), got {fraction}")
-    picks = [i for i in range(per_domain) if math.floor((i + 1) * fraction) > math.floor(i * fraction)]
-    return [d * per_domain + i for d in range(domains) for i in picks]
-
-
+# --- storage next to the weights, selection at decode time (the rollouts that feed fit_sts: eval/calibrate.py) ---
 def calibration_file(temperature: float) -> str:
-    """One STS file per serving temperature (SPEC §5)."""
+    """One STS file per serving temperature (docs/algorithm.md §5)."""
     return f"calibration_T{float(temperature):g}.json"
 
 

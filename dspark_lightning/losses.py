@@ -1,4 +1,4 @@
-"""DSpark training losses (SPEC §4, paper Eq. 9-12). Pure functions on tensors.
+"""DSpark training losses (docs/algorithm.md §4, paper Eq. 9-12). Pure functions on tensors.
 
     L = ce_weight * L_ce + l1_weight * L_l1 + conf_weight * L_conf      (default 0.1 / 0.9 / 1.0)
       (+ soft_ce_weight * softCE(p_t, q), EAGLE-3's loss; 0 by default)

@@ -35,3 +35,30 @@ def plot_sps(table, path: str | Path) -> Path:
         fig.savefig(f, format=Path(path).suffix.lstrip(".") or "png", dpi=120)
     plt.close(fig)
     return path
+
+
+MAX_COLUMNS = 4  # panels per row: a figure stays readable at a glance (no 8-panel strip)
+
+
+def panel_grid(n: int, panel: tuple[float, float] = (4.2, 3.6), max_columns: int = MAX_COLUMNS, **kwargs):
+    """A figure of ``n`` panels in rows of at most ``max_columns`` -> ``(fig, axes)``, ``axes`` the ``n`` panels in
+    reading order (the unused cells of the last row are removed)."""
+    n = max(1, n)
+    cols = min(n, max_columns)
+    rows = -(-n // cols)
+    fig, grid = plt.subplots(rows, cols, figsize=(panel[0] * cols, panel[1] * rows), squeeze=False, **kwargs)
+    cells = [ax for row in grid for ax in row]
+    for ax in cells[n:]:
+        fig.delaxes(ax)
+    return fig, cells[:n]
+
+
+def integer_ticks(ax, last: int, first: int = 1, max_ticks: int = 16) -> None:
+    """x ticks on whole numbers only: every position ``first..last`` when they fit, else integer steps."""
+    from matplotlib.ticker import MaxNLocator
+
+    if last - first + 1 <= max_ticks:
+        ax.set_xticks(range(first, last + 1))
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=max_ticks, integer=True))
+    ax.set_xlim(first - 0.5, last + 0.5)

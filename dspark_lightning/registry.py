@@ -13,6 +13,14 @@ are discovered once per process; ``$DSPARK_PLUGINS`` turns them off (``none``) o
 (``name1,name2``). A plugin that fails to load (an exception, or ``sys.exit``) is reported with its traceback
 summary, never fatal. A plugin whose import hangs is skipped and reported after ``$DSPARK_PLUGIN_TIMEOUT_S``
 seconds (default 30); its import thread is left behind as a daemon.
+
+The built-in components register themselves when their modules are imported; the first :func:`get`, :func:`create`
+or :func:`names` imports :data:`BUILTINS` by name. That lazy load is the one import that points up the package's
+floors (this module is a leaf the components import), and the only one tests/unit/test_layering.py allows.
+
+Kinds: ``backbone``, ``seq_head``, ``conf_head``, ``drafter`` (models, ``drafters/``), ``scheduler``, ``verifier``,
+``proposer`` (the runtime, ``infer/``: a proposer factory ``(drafter, layout=, conf_temperatures=)`` named by a
+drafter class's ``proposer_name``) and ``prompt_source`` (``data/sources.py``).
 """
 
 from __future__ import annotations
@@ -29,7 +37,15 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-KINDS = ("backbone", "seq_head", "conf_head", "drafter", "scheduler", "verifier", "prompt_source")
+KINDS = ("backbone", "seq_head", "conf_head", "drafter", "scheduler", "verifier", "proposer", "prompt_source")
+BUILTINS = (  # the modules whose import registers the built-in components (see the module docstring)
+    "dspark_lightning.drafters",
+    "dspark_lightning.data.sources",
+    "dspark_lightning.infer.schedulers",
+    "dspark_lightning.infer.verify",
+    "dspark_lightning.infer.draft",
+    "dspark_lightning.infer.chain",
+)
 ENTRY_POINT_GROUP = "dspark_lightning.plugins"
 
 # kind -> name -> object (a class or a factory function)
@@ -82,11 +98,8 @@ def _ensure_loaded() -> None:
     global _BUILTINS_LOADED
     if not _BUILTINS_LOADED:
         _BUILTINS_LOADED = True
-        # Importing these modules runs their @register decorators.
-        importlib.import_module("dspark_lightning.drafters")
-        importlib.import_module("dspark_lightning.data.sources")
-        importlib.import_module("dspark_lightning.infer.schedulers")
-        importlib.import_module("dspark_lightning.infer.verify")
+        for module in BUILTINS:  # importing them runs their @register decorators
+            importlib.import_module(module)
         load_plugins()
 
 

@@ -30,7 +30,7 @@ def random_target(vocab: int = 260, hidden: int = 64, layers: int = 4, init: flo
     """
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from . import load_target
+    from .targets import load_target
 
     fields = {
         "vocab_size": vocab,
@@ -83,7 +83,7 @@ def check_seq_head(spec: Any, block_size: int = 4, seed: int = 0, **kwargs: Any)
     assert torch.isfinite(bias).all() and torch.isfinite(feat).all(), f"{name}: non-finite outputs"
 
     state = head.init_state(N, h)
-    for k in range(block_size):  # SPEC pitfall 12: the step API carries the state
+    for k in range(block_size):  # docs/algorithm.md §10: the step API carries the state
         b, f, state = head.step(h[:, k], prev[:, k], state)
         assert torch.allclose(b, bias[:, k], atol=1e-5), f"{name}: step bias != teacher-forced bias at k={k + 1}"
         assert torch.allclose(f, feat[:, k], atol=1e-6), f"{name}: step feature != teacher-forced at k={k + 1}"

@@ -1,4 +1,4 @@
-"""Anchor sampling and batch collation (SPEC §4 "Anchor sampling", §3.4)."""
+"""Anchor sampling and batch collation (docs/algorithm.md §4 "Anchor sampling", §3.4)."""
 
 from __future__ import annotations
 

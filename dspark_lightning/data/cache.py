@@ -1,4 +1,6 @@
-"""The target-feature cache: webdataset tar shards of safetensors members plus ``index.json`` (SPEC §4, pitfall 17).
+"""The target-feature cache: webdataset tar shards of safetensors members plus ``index.json``.
+
+docs/algorithm.md §4 (features) and §10 (pitfalls).
 
 Layout of a cache directory::
 
@@ -57,14 +59,15 @@ def estimate_cache_bytes(
     num_tokens: int, hidden_size: int, n_tapped: int, bytes_per_value: int = 2, law_summary: bool = True
 ) -> int:
     """S·(5 + b·d·(n+1) + 8) bytes: int32 id + uint8 mask, then n tapped layers plus the final hidden per token, and
-    (``law_summary``) the target's fp32 log-sum-exp and int32 argmax; without them it is SPEC §4's S·(5 + b·d·(n+1)).
+    (``law_summary``) the target's fp32 log-sum-exp and int32 argmax; without them it is
+    S·(5 + b·d·(n+1)) (docs/algorithm.md §4).
 
     Excludes the index and the per-sample tar/safetensors headers (~1-2 KB per sample)."""
     return int(num_tokens) * (5 + bytes_per_value * hidden_size * (n_tapped + 1) + (8 if law_summary else 0))
 
 
 def format_bytes(n: float) -> str:
-    """Decimal units, as in the SPEC's "~38 TB": ``format_bytes(38_000_000_000_000) == "38.0 TB"``."""
+    """Decimal units, as in a "~38 TB" estimate: ``format_bytes(38_000_000_000_000) == "38.0 TB"``."""
     units = ("B", "KB", "MB", "GB", "TB", "PB")
     i = 0
     while abs(n) >= 1000 and i < len(units) - 1:

@@ -1,4 +1,4 @@
-"""Target features for drafter training: tokenisation, the online path and batched extraction (SPEC §4).
+"""Target features for drafter training: tokenisation, the online path and batched extraction (docs/algorithm.md §4).
 
 Two sources give identical batches: **online** (:func:`features_for_batch` runs the frozen target inside a training
 step) and a **cache** (:func:`extract_features` feeds :func:`dspark_lightning.data.cache.write_cache`). Both round
@@ -44,7 +44,7 @@ def feature_dtype_name(feature_dtype: str | torch.dtype) -> str:
 def tokenize_conversations(
     target: Any, conversations: list[dict], max_length: int, min_supervised: int = 14, allow_empty: bool = False
 ) -> list[dict]:
-    """Render rows ``{"id", "domain", "turns"}`` with the target's chat format (SPEC §4).
+    """Render rows ``{"id", "domain", "turns"}`` with the target's chat format (docs/algorithm.md §4).
 
     Truncates to ``max_length`` tokens and drops rows with fewer than ``min_supervised`` loss-mask tokens after
     truncation. Fails on empty input, duplicate ids (rows are keyed by id, pitfall 19) and when every row is dropped,

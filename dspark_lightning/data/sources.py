@@ -1,4 +1,4 @@
-"""Offline prompt sources (SPEC §4 "Data"): prompts only; the target regenerates every response.
+"""Offline prompt sources (docs/algorithm.md §4 "Data"): prompts only; the target regenerates every response.
 
 Every source is registered under ``prompt_source`` and built with keyword arguments::
 
@@ -416,7 +416,7 @@ def mixture(
 ) -> list[PromptRecord]:
     """Concatenate sources in order and keep one split (``"train"``, ``"heldout"`` or ``"all"``).
 
-    Raises on an id seen twice and on an empty result (SPEC pitfall 19).
+    Raises on an id seen twice and on an empty result (docs/algorithm.md §10).
     """
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")

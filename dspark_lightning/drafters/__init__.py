@@ -7,10 +7,14 @@ Python composes by name::
     target = load_target("tiny-debug")
     drafter = create("drafter", "dspark", target, block_size=7,
                      backbone={"name": "dense", "num_layers": 2}, seq_head="rnn")
+
+Everything that assembles a drafter (the registered ``dspark`` / ``dflash``, a recipe's ``model:`` section in
+``DSparkModule``, an export's config.json in ``load_drafter``) goes through :func:`build_drafter`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -35,20 +39,25 @@ __all__ = [
     "RNNHead",
     "SeqHead",
     "VanillaMarkovHead",
+    "assemble",
+    "build_drafter",
     "build_part",
     "compose",
     "draft_geometry",
 ]
 
-Spec = str | dict[str, Any] | None
+Spec = str | dict[str, Any] | Callable[..., nn.Module] | None
 
 
 def build_part(kind: str, spec: Spec, *args: Any) -> nn.Module | None:
-    """Instantiate a registered part from ``"name"``, ``{"name": ..., **args}`` or ``{"name", "args"}``."""
+    """Instantiate a part from a registered ``"name"``, ``{"name": ..., **args}`` or ``{"name", "args"}``, or call a
+    builder with ``args`` (a recipe's ``class_path`` + ``init_args``, which jsonargparse hands over as a callable)."""
     if spec is None:
         return None
     if isinstance(spec, str):
         return create(kind, spec, *args)
+    if callable(spec):
+        return spec(*args)
     spec = dict(spec)
     name = spec.pop("name")
     kwargs = spec.pop("args", None) or spec
@@ -84,13 +93,43 @@ def draft_geometry(target: Any, draft_vocab_size: int | None):
     return replace(target.geometry, draft_vocab_size=draft_vocab_size)
 
 
-def _build(target: Any, block_size: int, backbone: Spec, seq_head: Spec, conf_head: Spec, mask_token_id,
-           draft_vocab_size: int | None) -> Drafter:  # fmt: skip
+def assemble(target: Any, block_size: int, backbone: Spec, seq_head: Spec = None, conf_head: Spec = None,
+             mask_token_id: int | None = None, draft_vocab_size: int | None = None) -> Drafter:  # fmt: skip
+    """A parallel-backbone drafter from its parts: each built from the draft geometry (the confidence head also from
+    the sequential head's token width), then wired to the target by :func:`compose`. The heads are built before the
+    backbone (the order of the random initialisation, as recipes have always trained)."""
     g = draft_geometry(target, draft_vocab_size)
-    bb = build_part("backbone", backbone, g)
     sh = build_part("seq_head", seq_head, g)
     ch = build_part("conf_head", conf_head, g, getattr(sh, "token_dim", 0))
+    bb = build_part("backbone", backbone, g)
     return compose(target, bb, sh, ch, block_size, mask_token_id, draft_vocab_size)
+
+
+def build_drafter(
+    target: Any,
+    block_size: int,
+    *,
+    drafter: str | dict[str, Any] | None = None,
+    backbone: Spec = None,
+    seq_head: Spec = None,
+    conf_head: Spec = None,
+    mask_token_id: int | None = None,
+    draft_vocab_size: int | None = None,
+) -> nn.Module:
+    """The one way to assemble a drafter: a registered drafter whole (``drafter``: a name such as ``eagle3``, or
+    ``{name: ..., <its arguments>}``, given ``block_size`` and ``draft_vocab_size``), or :func:`assemble` of parts."""
+    if drafter is not None:
+        if backbone is not None or seq_head is not None or conf_head is not None:
+            raise ValueError("give either model.drafter or model.backbone/seq_head/conf_head, not both")
+        spec = {"name": drafter} if isinstance(drafter, str) else dict(drafter)
+        name = spec.pop("name")
+        kwargs = dict(spec.pop("args", spec))
+        if draft_vocab_size is not None:
+            kwargs["draft_vocab_size"] = draft_vocab_size
+        return create("drafter", name, target, block_size=block_size, **kwargs)
+    if backbone is None:
+        raise ValueError("model.backbone is required (or name a registered model.drafter)")
+    return assemble(target, block_size, backbone, seq_head, conf_head, mask_token_id, draft_vocab_size)
 
 
 @register("drafter", "dspark")
@@ -104,7 +143,7 @@ def dspark(
     draft_vocab_size: int | None = None,
 ) -> Drafter:
     """DSpark: parallel backbone + sequential head + confidence head (optionally over a reduced draft vocabulary)."""
-    return _build(target, block_size, backbone, seq_head, conf_head, mask_token_id, draft_vocab_size)
+    return assemble(target, block_size, backbone, seq_head, conf_head, mask_token_id, draft_vocab_size)
 
 
 @register("drafter", "dflash")
@@ -116,4 +155,4 @@ def dflash(
     draft_vocab_size: int | None = None,
 ) -> Drafter:
     """DFlash baseline: the same backbone, no sequential head, no confidence head."""
-    return _build(target, block_size, backbone, None, None, mask_token_id, draft_vocab_size)
+    return assemble(target, block_size, backbone, None, None, mask_token_id, draft_vocab_size)

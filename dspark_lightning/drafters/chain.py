@@ -1,4 +1,4 @@
-"""Autoregressive chain drafters: EAGLE-3 and MTP (SPEC §7), the baselines DSpark is compared against.
+"""Autoregressive chain drafters: EAGLE-3 and MTP (docs/algorithm.md §7), the baselines DSpark is compared against.
 
 Both run one causal decoder layer over *pairs* (feature of position t, token x_{t+1}) and predict
 x_{t+2}; drafting a block is a chain of γ steps, each feeding back the layer's own output hidden
@@ -85,6 +85,8 @@ class ChainDrafter(SharesTargetParts, nn.Module):
         ttt_steps: training-time-test steps (default γ).
         intermediate_size: MLP width (default: the target's).
     """
+
+    proposer_name = "chain"  # the runtime's proposer for it (registry kind "proposer", infer/chain.py)
 
     def __init__(
         self,

@@ -14,7 +14,7 @@ def capture_args(local_vars: dict[str, Any]) -> dict[str, Any]:
 
 
 def init_weights(m: nn.Module) -> None:
-    """SPEC §3.1: Linear and Embedding N(0, 0.02), zero biases (norm weights stay 1)."""
+    """docs/algorithm.md §3.1: Linear and Embedding N(0, 0.02), zero biases (norm weights stay 1)."""
     if isinstance(m, nn.Linear):
         nn.init.normal_(m.weight, std=0.02)
         if m.bias is not None:

@@ -22,7 +22,7 @@ from ..registry import name_of
 from ..targets import TargetGeometry
 from .backbones import per_layer_masks
 
-# Block layout (SPEC §3.3): the anchor slot is the first prediction; γ inputs give γ drafts.
+# Block layout (docs/algorithm.md §3.3): the anchor slot is the first prediction; γ inputs give γ drafts.
 CONVENTION = "shifted"
 
 
@@ -120,6 +120,8 @@ def check_draft_vocab(ids: torch.Tensor, size: int, vocab_size: int) -> None:
 
 
 class Drafter(SharesTargetParts, nn.Module):
+    proposer_name = "block"  # the runtime's proposer for it (registry kind "proposer", infer/draft.py)
+
     def __init__(
         self,
         backbone: nn.Module,
@@ -179,7 +181,7 @@ class Drafter(SharesTargetParts, nn.Module):
         block_size: int | None = None,  # a shorter training block (a curriculum's early phase); None = γ
         full_vocab: bool = True,  # False: logits over the draft vocabulary only (N columns), for the subset loss
     ) -> DraftOutput:
-        """Teacher-forced forward over A packed anchor blocks per sequence (SPEC §3.4-3.5)."""
+        """Teacher-forced forward over A packed anchor blocks per sequence (docs/algorithm.md §3.4-3.5)."""
         B, S = input_ids.shape
         A, g = anchors.shape[1], block_size or self.block_size
         if not 1 <= g <= self.block_size:

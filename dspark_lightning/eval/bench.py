@@ -5,16 +5,19 @@ decoding, our plain decoding, and our decoding with each drafter. Cells: tempera
 at batch 1 every domain is its own prompt set (per-domain speed), at larger batches the domains are
 mixed. Within a cell the engines run one after another and each repeat reverses the order
 (A B C, C B A, ...), so slow drift of the machine hits every engine alike; tok/s pools tokens and
-time over the repeats.
+time over the repeats. Several schedulers (`--scheduler static hardware_aware`) give one row per drafter and
+scheduler, several KV-cache layouts (`--layouts padded flat`) one row per engine of ours and layout, all in the
+same alternation.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from .hf import hf_generate
-from .runner import drafter_dtype_name, run_decode, run_info, warmup
+from .runner import drafter_dtype_name, run_decode, run_info, scheduler_label, warmup
 
 HF, HF_PLD, PLAIN = "HF generate", "HF prompt lookup", "plain decode()"
 PLAIN_HF = "plain decode(), HF forward"
@@ -37,6 +40,46 @@ def _hf(target, prompts, T, batch, max_new, seed, lookup: int | None) -> dict:
     return {**r, "tok_s": r["generated_tokens"] / r["time_s"]}
 
 
+@dataclass(frozen=True)
+class Engine:
+    """One row name of a cell: what runs (HF generate, HF prompt lookup or our decode()) and with what."""
+
+    name: str
+    kind: str = "ours"  # "hf" | "hf_lookup" | "ours"
+    drafter: str | None = None  # a key of ``drafters``; None: plain decoding
+    scheduler: Any = "static"
+    scheduler_label: str | None = None
+    layout: str = "padded"
+    verifier: str = "auto"
+    acceptance: str = "rejection"
+    plain: str = PLAIN  # the row ``speedup_vs_plain`` divides by: our plain decoding in the same layout
+
+
+def engines(
+    drafters, schedulers: dict[str, Any], layouts: tuple[str, ...] = ("padded",), coupled: bool = False
+) -> list[Engine]:
+    """The engines of every cell. One scheduler and one layout: ``HF generate``, ``HF prompt lookup``, ``plain
+    decode(), HF forward``, ``plain decode()``, one row per drafter. Several schedulers: one row per drafter and
+    scheduler, ``<drafter> [<scheduler>]``; several layouts: our engines once per layout, ``... [<layout>]``.
+    ``coupled``: plain decoding and each drafter again under coupled acceptance, ``... [coupled]`` (T > 0 only)."""
+    many_s, many_l = len(schedulers) > 1, len(layouts) > 1
+    first_plain = PLAIN + (f" [{layouts[0]}]" if many_l else "")
+    out = [Engine(HF, "hf", plain=first_plain), Engine(HF_PLD, "hf_lookup", plain=first_plain)]
+    extra = []
+    for layout in layouts:
+        at = f" [{layout}]" if many_l else ""
+        plain = PLAIN + at
+        ours = [Engine(PLAIN + at, layout=layout, plain=plain)]
+        for d in drafters:
+            for label, spec in schedulers.items():
+                name = d + (f" [{label}]" if many_s else "") + at
+                ours.append(Engine(name, drafter=d, scheduler=spec, scheduler_label=label, layout=layout, plain=plain))
+        out += [Engine(PLAIN_HF + at, layout=layout, verifier="hf", plain=plain), *ours]
+        if coupled:
+            extra += [replace(e, name=COUPLED.format(e.name), acceptance="coupled") for e in ours]
+    return out + extra
+
+
 def bench(
     target,
     drafters: dict[str, Any],
@@ -50,61 +93,64 @@ def bench(
     seed: int = 0,
     prompt_lookup_tokens: int = 10,
     acceptance: tuple[str, ...] = ("rejection",),
+    schedulers: dict[str, Any] | None = None,
+    layouts: tuple[str, ...] = ("padded",),
     progress: bool = True,
 ) -> dict:
     """tok/s of HF generate(), HF prompt lookup, plain decode() (lean and HF forward) and each drafter, per cell
     (temperature, batch, prompt set), alternating ``repeats``; ``acceptance`` with ``coupled`` adds, at T > 0, plain
     decoding and each drafter under coupled acceptance (rows named ``... [coupled]``, compared with the same HF and
-    plain rows)."""
+    plain rows). ``schedulers`` (label -> spec, instead of ``scheduler``): every drafter under each of them;
+    ``layouts``: our engines in each KV-cache layout (padded, flat), alternated within the cell like the rest."""
     from tqdm.auto import tqdm
 
+    schedulers = schedulers or {scheduler_label(scheduler): scheduler}
     ids = {k: [target.render_prompt([{"role": "user", "content": p}]) for p in v] for k, v in prompt_sets.items()}
     mixed = [p for v in ids.values() for p in v]
-    coupled = [COUPLED.format(e) for e in (PLAIN, *drafters)] if "coupled" in acceptance else []
-    engines = [HF, HF_PLD, PLAIN_HF, PLAIN, *drafters, *coupled]
+    every = engines(drafters, schedulers, tuple(layouts), "coupled" in acceptance)
     cells = [(T, b, s) for T in temperatures for b in batches for s in (ids if b == 1 else ["all"])]
-    warmup(target, drafters, scheduler)
+    for spec in schedulers.values():
+        warmup(target, drafters, spec)
     _hf(target, mixed[:1], 1.0, 1, 4, seed, prompt_lookup_tokens)
-    runs = sum(len(engines) - (len(coupled) if T == 0 else 0) for T, _, _ in cells) * repeats
+    runs = sum(len([e for e in every if T > 0 or e.acceptance != "coupled"]) for T, _, _ in cells) * repeats
     bar = tqdm(total=runs, desc="bench", unit="run", disable=not progress)
     rows = []
     for T, batch, pset in cells:
         prompts = ids[pset] if pset != "all" else mixed
-        here = [e for e in engines if T > 0 or e not in coupled]  # greedy is the same in both modes
-        acc: dict[str, list[dict]] = {e: [] for e in here}
+        here = [e for e in every if T > 0 or e.acceptance != "coupled"]  # greedy is the same in both modes
+        acc: dict[str, list[dict]] = {e.name: [] for e in here}
         for rep in range(repeats):
             for e in here if rep % 2 == 0 else here[::-1]:
-                bar.set_postfix_str(f"T={T:g} b={batch} {pset}: {e}")
-                if e in (HF, HF_PLD):
-                    r = _hf(
-                        target, prompts, T, batch, max_new_tokens, seed, prompt_lookup_tokens if e == HF_PLD else None
-                    )
+                bar.set_postfix_str(f"T={T:g} b={batch} {pset}: {e.name}")
+                if e.kind != "ours":
+                    lookup = prompt_lookup_tokens if e.kind == "hf_lookup" else None
+                    r = _hf(target, prompts, T, batch, max_new_tokens, seed, lookup)
                 else:
-                    name = e.removesuffix(COUPLED.format(""))
-                    d = drafters.get(name)
-                    kw = {"verifier": "hf"} if e == PLAIN_HF else {}
-                    if e in coupled:
-                        kw["acceptance"] = "coupled"
+                    d = drafters.get(e.drafter) if e.drafter is not None else None
                     r = run_decode(
                         target,
                         d,
                         prompts,
                         temperature=T,
                         batch_size=batch,
-                        scheduler=scheduler if d is not None else "static",
+                        scheduler=e.scheduler if d is not None else "static",
                         max_new_tokens=max_new_tokens,
                         seed=seed,
-                        **kw,
+                        verifier=e.verifier,
+                        acceptance=e.acceptance,
+                        layout=e.layout,
                     )
-                acc[e].append(r)
+                acc[e.name].append(r)
                 bar.update()
-        rows += _cell_rows(acc, T, batch, pset, len(prompts))
+        rows += _cell_rows(acc, {e.name: e for e in here}, T, batch, pset, len(prompts))
     bar.close()
+    one = next(iter(schedulers)) if len(schedulers) == 1 else None
     info = run_info(
         target,
         max_new_tokens=max_new_tokens,
         repeats=repeats,
-        scheduler=str(scheduler),
+        scheduler=one if one is not None else list(schedulers),
+        layouts=list(layouts),
         acceptance=list(acceptance),
         seed=seed,
         prompt_lookup_tokens=prompt_lookup_tokens,
@@ -115,7 +161,9 @@ def bench(
     return {"info": info, "rows": rows}
 
 
-def _cell_rows(acc: dict[str, list[dict]], T: float, batch: int, pset: str, n_prompts: int) -> list[dict]:
+def _cell_rows(
+    acc: dict[str, list[dict]], by_name: dict[str, Engine], T: float, batch: int, pset: str, n_prompts: int
+) -> list[dict]:
     def pooled(runs):
         return sum(r["generated_tokens"] for r in runs) / sum(r["time_s"] for r in runs)
 
@@ -123,14 +171,19 @@ def _cell_rows(acc: dict[str, list[dict]], T: float, batch: int, pset: str, n_pr
     tok = {e: (None if "unsupported" in runs[0] else pooled(runs)) for e, runs in acc.items()}
     ref = acc[HF][0].get("token_ids")
     for e, runs in acc.items():
+        eng = by_name[e]
         row = {"engine": e, "temperature": T, "batch": batch, "prompt_set": pset, "prompts": n_prompts}
+        if eng.kind == "ours":
+            row["layout"] = eng.layout
+        if eng.scheduler_label is not None:
+            row["scheduler"] = eng.scheduler_label
         if tok[e] is None:
             out.append({**row, "tok_s": None, "note": "unsupported: " + runs[0]["unsupported"]})
             continue
         row["tok_s"] = tok[e]
         row["runs_tok_s"] = [r["generated_tokens"] / r["time_s"] for r in runs]
         row["speedup_vs_hf"] = tok[e] / tok[HF]
-        row["speedup_vs_plain"] = tok[e] / tok[PLAIN]
+        row["speedup_vs_plain"] = tok[e] / tok[eng.plain]
         taus = [r["tau"] for r in runs if r.get("tau") is not None]
         if taus:
             row["tau"] = sum(taus) / len(taus)
@@ -143,6 +196,7 @@ def _cell_rows(acc: dict[str, list[dict]], T: float, batch: int, pset: str, n_pr
             row["steps"], row["skipped_steps"] = steps, sum(r["skipped_steps"] for r in runs)
             if steps:  # per batched step: drafting (incl. the context-cache update) and verification
                 row["ms_per_step"] = {k: 1e3 * row["time_split_s"][k] / steps for k in ("draft", "verify", "accept")}
+                row["mean_step_tokens"] = sum(r["mean_step_tokens"] * r["steps"] for r in runs) / steps
         if T == 0 and batch == 1 and e != HF:
             row["equals_hf"] = all(r["token_ids"] == ref for r in runs)
         out.append(row)
@@ -156,20 +210,24 @@ def write_bench(doc: dict, out: str | Path) -> dict[str, Path]:
 
 
 def plot_bench(doc: dict, path: Path) -> Path:
-    from ..plots import plt
+    from ..plots import panel_grid, plt
     from .report import save_figure
 
     cells = list(dict.fromkeys((r["temperature"], r["batch"], r["prompt_set"]) for r in doc["rows"]))
-    fig, axes = plt.subplots(1, len(cells), figsize=(3.2 * len(cells), 3.8), squeeze=False, sharey=False)
-    for ax, (T, b, s) in zip(axes[0], cells, strict=True):
+    fig, axes = panel_grid(len(cells), panel=(3.2, 3.8))
+    plain = {PLAIN, PLAIN_HF}
+    for ax, (T, b, s) in zip(axes, cells, strict=True):
         rows = [r for r in doc["rows"] if (r["temperature"], r["batch"], r["prompt_set"]) == (T, b, s)]
         names = [r["engine"] for r in rows]
         vals = [r["tok_s"] or 0.0 for r in rows]
-        colors = ["0.6" if n in (HF, HF_PLD) else "0.3" if n in (PLAIN, PLAIN_HF) else "C0" for n in names]
+        colors = ["0.6" if n in (HF, HF_PLD) else "0.3" if n.split(" [")[0] in plain else "C0" for n in names]
         ax.bar(range(len(rows)), vals, color=colors)
         ax.set_xticks(range(len(rows)), names, rotation=60, ha="right", fontsize=7)
         ax.set_title(f"T={T:g}, batch {b}, {s}", fontsize=9)
-    axes[0][0].set_ylabel("tokens / s")
+    cols = axes[0].get_subplotspec().get_gridspec().ncols
+    for i, ax in enumerate(axes):
+        if i % cols == 0:
+            ax.set_ylabel("tokens / s")
     fig.suptitle(f"{doc['info']['target']}: throughput per engine (grey: HF, dark: our plain, blue: drafters)")
     fig.tight_layout()
     save_figure(fig, path, dpi=110)

@@ -2,6 +2,8 @@
 
 dspark-lightning eval --drafter dspark=outputs/compare/dspark/tb/version_0/drafter --drafter dflash=... --out DIR
 dspark-lightning bench --drafter dspark=... --out outputs/bench
+dspark-lightning bench --drafter DIR --scheduler static hardware_aware --layouts padded flat --out DIR
+dspark-lightning eval --drafter DIR --scheduler static --gamma 7 --temperature 0 --batch_size 1 --out DIR
 dspark-lightning calibrate --drafter outputs/compare/dspark/tb/version_0/drafter --temperature 1.0
 """
 
@@ -10,18 +12,31 @@ from __future__ import annotations
 import contextlib
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 from jsonargparse import ArgumentParser
 
 from .. import checks
 from ..atomic import atomic_write
-from ..infer.cli import add_device_args, check_choice, check_device_args, check_scheduler_args, check_sps_file
+from ..export import load_drafter_checked
+from ..infer.cli import (
+    LAYOUTS,
+    add_device_args,
+    check_choice,
+    check_device_args,
+    check_scheduler_args,
+    check_sps_file,
+)
+from ..targets import load_target_checked
 
 DOMAINS = ("math", "code", "chat")  # the built-in held-out sets; a --dataset names one of them as its domain
 
 
-def _common(p: ArgumentParser, max_new: int, seed: int, scheduler_help: str | None, sps: bool = True) -> None:
-    """The options every command shares; ``scheduler_help=None`` for commands that choose schedulers themselves."""
+def _common(
+    p: ArgumentParser, max_new: int, seed: int, scheduler_help: str | None, sps: bool = True, many: bool = False
+) -> None:
+    """The options every command shares; ``scheduler_help=None`` for commands that choose schedulers themselves,
+    ``many``: ``--scheduler`` takes one or more names."""
     p.add_argument(
         "--drafter",
         type=str,
@@ -34,8 +49,14 @@ def _common(p: ArgumentParser, max_new: int, seed: int, scheduler_help: str | No
     p.add_argument("--prompts_per_domain", type=int, default=8)
     p.add_argument("--max_new_tokens", type=int, default=max_new)
     p.add_argument("--seed", type=int, default=seed)
-    if scheduler_help is not None:
+    if scheduler_help is not None and many:
+        p.add_argument("--scheduler", type=str, nargs="+", default=["static"], help=scheduler_help)
+    elif scheduler_help is not None:
         p.add_argument("--scheduler", type=str, default="static", help=scheduler_help)
+    if scheduler_help is not None:
+        p.add_argument(
+            "--gamma", type=int | None, default=None, help="static: drafts verified per round (default: whole blocks)"
+        )
     if sps:
         p.add_argument("--sps", type=str | None, default=None, help="SPS table JSON for hardware_aware schedulers")
     p.add_argument("--out", type=str, required=True, help="output directory")
@@ -50,8 +71,15 @@ def check_common(a) -> None:
         check_choice("--domains", d, DOMAINS)
     for spec in a.drafter:
         checks.drafter_config(spec.rpartition("=")[2])
-    if getattr(a, "scheduler", None) is not None:
-        check_scheduler_args(a)
+    schedulers = getattr(a, "scheduler", None)
+    if schedulers is not None:
+        names = schedulers if isinstance(schedulers, list) else [schedulers]
+        for name in names:
+            check_scheduler_args(SimpleNamespace(scheduler=name, gamma=a.gamma, sps=getattr(a, "sps", None)))
+        if len(set(names)) != len(names):
+            raise checks.UsageError(f"--scheduler names a scheduler twice: {' '.join(names)}")
+        if a.gamma is not None and "static" not in names:
+            raise checks.UsageError("--gamma fixes the static scheduler's block: give it with --scheduler static")
     elif getattr(a, "sps", None):
         check_sps_file(a.sps)
     checks.output_dir("--out", a.out)
@@ -81,6 +109,13 @@ def eval_parser() -> ArgumentParser:
         default=[],
         help='extra {"turns": [...]} JSONL: name=path.jsonl[:domain] (repeatable)',
     )
+    p.add_argument(
+        "--prompts",
+        type=str | None,
+        default=None,
+        help="a responses JSONL (e.g. a recipe's <work_dir>/responses_heldout.jsonl) instead of the built-in sets: "
+        "one set per source (python_stdlib/complete apart), its first --prompts_per_domain first user turns",
+    )
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (paper: 1.0; 0 = greedy)")
     p.add_argument("--batch_size", type=int, default=8, help="concurrent requests")
     return p
@@ -89,14 +124,17 @@ def eval_parser() -> ArgumentParser:
 def bench_parser() -> ArgumentParser:
     p = ArgumentParser(prog="dspark-lightning bench", description="Side-by-side throughput on the same target.",
                        exit_on_error=False)  # fmt: skip
-    _common(p, 64, 0, "scheduler for every drafter")
-    p.set_defaults(scheduler="hardware_aware", prompts_per_domain=3)
+    _common(p, 64, 0, "scheduler(s) for every drafter; several: one row per drafter and scheduler", many=True)
+    p.set_defaults(scheduler=["hardware_aware"], prompts_per_domain=3)
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     p.add_argument("--repeats", type=int, default=2, help="alternating repeats per cell (order reversed each time)")
     p.add_argument("--prompt_lookup_tokens", type=int, default=10, help="HF prompt-lookup candidate length")
     p.add_argument("--acceptance", type=str, nargs="+", default=["rejection"],
                    help="rejection and/or coupled (T > 0: extra rows under coupled acceptance)")  # fmt: skip
+    p.add_argument("--layouts", type=str, nargs="+", default=["padded"],
+                   help="KV-cache layouts of our engines: padded and/or flat (several: a row per engine and "
+                   "layout)")  # fmt: skip
     return p
 
 
@@ -121,20 +159,27 @@ def load_drafters(specs: list[str], target_name: str | None, a=None):
     from ..export import recorded_target_args
 
     recorded = recorded_target_args(pairs[0][1]) if pairs else {}  # the first drafter's layers and chat format
-    target = checks.load_target_checked(target_name, dtype=dtype, device=device, **recorded)
-    return target, {n: checks.load_drafter_checked(p, target, ddtype) for n, p, _ in pairs}
+    target = load_target_checked(target_name, dtype=dtype, device=device, **recorded)
+    if isinstance(getattr(a, "max_new_tokens", None), int):  # refused here, not after the first domain's decode
+        checks.fits_positions(target, a.max_new_tokens + 1, "--max_new_tokens with a one-token prompt")
+    return target, {n: load_drafter_checked(p, target, ddtype) for n, p, _ in pairs}
 
 
-def _scheduler(a):
-    if a.sps and "hardware_aware" in a.scheduler:
+def _scheduler(a, name: str | None = None):
+    """The spec of ``--scheduler`` (or of ``name``, one of several): ``static`` with ``--gamma`` as its fixed block,
+    a hardware-aware one with the ``--sps`` table."""
+    name = a.scheduler if name is None else name
+    if name == "static" and getattr(a, "gamma", None) is not None:
+        return {"name": "static", "gamma": a.gamma}
+    if a.sps and "hardware_aware" in name:
         from ..infer import SPSTable
 
-        return {"name": a.scheduler, "sps": SPSTable.load(a.sps)}
-    return a.scheduler
+        return {"name": name, "sps": SPSTable.load(a.sps)}
+    return name
 
 
 def run_eval(argv: list[str]) -> None:
-    from .runner import builtin_datasets, evaluate, jsonl_dataset, write_eval
+    from .runner import builtin_datasets, evaluate, jsonl_dataset, responses_datasets, write_eval
 
     a = eval_parser().parse_args(argv)
     if not a.drafter:
@@ -144,8 +189,18 @@ def run_eval(argv: list[str]) -> None:
     checks.at_least("--batch_size", a.batch_size, 1)
     for spec in a.dataset:
         check_dataset_spec(spec)
-    datasets = builtin_datasets(a.domains, a.prompts_per_domain)
+    if a.prompts is not None:
+        checks.input_file("--prompts", a.prompts)
+        try:
+            datasets = responses_datasets(a.prompts, a.prompts_per_domain)
+        except (OSError, ValueError) as exc:
+            raise checks.UsageError(f"--prompts {a.prompts}: {exc}") from None
+    else:
+        datasets = builtin_datasets(a.domains, a.prompts_per_domain)
     datasets += [jsonl_dataset(s, a.prompts_per_domain) for s in a.dataset]  # read before any model loads
+    names = [d.name for d in datasets]
+    if len(set(names)) != len(names):
+        raise checks.UsageError(f"two prompt sets share a name ({', '.join(names)}): rename the --dataset")
     target, drafters = load_drafters(a.drafter, a.target, a)
     doc = evaluate(
         target,
@@ -164,7 +219,7 @@ def run_eval(argv: list[str]) -> None:
 
 def run_bench(argv: list[str]) -> None:
     from .bench import bench, write_bench
-    from .runner import builtin_datasets
+    from .runner import builtin_datasets, scheduler_label
 
     a = bench_parser().parse_args(argv)
     check_common(a)
@@ -176,6 +231,11 @@ def run_bench(argv: list[str]) -> None:
     checks.at_least("--prompt_lookup_tokens", a.prompt_lookup_tokens, 1)
     for x in a.acceptance:
         check_choice("--acceptance", x, ["rejection", "coupled"])
+    for layout in a.layouts:
+        check_choice("--layouts", layout, LAYOUTS)
+    if len(set(a.layouts)) != len(a.layouts):
+        raise checks.UsageError(f"--layouts names a layout twice: {' '.join(a.layouts)}")
+    specs = [_scheduler(a, name) for name in a.scheduler]
     target, drafters = load_drafters(a.drafter, a.target, a)
     sets = {d.domain: d.prompts for d in builtin_datasets(a.domains, a.prompts_per_domain)}
     doc = bench(
@@ -186,10 +246,11 @@ def run_bench(argv: list[str]) -> None:
         batches=tuple(a.batches),
         max_new_tokens=a.max_new_tokens,
         repeats=a.repeats,
-        scheduler=_scheduler(a),
+        schedulers={scheduler_label(s): s for s in specs},
         seed=a.seed,
         prompt_lookup_tokens=a.prompt_lookup_tokens,
         acceptance=tuple(a.acceptance),
+        layouts=tuple(a.layouts),
     )
     paths = write_bench(doc, a.out)
     print(paths["bench.md"].read_text())
@@ -197,7 +258,7 @@ def run_bench(argv: list[str]) -> None:
 
 
 def calibrate_parser() -> ArgumentParser:
-    p = ArgumentParser(prog="dspark-lightning calibrate", description="Fit STS confidence temperatures (SPEC §5).",
+    p = ArgumentParser(prog="dspark-lightning calibrate", description="Fit STS confidence temperatures.",
                        exit_on_error=False)  # fmt: skip
     p.add_argument("--drafter", type=str, required=True, help="exported drafter directory (the file is saved there)")
     p.add_argument("--temperature", type=float, default=1.0, help="serving temperature the calibration is for")
@@ -230,15 +291,16 @@ def _calibrate(a) -> None:
 
     import torch
 
-    from ..calibration import fit_sts, heldout_prompts, position_reports, rollouts, save_calibration
+    from ..calibration import fit_sts, position_reports, save_calibration
     from ..export import read_config
+    from .calibrate import heldout_prompts, rollouts
     from .report import calibration_markdown, plot_reliability
 
     ro = load_rollouts(a.rollouts) if a.rollouts else None
     target, drafters = load_drafters([a.drafter], None, a)
     drafter = next(iter(drafters.values()))
     if ro is None:
-        from ..calibration import calibration_prompts
+        from .calibrate import calibration_prompts
 
         prompts = calibration_prompts(a.domains, a.prompts_per_domain)
         ro = rollouts(target, drafter, prompts, temperature=a.temperature, max_new_tokens=a.max_new_tokens,
@@ -297,7 +359,7 @@ def check_calibrate_args(a) -> None:
 
 def load_rollouts(path: str):
     """A ``rollouts.pt`` saved by an earlier ``calibrate --report_dir`` (tensors only, never unpickled objects)."""
-    from ..calibration import Rollouts
+    from .calibrate import Rollouts
 
     checks.input_file("--rollouts", path)
     try:

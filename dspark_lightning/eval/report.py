@@ -77,28 +77,45 @@ def eval_markdown(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def plot_acceptance(acceptance: dict, path: str | Path, title: str = "") -> Path:
-    """Conditional acceptance A_k against block position, one panel per dataset (the paper's Figure 2)."""
-    from ..plots import plt
+def acceptance_figure(acceptance: dict, title: str = ""):
+    """Conditional acceptance A_k against block position k (the paper's Figure 2): one panel per dataset in rows of
+    at most :data:`~dspark_lightning.plots.MAX_COLUMNS`, one line per drafter, whole-number positions."""
+    from ..plots import integer_ticks, panel_grid
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     names = list(acceptance)
     datasets = list(next(iter(acceptance.values()))) if names else []
-    fig, axes = plt.subplots(1, max(1, len(datasets)), figsize=(4.2 * max(1, len(datasets)), 3.6), squeeze=False)
-    for ax, ds in zip(axes[0], datasets, strict=False):
+    fig, axes = panel_grid(len(datasets))
+    last = 1
+    for ax, ds in zip(axes, datasets, strict=False):
         for n in names:
             a = acceptance[n][ds]["conditional_acceptance"]
             ks = [k + 1 for k, v in enumerate(a) if v is not None]
             ax.plot(ks, [v for v in a if v is not None], "o-", ms=4, label=n)
+            last = max(last, len(a))
         ax.set_title(f"{ds} ({acceptance[names[0]][ds]['domain']})")
-        ax.set_xlabel("block position k")
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("conditional acceptance A_k")
-    axes[0][-1].legend(fontsize=8)
+    cols = axes[0].get_subplotspec().get_gridspec().ncols
+    for i, ax in enumerate(axes):
+        integer_ticks(ax, last)
+        if i % cols == 0:
+            ax.set_ylabel("conditional acceptance A_k")
+        if i >= len(axes) - cols:  # the bottom panel of each column
+            ax.set_xlabel("block position k")
+    if names:
+        axes[0].legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
+    return fig
+
+
+def plot_acceptance(acceptance: dict, path: str | Path, title: str = "") -> Path:
+    """:func:`acceptance_figure` as a PNG."""
+    from ..plots import plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig = acceptance_figure(acceptance, title)
     save_figure(fig, path, dpi=120)
     plt.close(fig)
     return path
@@ -140,7 +157,15 @@ def bench_markdown(doc: dict) -> str:
                 eq if r.get("tok_s") is not None else r.get("note", ""),
             ]
         )
-    return "\n".join(lines + _table(head, rows))
+    lines += _table(head, rows)
+    drafted = [r for r in doc["rows"] if r.get("tau") is not None and r.get("survival") is not None]
+    if drafted:
+        lines += ["", "Per-position acceptance (k = 1..γ, first repeat): survival S_k, conditional A_k", ""]
+        lines += _table(["T", "batch", "prompts", "engine", "S_k", "A_k"], [[
+            f"{r['temperature']:g}", str(r["batch"]), r["prompt_set"], r["engine"],
+            " ".join(_f(v) for v in r["survival"]), " ".join(_f(v) for v in r["conditional_acceptance"]),
+        ] for r in drafted])  # fmt: skip
+    return "\n".join(lines)
 
 
 def plot_reliability(z, m, ell, temps_before, temps_after, out_dir: str | Path, title: str = "") -> list[Path]:

@@ -68,11 +68,47 @@ def jsonl_dataset(spec: str, n: int) -> Dataset:
     return Dataset(name, domain or recs[0].domain, [r.turns[0] for r in recs])
 
 
+def responses_datasets(path: str | Path, n: int) -> list[Dataset]:
+    """Sets from a responses JSONL (a recipe's ``<work_dir>/responses_heldout.jsonl``): the first user turns of the
+    first ``n`` records of each source, in file order (``python_stdlib/complete`` apart from the rest of
+    ``python_stdlib``); each set's domain is its first record's."""
+    from ..data.sources import _turn_texts
+
+    sets: dict[str, Dataset] = {}
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                if not isinstance(rec, dict):
+                    raise ValueError("expected a JSON object")
+                rid, source = str(rec.get("id", "")), rec.get("source") or rec.get("domain") or Path(path).stem
+                first = _turn_texts(rec.get("turns"))[0]
+            except ValueError as exc:  # json.JSONDecodeError is a ValueError
+                raise ValueError(f"{path}:{lineno}: not a responses record: {exc}") from None
+            name = rid.rsplit("/", 1)[0] if rid.startswith("python_stdlib/complete") else str(source)
+            ds = sets.setdefault(name, Dataset(name, str(rec.get("domain") or "chat"), []))
+            if len(ds.prompts) < n:
+                ds.prompts.append(first)
+    if not sets:
+        raise ValueError(f"{path} holds no records")
+    return list(sets.values())
+
+
+def scheduler_label(spec: Any) -> str:
+    """A scheduler spec as the reports name it: ``static``, ``static:3`` (a fixed γ), ``hardware_aware``."""
+    if isinstance(spec, dict):
+        name = str(spec.get("name", "?"))
+        return f"{name}:{spec['gamma']}" if spec.get("gamma") is not None else name
+    return str(spec)
+
+
 def run_decode(
     target, drafter, prompts, *, temperature, batch_size, scheduler, max_new_tokens, seed, verifier="auto",
-    acceptance="rejection",
+    acceptance="rejection", layout="padded",
 ) -> dict:  # fmt: skip
-    """One ``decode()`` run; the numbers every report reads."""
+    """One ``decode()`` run; the numbers every report reads (``layout``: the KV-cache layout, padded or flat)."""
     from ..infer import decode
 
     res = decode(
@@ -86,6 +122,7 @@ def run_decode(
         batch_size=batch_size,
         verifier=verifier,
         acceptance=acceptance,
+        layout=layout,
     )
     s = res.stats
     return {
@@ -98,6 +135,7 @@ def run_decode(
         "acceptance_rate": s.acceptance_rate,
         "verify_rate": s.verify_rate,
         "mean_verify_len": s.mean_verify_len,
+        "mean_step_tokens": s.mean_step_tokens,
         "steps": s.steps,
         "skipped_steps": s.skipped_steps,
         "survival": s.survival,
@@ -168,7 +206,7 @@ def evaluate(
         bar.set_postfix_str(f"{ds.name} / {name}")
         d = None if name == "plain" else drafters[name]
         runs[name][ds.name] = run_decode(target, d, prompts[ds.name], scheduler=scheduler, **kw)
-    return tables(target, drafters, datasets, runs, dict(kw, scheduler=str(scheduler)))
+    return tables(target, drafters, datasets, runs, dict(kw, scheduler=scheduler_label(scheduler)))
 
 
 def tables(target, drafters, datasets, runs, settings) -> dict:
@@ -190,7 +228,7 @@ def tables(target, drafters, datasets, runs, settings) -> dict:
         "drafter_dtypes": {n: drafter_dtype_name(drafters[n]) for n in names},
         "tau": tau,
         "domain_tau": domain_tau,
-        "macro_tau": {n: mean(list(tau[n].values())) for n in names},  # unweighted over datasets (SPEC §2)
+        "macro_tau": {n: mean(list(tau[n].values())) for n in names},  # unweighted over datasets (docs/algorithm.md §2)
         "acceptance_rate": {n: {d.name: runs[n][d.name]["acceptance_rate"] for d in datasets} for n in names},
         "rounds": {n: {d.name: runs[n][d.name]["rounds"] for d in datasets} for n in names},
         "tokens_per_s": tok_s,

@@ -1,4 +1,4 @@
-"""Step 4 of a round: lossless acceptance (SPEC §1), vectorised over requests.
+"""Step 4 of a round: lossless acceptance (docs/algorithm.md §1), vectorised over requests.
 
 Glossary (vLLM's rejection sampler):
 - accepted tokens: the longest draft prefix x_1..x_m that passes u_k < p_t,k(x_k) / q_k(x_k);

@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from ..drafters.chain import ChainDrafter
-from .draft import Proposal, draft_confidence, register_proposer, to_target_vocab
+from ..registry import register
+from .draft import Proposal, draft_confidence, to_target_vocab
 from .kvcache import KVLayer, RaggedCache
 from .sampling import SamplingParams, probs, sample
 
@@ -149,8 +150,9 @@ class ChainProposer:
         return Proposal(tokens=torch.stack(toks, 1), q=q, conf=torch.stack(confs, 1), logits=z)
 
 
-@register_proposer(ChainDrafter)
-def _chain_proposer(drafter: ChainDrafter, layout: str = "padded", conf_temperatures=None) -> ChainProposer:
+@register("proposer", "chain")
+def chain_proposer(drafter: ChainDrafter, layout: str = "padded", conf_temperatures=None) -> ChainProposer:
+    """The proposer of the chain drafters (:class:`ChainDrafter` ``proposer_name = "chain"``)."""
     if conf_temperatures is not None:
         raise ValueError(f"{drafter.registered_name} has no confidence head to calibrate")
     return ChainProposer(drafter, layout=layout)

@@ -3,6 +3,8 @@
 dspark-lightning decode --target smollm2-135m-instruct --drafter outputs/.../drafter --prompt "What is 17*23?"
 dspark-lightning decode --target tiny-debug --prompts prompts.jsonl --json_out results.json
 dspark-lightning profile --target smollm2-135m-instruct --out sps.json --plot sps.png
+dspark-lightning profile --breakdown verify --out docs/data/verify_profile      (per-part cost of a round)
+dspark-lightning profile --breakdown draft --drafter outputs/.../drafter --out docs/data/draft_profile
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from jsonargparse import ArgumentParser
 
 from .. import checks
 from ..atomic import atomic_write
+from ..export import load_drafter_checked
+from ..targets import load_target_checked
 from .sampling import GREEDY_EPS
 
 LAYOUTS = ("padded", "flat")
@@ -105,15 +109,26 @@ def decode_parser() -> ArgumentParser:
 
 
 def profile_parser() -> ArgumentParser:
-    p = ArgumentParser(prog="dspark-lightning profile", description="Measure the target's SPS(B) on this machine.",
+    p = ArgumentParser(prog="dspark-lightning profile", description="Measure the target's SPS(B) on this machine, or "
+                       "(--breakdown verify|draft) the cost of each part of a verification or drafting round.",
                        exit_on_error=False)  # fmt: skip
     p.add_argument("--target", type=str, default="smollm2-135m-instruct")
-    p.add_argument("--out", type=str | None, default=None, help="table JSON (default: the per-device cache)")
+    p.add_argument("--out", type=str | None, default=None,
+                   help="table JSON (default: the per-device cache); with --breakdown: a directory")  # fmt: skip
     p.add_argument("--plot", type=str | None, default=None, help="also write a PNG of the curve")
     p.add_argument("--max_tokens", type=int | None, default=None, help="largest B profiled (default 256)")
     p.add_argument("--context_len", type=int, default=512, help="cached context tokens during the timed forward")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--verifier", type=str, default="auto", help="the verifier timed: auto | lean | hf")
+    p.add_argument("--breakdown", type=str | None, default=None,
+                   help="verify: one verification step per verifier and B, and its ops; draft: one drafting "
+                   "round per component and drafter variant; writes <out>/{verify,draft}_profile.*")  # fmt: skip
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="--breakdown verify: the B timed")
+    p.add_argument("--rounds", type=int | None, default=None,
+                   help="--breakdown: interleaved timed rounds (default: 9 verify, 15 draft)")  # fmt: skip
+    p.add_argument("--drafter", type=str | None, default=None,
+                   help="--breakdown draft: a trained drafter, timed in fp32 and bf16 next to random ones")  # fmt: skip
+    p.add_argument("--layers", type=int, default=2, help="--breakdown draft: layers of the random DSpark drafters")
     add_device_args(p)
     return p
 
@@ -182,8 +197,8 @@ def run_decode(argv: list[str]) -> None:
     prompts = list(a.prompt) + (read_prompts(a.prompts, a.limit) if a.prompts else [])
     if not prompts:
         raise ValueError("give --prompt TEXT or --prompts FILE.jsonl")
-    target = checks.load_target_checked(a.target, dtype=a.dtype, device=a.device)
-    drafter = checks.load_drafter_checked(a.drafter, target, a.drafter_dtype) if a.drafter else None
+    target = load_target_checked(a.target, dtype=a.dtype, device=a.device)
+    drafter = load_drafter_checked(a.drafter, target, a.drafter_dtype) if a.drafter else None
     stream = len(prompts) == 1
     res = decode(
         target,
@@ -222,6 +237,8 @@ def run_profile(argv: list[str]) -> None:
     from .sps import default_path, profile_sps
 
     a = profile_parser().parse_args(argv)
+    if a.breakdown is not None:
+        return run_breakdown(a)
     checks.at_least("--max_tokens", a.max_tokens, 1)
     checks.at_least("--context_len", a.context_len, 1)
     checks.at_least("--repeats", a.repeats, 1)
@@ -229,7 +246,7 @@ def run_profile(argv: list[str]) -> None:
     check_device_args(a)
     checks.output_file("--out", a.out)
     checks.output_file("--plot", a.plot)
-    target = checks.load_target_checked(a.target, dtype=a.dtype, device=a.device)
+    target = load_target_checked(a.target, dtype=a.dtype, device=a.device)
     checks.fits_positions(target, a.context_len + (a.max_tokens or 256), "--context_len + --max_tokens")
     table = profile_sps(
         target, max_tokens=a.max_tokens, context_len=a.context_len, repeats=a.repeats, verifier=a.verifier
@@ -242,3 +259,54 @@ def run_profile(argv: list[str]) -> None:
         from ..plots import plot_sps
 
         print(f"[dspark-lightning] plot -> {plot_sps(table, a.plot)}")
+
+
+def check_breakdown_args(a) -> None:
+    """``--breakdown``'s options, before any model is loaded."""
+    check_choice("--breakdown", a.breakdown, ("verify", "draft"))
+    if a.out is None:
+        raise checks.UsageError("--breakdown writes <out>/{verify,draft}_profile.{json,md}: give --out DIR")
+    if a.plot is not None:
+        raise checks.UsageError("--plot draws the SPS curve; --breakdown writes tables only")
+    if a.drafter is not None and a.breakdown != "draft":
+        raise checks.UsageError("--drafter is timed by --breakdown draft")
+    checks.at_least("--context_len", a.context_len, 1)
+    checks.at_least("--rounds", a.rounds, 1)
+    checks.at_least("--layers", a.layers, 1)
+    for b in a.tokens:
+        checks.at_least("--tokens", b, 1)
+    check_device_args(a)
+    checks.output_dir("--out", a.out)
+    if a.drafter is not None:
+        checks.drafter_config(a.drafter)
+
+
+def run_breakdown(a) -> None:
+    """``profile --breakdown verify|draft``: the tables of :mod:`.breakdown` into ``--out``."""
+    from pathlib import Path
+
+    from . import breakdown as bd
+
+    check_breakdown_args(a)
+    target = load_target_checked(a.target, dtype=a.dtype, device=a.device)
+    if a.breakdown == "verify":
+        checks.fits_positions(target, a.context_len + max(a.tokens), "--context_len + --tokens")
+        doc = bd.verify_breakdown(target, context=a.context_len, tokens=tuple(a.tokens), rounds=a.rounds or 9)
+        md = bd.verify_markdown(doc)
+    else:
+        checks.fits_positions(target, a.context_len + 8, "--context_len + a round")
+        trained = {}
+        if a.drafter is not None:
+            trained["trained"] = load_drafter_checked(a.drafter, target, "fp32")
+            trained["trained bf16"] = load_drafter_checked(a.drafter, target, "bf16")
+        drafters = bd.draft_variants(target, trained, layers=a.layers)
+        doc = bd.draft_breakdown(target, drafters, context=a.context_len, rounds=a.rounds or 15)
+        doc["info"]["drafter"] = a.drafter
+        md = bd.draft_markdown(doc)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    json_name, md_name = bd.OUTPUT_FILES[a.breakdown]
+    atomic_write(out / json_name, json.dumps(doc, indent=2) + "\n")
+    atomic_write(out / md_name, md + "\n")
+    print(md)
+    print(f"[dspark-lightning] profile --breakdown -> {out / json_name}, {out / md_name}", file=sys.stderr)

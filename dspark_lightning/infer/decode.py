@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,8 +22,10 @@ from typing import Any
 import torch
 
 from .. import checks
-from ..calibration import temperatures_for
-from .draft import make_proposer
+from ..devices import resolve_device, resolve_dtype
+from ..export import check_chat_format, load_drafter, read_config, recorded_target_args
+from ..targets import load_target
+from .build import make_engine
 from .engine import Engine
 from .sampling import SamplingParams
 from .stats import DecodeStats, RoundLog, summarize
@@ -89,18 +90,16 @@ def _check_text(text, what: str) -> None:
 def resolve(target, drafter, device=None, dtype=None, drafter_dtype=None):
     """Load a target / drafter given by name or path on ``device`` in ``dtype`` (see :mod:`..devices`); check that
     objects passed in are where they were asked to be (moving a caller's model silently would surprise them)."""
-    from .. import load_drafter, load_target
-    from ..devices import resolve_device, resolve_dtype
-
     if isinstance(target, str | os.PathLike):
-        from ..export import recorded_target_args
-
         dev = resolve_device(device)
         recorded = recorded_target_args(drafter) if isinstance(drafter, str | os.PathLike) else {}
+        if os.path.isdir(target):
+            checks.regular_entries("target", target)
         target = load_target(target, dtype=resolve_dtype(dtype, dev), device=dev, **recorded)
     elif device is not None and resolve_device(device).type != target.device.type:
         raise ValueError(f"the target is on {target.device}, decode() was asked for {device}: load it there")
     if isinstance(drafter, str | os.PathLike):
+        checks.regular_entries("drafter", drafter)  # a FIFO among its files would block the loader for ever
         drafter = load_drafter(Path(drafter), target, dtype=drafter_dtype)
     elif isinstance(drafter, torch.nn.Module):  # third-party proposer objects carry no parameters
         p = next(iter(drafter.parameters()), None)
@@ -116,8 +115,6 @@ def resolve(target, drafter, device=None, dtype=None, drafter_dtype=None):
 def check_drafter_object(drafter, target) -> None:
     """A drafter object must fit the target as a drafter loaded from a path must (geometry, tapped layers, chat
     format of the export it came from)."""
-    from ..export import check_chat_format, read_config
-
     g = getattr(drafter, "geometry", None)
     if g is None:
         return
@@ -198,6 +195,8 @@ def decode(
     """
     t_start = time.perf_counter()
     check_decode_args(max_new_tokens, temperature, top_k, top_p, batch_size)
+    checks.decode_inputs(prompts, max_new_tokens, temperature, seed, seeds, scheduler,
+                         (("dtype", dtype), ("drafter_dtype", drafter_dtype)))  # fmt: skip
     stop = check_stop(stop)
     target, drafter = resolve(target, drafter, device, dtype, drafter_dtype)
     check_stop_ids(stop_token_ids, target)
@@ -239,35 +238,6 @@ def decode(
     if bar is not None:
         bar.close()
     return _result(engine, target, time.perf_counter() - t_start)
-
-
-def make_engine(target, drafter, params: SamplingParams, *, scheduler: Any = "static", seed: int = 0,
-                stop_token_ids: list[int] | None = None, stop: list[str] | None = None, layout: str = "padded",
-                calibrated: bool = True, verifier: str = "auto", acceptance: str = "rejection") -> Engine:  # fmt: skip
-    """The engine ``decode()`` drives (also driven directly by the closed-loop serving benchmark)."""
-    temps = temperatures_for(drafter, params.temperature) if calibrated and drafter is not None else None
-    proposer = make_proposer(drafter, layout=layout, conf_temperatures=temps) if drafter is not None else None
-    engine = Engine(
-        target,
-        proposer,
-        params=params,
-        scheduler=scheduler,
-        stop_token_ids=target.stop_token_ids if stop_token_ids is None else stop_token_ids,
-        stop_strings=stop,
-        seed=seed,
-        layout=layout,
-        verifier=verifier,
-        acceptance=acceptance,
-    )
-    if temps is None and getattr(drafter, "conf_head", None) is not None and hasattr(engine.scheduler, "bind"):
-        # SPEC §5: the hardware-aware schedulers read absolute confidences; raw heads are overconfident
-        warnings.warn(
-            f"{type(engine.scheduler).__name__} is driven by uncalibrated confidences (no STS file for "
-            f"T = {params.temperature:g}{'' if calibrated else ', or calibrated=False'}); run `dspark-lightning "
-            "calibrate` on this drafter for calibrated verification budgets",
-            stacklevel=3,
-        )
-    return engine
 
 
 def check_decode_args(max_new_tokens, temperature, top_k, top_p, batch_size) -> None:

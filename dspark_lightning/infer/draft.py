@@ -2,32 +2,32 @@
 
 :class:`BlockProposer` runs a parallel-backbone :class:`~dspark_lightning.drafters.Drafter`
 (DSpark, DFlash): one backbone forward over [cached context K/V; block], then the sequential
-head left to right (SPEC §3.5 "Inference"): z_k = U_k + B_k(x_{k-1}), q_k = softmax(z_k / T) in
+head left to right (docs/algorithm.md §3.5 "Inference"): z_k = U_k + B_k(x_{k-1}), q_k = softmax(z_k / T) in
 fp32 once, c_k from the confidence head (before x_k exists), x_k ~ q_k from that same tensor.
 
 The drafter context cache holds the K/V of the fused target features of every committed
 position; after each round :meth:`BlockProposer.extend` appends the anchor and accepted drafts'
-features taken from the target's verification pass (SPEC §3.7), so nothing is recomputed.
+features taken from the target's verification pass (docs/algorithm.md §3.7), so nothing is recomputed.
 
-Other drafter families plug in on this (runtime) side: ``@register_proposer(DrafterClass)`` on a factory
-``(drafter, layout, conf_temperatures) -> proposer``, an object with the same ``add / remove / extend /
-propose`` methods and ``block_size`` (the chain drafters' :class:`~dspark_lightning.infer.chain.ChainProposer`);
-``extend`` also receives ``hidden=`` (the target's final hidden states) and ``propose`` receives ``requests=``
-(prompt and output token lists) for proposers that need them. The model layer (``drafters/``) never imports
-the runtime. A third-party drafter may instead carry a ``make_proposer(layout, conf_temperatures)`` method.
+Other drafter families plug in on this (runtime) side through the one registry: ``@register("proposer", name)``
+on a factory ``(drafter, layout, conf_temperatures) -> proposer``, and ``proposer_name = name`` on the drafter
+class. A proposer is an object with the same ``add / remove / extend / propose`` methods and ``block_size`` (the
+chain drafters' :class:`~dspark_lightning.infer.chain.ChainProposer`); ``extend`` also receives ``hidden=`` (the
+target's final hidden states) and ``propose`` receives ``requests=`` (prompt and output token lists) for proposers
+that need them. The model layer (``drafters/``) never imports the runtime: it names its proposer. A third-party
+drafter may instead carry a ``make_proposer(layout, conf_temperatures)`` method.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+import warnings
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from ..drafters import Drafter
 from ..drafters.backbones import per_layer_masks
+from ..registry import create, register
 from .kvcache import KVLayer, RaggedCache
 from .sampling import SamplingParams, probs, sample
 
@@ -100,27 +100,32 @@ class StatelessProposer:
         raise NotImplementedError
 
 
-PROPOSERS: dict[type, Callable[..., Any]] = {}  # drafter class -> proposer factory (runtime side)
-
-
-def register_proposer(drafter_cls: type):
-    """Class decorator / function decorator: ``factory(drafter, layout, conf_temperatures)`` runs ``drafter_cls``."""
+def register_proposer(drafter_cls: type, name: str | None = None):
+    """Deprecated: ``@register("proposer", name)`` on the factory and ``proposer_name = name`` on ``drafter_cls``.
+    This registers ``factory(drafter, layout, conf_temperatures)`` for ``drafter_cls`` (and its subclasses) that way,
+    under ``name`` (default: the class's qualified name)."""
+    warnings.warn(
+        "register_proposer is deprecated: decorate the factory with register('proposer', name) and set "
+        "proposer_name = name on the drafter class",
+        DeprecationWarning,
+        stacklevel=2,
+    )
 
     def deco(factory):
-        PROPOSERS[drafter_cls] = factory
+        key = name or f"{drafter_cls.__module__}.{drafter_cls.__qualname__}"
+        register("proposer", key)(factory)
+        drafter_cls.proposer_name = key
         return factory
 
     return deco
 
 
 def make_proposer(drafter, layout: str = "padded", conf_temperatures=None):
-    """The inference-side proposer of ``drafter``: the factory registered for its class (or a base class), else
+    """The inference-side proposer of ``drafter``: the registered proposer its class names (``proposer_name``), else
     its own ``make_proposer`` method (third-party drafters)."""
-    from . import chain  # noqa: F401  (registers the chain drafters' proposer)
-
-    for cls in type(drafter).__mro__:
-        if cls in PROPOSERS:
-            return PROPOSERS[cls](drafter, layout=layout, conf_temperatures=conf_temperatures)
+    name = getattr(drafter, "proposer_name", None)
+    if name is not None:
+        return create("proposer", name, drafter, layout=layout, conf_temperatures=conf_temperatures)
     if hasattr(drafter, "make_proposer"):
         return drafter.make_proposer(layout=layout, conf_temperatures=conf_temperatures)
     raise TypeError(f"{type(drafter).__name__} is not a drafter decode() can run (no proposer registered for it)")
@@ -151,7 +156,7 @@ class BlockProposer:
         self.head_w = drafter.draft_head_weight().to(self.dtype)  # (N or V, d), gathered once
         self.vocab = drafter.draft_vocab  # (N,) target ids of the draft vocabulary, or None
         self.state: dict[int, torch.Tensor] | None = {} if getattr(bb, "context_state", False) else None
-        self.clock = Stopwatch()  # clock.enable() -> per-component times (scripts/profile_draft.py)
+        self.clock = Stopwatch()  # clock.enable() -> per-component times (profile --breakdown draft)
         self.held: dict[int, int] = {}  # request id -> cached positions (host-side, for compaction checks)
 
     def add(self, ids: list[int]) -> None:
@@ -280,6 +285,7 @@ class BlockProposer:
         )
 
 
-@register_proposer(Drafter)
-def _block_proposer(drafter, layout: str = "padded", conf_temperatures=None) -> BlockProposer:
+@register("proposer", "block")
+def block_proposer(drafter, layout: str = "padded", conf_temperatures=None) -> BlockProposer:
+    """The proposer of every :class:`~dspark_lightning.drafters.Drafter` (``proposer_name = "block"``)."""
     return BlockProposer(drafter, layout=layout, conf_temperatures=conf_temperatures)

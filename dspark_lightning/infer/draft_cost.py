@@ -74,7 +74,7 @@ _MEMO: dict[tuple, DraftCost] = {}  # in-memory drafters: profiled once per proc
 def profile_draft_cost(target, drafter, max_batch: int, progress: bool = False) -> DraftCost:
     """Drafting seconds per round at 1, 2, 4, ... up to ``max_batch`` requests (static γ, greedy, synthetic
     prompts of 64 tokens): the engine's own drafting clock divided by its rounds."""
-    from .decode import make_engine
+    from .build import make_engine
     from .sampling import SamplingParams
 
     V = target.geometry.vocab_size

@@ -118,7 +118,7 @@ class Engine:
 
         Every request draws from its own two random streams (drafting; first token + acceptance + residual),
         seeded from ``seeds[i]`` when given, else from (engine seed, prompt index), so what it draws never depends
-        on which other requests share its batch (SPEC §10; response regeneration relies on it too).
+        on which other requests share its batch (docs/algorithm.md §10; response regeneration relies on it too).
         """
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")

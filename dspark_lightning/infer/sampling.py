@@ -1,4 +1,4 @@
-"""Sampling laws shared by the draft and the target (SPEC §1, "Numerics and temperature").
+"""Sampling laws shared by the draft and the target (docs/algorithm.md §1, "Numerics and temperature").
 
 Both sides turn logits into probabilities with the same :func:`probs` (temperature, then top-k,
 then top-p, as HF's warpers), once, in fp32. Tokens are drawn from exactly that tensor, and the

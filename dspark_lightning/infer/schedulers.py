@@ -1,4 +1,4 @@
-"""Step 2 of a round: choose each request's verification length l_r (SPEC §6).
+"""Step 2 of a round: choose each request's verification length l_r (docs/algorithm.md §6).
 
 A scheduler is called with the conditional confidences ĉ (R, γ) of the current blocks and
 nothing else: it never sees the draft tokens. Each ĉ_k was computed before x_k was sampled, and
@@ -267,7 +267,7 @@ class _SPSScheduler:
         extra = self.draft_cost(R) if self.timing == "model" else (self.draft_s or 0.0)
         if not self.include_draft_time or not extra:
             return self.sps
-        # Whole-step rate: the drafting cost is paid once per step whatever l is (SPEC §6, "Optionally time
+        # Whole-step rate: the drafting cost is paid once per step whatever l is (docs/algorithm.md §6, "Optionally time
         # the whole step"); on a CPU it is comparable to a target forward and moves the optimum to longer l.
         sps = [1.0 / (1.0 / v + extra) if v > 0 else 0.0 for v in self.sps.sps]
         return SPSTable(tokens=self.sps.tokens, sps=sps, meta=self.sps.meta)
@@ -276,7 +276,8 @@ class _SPSScheduler:
 def step_in_curve(sps: SPSTable, R: int = 1, span: int = 6, ratio: float = 3.0) -> int | None:
     """B = R when verifying one token more than R costs over ``ratio`` x the mean cost of each of the next ``span``
     (a step in the step-time curve 1/SPS), else None (a smooth curve, or a table too short to judge). At a step
-    Algorithm 1's early break stops although a longer block would pay (SPEC §6: the break needs a smooth SPS)."""
+    Algorithm 1's early break stops although a longer block would pay (docs/algorithm.md §6: the break needs a
+    smooth SPS)."""
     cost = [1.0 / float(sps(torch.tensor(float(b)))) for b in range(R, min(sps.max_tokens, R + span + 1) + 1)]
     if len(cost) < span + 2:
         return None

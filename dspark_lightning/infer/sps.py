@@ -1,4 +1,4 @@
-"""Target steps per second SPS(B) as a function of the total verification tokens B (SPEC §6).
+"""Target steps per second SPS(B) as a function of the total verification tokens B (docs/algorithm.md §6).
 
 :func:`profile_sps` times the target's verification forward on this machine: B new tokens over
 a context of ``context_len`` cached tokens (the flat layout's cost model), warmup plus the median

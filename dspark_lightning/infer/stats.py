@@ -1,4 +1,4 @@
-"""Decoding metrics with the SPEC §2 definitions, pooled over request-rounds.
+"""Decoding metrics with the docs/algorithm.md §2 definitions, pooled over request-rounds.
 
 For round i: l_i effective drafts verified (j for a round ended by an accepted stop token at
 draft j), m_i accepted drafts, e_i committed tokens (m_i + 1, or m_i after an accepted stop).

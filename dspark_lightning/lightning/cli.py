@@ -5,7 +5,9 @@
 
 ``fit`` validates once before training (τ̂ at step 0), trains, and exports the drafter directory
 (config.json + model.safetensors) into ``<log_dir>/drafter`` or ``--export_dir``. Bad input gives
-a one-line error and exit code 2.
+a one-line error and exit code 2. The export, fit_stats.json and the divergence guard are the module's callbacks
+(``callbacks/``), so a plain ``Trainer.fit`` does the same; this CLI configures the export (``--export_dir``,
+``--calibrate``) and adds the step-0 validation and ``--ckpt_path last``.
 """
 
 from __future__ import annotations
@@ -26,13 +28,14 @@ from yaml import YAMLError  # noqa: E402
 
 from .. import checks, locks  # noqa: E402
 from ..atomic import DiskFullError, disk_full_message, is_disk_full  # noqa: E402
-from ..cli import one_line_error  # noqa: E402
 from ..data.cache import CacheError  # noqa: E402
-from ..export import DrafterLoadError, save_drafter  # noqa: E402
+from ..errors import one_line_error  # noqa: E402
+from ..export import DrafterLoadError  # noqa: E402
 from ..registry import RegistryError  # noqa: E402
+from .callbacks import DrafterExport, TrainingDiverged, calibrate_after_fit, calibrate_args  # noqa: E402,F401
 from .checkpoint_io import AtomicCheckpointIO, checkpoint_problem  # noqa: E402
 from .datamodule import DSparkDataModule  # noqa: E402
-from .module import DSparkModule, TrainingDiverged  # noqa: E402
+from .module import DSparkModule  # noqa: E402
 
 USER_ERRORS = (
     ArgumentError,
@@ -79,6 +82,17 @@ class DSparkCLI(LightningCLI):
         """Lightning's, less ``predict``: a drafter has no predict step (``dspark-lightning decode`` generates)."""
         return {k: v for k, v in LightningCLI.subcommands().items() if k != "predict"}
 
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Lightning's trainer turns Ctrl-C into ``sys.exit(1)``: raised again as KeyboardInterrupt, so the console
+        script ends with its one "interrupted" line and exit code 130."""
+        try:
+            super()._run_subcommand(subcommand)
+        except SystemExit as exc:
+            trainer = getattr(self, "trainer", None)
+            if exc.code == 1 and getattr(getattr(trainer, "state", None), "status", None) == "interrupted":
+                raise KeyboardInterrupt from None
+            raise
+
     def _parse_ckpt_path(self) -> None:
         """LightningCLI reads the hyperparameters of an explicit ``--ckpt_path`` while parsing: check the file first."""
         cfg = self.config.get(str(self.config.get("subcommand")), self.config)
@@ -89,8 +103,9 @@ class DSparkCLI(LightningCLI):
         """Check the recipe before anything is built, then build it; a component that cannot be built from its
         arguments (``rank: -1``, a tensor of negative size) is a recipe error, reported in one line."""
         cfg = self.config.get(self.subcommand, self.config)
+        checks.lightning_args(cfg, {"model": DSparkModule, "data": DSparkDataModule})  # trainer counts, nulls, dirs
         checks.model_args(cfg.get("model"))
-        checks.data_args(cfg.get("data"))
+        checks.data_args(cfg.get("data"), DSparkDataModule)
         checks.output_dir("--export_dir", cfg.get("export_dir"))
         calibrate_args(cfg.get("calibrate"))  # refused before training, not after it
         try:
@@ -106,8 +121,16 @@ class DSparkCLI(LightningCLI):
                     self._locks.enter_context(locks.folder_lock(folder, "fit"))
 
     def _instantiate_trainer(self, config: dict, callbacks: list):
-        """Checkpoints go through :class:`AtomicCheckpointIO` unless the recipe brings its own ``CheckpointIO``."""
+        """Checkpoints go through :class:`AtomicCheckpointIO` unless the recipe brings its own ``CheckpointIO``; the
+        export after fit is a :class:`~.callbacks.DrafterExport` of ``--export_dir`` / ``--calibrate`` unless the
+        recipe's ``trainer.callbacks`` has one."""
         from lightning.pytorch.plugins.io import CheckpointIO
+
+        given = config.get("callbacks")
+        given = [] if given is None else list(given) if isinstance(given, list | tuple) else [given]
+        if not any(isinstance(c, DrafterExport) for c in [*given, *callbacks]):
+            cfg = self.config.get(str(self.subcommand), self.config)
+            callbacks = [*callbacks, DrafterExport(cfg.get("export_dir"), cfg.get("calibrate"))]
 
         plugins = config.get("plugins")
         plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list | tuple) else [plugins]
@@ -130,24 +153,19 @@ class DSparkCLI(LightningCLI):
             if cfg.get("model") is not None and "target_dtype" in cfg["model"]:
                 cfg["model"]["target_dtype"] = "fp32"
 
-    def _export_dir(self) -> Path:
-        cfg = self.config[self.subcommand]
-        return Path(cfg.export_dir) if cfg.export_dir else Path(self.trainer.log_dir or ".") / "drafter"
+    def _exporter(self) -> DrafterExport:
+        return next(c for c in self.trainer.callbacks if isinstance(c, DrafterExport))
 
     def before_fit(self) -> None:
-        out = self._export_dir()
-        if out.exists() and any(out.iterdir()):
-            raise FileExistsError(
-                f"export directory {out} is not empty; refusing to overwrite it (choose --export_dir)"
-            )
-        self.datamodule.check()
-        self._tau_start = None
+        checks.data_positions(self.model.target, self.config[self.subcommand].get("data"))  # before any work
+        self._exporter().check(self.trainer)  # a non-empty export directory: refused before the step-0 validation
         resuming = self._resolve_ckpt_path()
         if self.config[self.subcommand].validate_before_fit and not resuming:  # τ̂ at step 0 is the fresh run's
             self.trainer.validate(self.model, datamodule=self.datamodule, verbose=False)
-            self._tau_start = self.trainer.callback_metrics.get("val/tau_hat")
+            self._exporter().tau_start = self.trainer.callback_metrics.get("val/tau_hat")
 
     def before_validate(self) -> None:
+        checks.data_positions(self.model.target, self.config[self.subcommand].get("data"))
         self._resolve_ckpt_path()
 
     before_test = before_validate
@@ -199,60 +217,6 @@ class DSparkCLI(LightningCLI):
             )
         return newest_readable(found)
 
-    def after_fit(self) -> None:
-        if self.model.validation_is_stale and self.trainer.limit_val_batches:  # stopped between validations
-            self.trainer.validate(self.model, datamodule=self.datamodule, verbose=False)
-            self.model.report_validation()
-        out = self._export_dir()  # trainer.log_dir is a collective under DDP: every rank calls it
-        state = self.model.drafter_state_dict()  # gathers FSDP shards: a collective too
-        if self.trainer.is_global_zero:
-            path = save_drafter(self.model.drafter, out, self.model.target, state=state)
-            end = self.trainer.callback_metrics.get("val/tau_hat")
-            if end is not None:
-                start = "" if self._tau_start is None else f"{float(self._tau_start):.3f} -> "
-                print(f"[dspark-lightning] held-out tau_hat {start}{float(end):.3f}", flush=True)
-            print(f"[dspark-lightning] exported drafter -> {path}", flush=True)
-            calibrate_after_fit(path, self.config[self.subcommand].get("calibrate"))
-
-
-CALIBRATE_KEYS = {"temperatures", "prompts_per_domain", "max_new_tokens", "domains"}
-
-
-def calibrate_args(spec: dict | None) -> list[list[str]]:
-    """``--calibrate {temperatures: [...], prompts_per_domain, max_new_tokens, domains}`` -> one argument list of
-    ``dspark-lightning calibrate`` per temperature (no drafter yet); refuses unknown keys and empty lists."""
-    if not spec:
-        return []
-    unknown = set(spec) - CALIBRATE_KEYS
-    if unknown:
-        raise checks.UsageError(f"--calibrate: unknown keys {sorted(unknown)}; allowed: {sorted(CALIBRATE_KEYS)}")
-    from ..eval.cli import DOMAINS
-    from ..infer.cli import check_choice
-
-    temps = spec.get("temperatures")
-    if not isinstance(temps, list | tuple) or not temps:
-        raise checks.UsageError("--calibrate needs temperatures: a non-empty list, e.g. [0.0, 1.0]")
-    for t in temps:
-        checks.temperature("--calibrate.temperatures", t)
-    extra = []
-    for key in ("prompts_per_domain", "max_new_tokens"):
-        if spec.get(key) is not None:
-            checks.at_least(f"--calibrate.{key}", spec[key], 1)
-            extra += [f"--{key}", str(spec[key])]
-    if spec.get("domains"):
-        for d in spec["domains"]:
-            check_choice("--calibrate.domains", d, DOMAINS)
-        extra += ["--domains", *map(str, spec["domains"])]
-    return [["--temperature", str(float(t)), *extra] for t in temps]
-
-
-def calibrate_after_fit(drafter_dir: Path, spec: dict | None) -> None:
-    from ..eval.cli import run_calibrate
-
-    for args in calibrate_args(spec):
-        print(f"[dspark-lightning] calibrating the exported drafter at T = {args[1]}", flush=True)
-        run_calibrate(["--drafter", str(drafter_dir), *args])
-
 
 def newest_readable(found: list[Path]) -> Path:
     """The newest of ``found`` (``last*`` wins a tie) that :func:`checkpoint_problem` passes; says which it skipped."""
@@ -274,8 +238,11 @@ def newest_readable(found: list[Path]) -> Path:
 def check_checkpoint_file(path: str | None) -> None:
     """An explicit ``--ckpt_path`` file must be a torch checkpoint (a zip archive): a garbage file used to fail
     deep inside ``torch.load`` after the model was built and validated."""
-    if path is None or str(path) in ("last", "best", "hpc") or "://" in str(path) or not Path(path).is_file():
-        return  # "last" and missing files: see _resolve_ckpt_path
+    if path is None or str(path) in ("last", "best", "hpc") or "://" in str(path):
+        return
+    checks.path_length("--ckpt_path", path)  # before is_file(): an over-long name makes stat() itself fail
+    if not Path(path).is_file():
+        return  # missing files and FIFOs: see _resolve_ckpt_path
     if not zipfile.is_zipfile(path):
         raise checks.UsageError(f"--ckpt_path {path} is not a checkpoint written by fit (not a torch zip archive)")
 

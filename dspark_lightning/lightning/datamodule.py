@@ -30,7 +30,7 @@ class DSparkDataModule(L.LightningDataModule):
     Args:
         target: embedded target name (``smollm2-135m-instruct``, ``tiny-debug``) or HF model path; required (a
             recipe without one would otherwise train against some default target without saying so).
-        layer_ids: tapped target layers (null = the SPEC §3.2 rule).
+        layer_ids: tapped target layers (null = the docs/algorithm.md §3.2 rule).
         system_prompt: system prompt of the shared chat format (null = the template's default).
         sources: registered prompt sources, each ``{name: ..., <its args>}`` (see ``dspark_lightning.data.sources``).
         heldout_fraction: fraction of prompts held out for validation / evaluation / calibration.
@@ -50,7 +50,7 @@ class DSparkDataModule(L.LightningDataModule):
             ``s3://bucket/run/data``; null = ``work_dir``). A cache read from a URL is used as it is.
         shuffle_buffer: samples each streaming worker holds for shuffling (memory: buffer x S x (n+1) x d x 2 B).
         batch_size: sequences per micro-batch.
-        max_anchors: anchors sampled per sequence (SPEC: up to 512).
+        max_anchors: anchors sampled per sequence (the paper: up to 512).
         num_workers: DataLoader workers.
         seed: seed of regeneration sampling and anchor sampling.
     """
@@ -101,6 +101,7 @@ class DSparkDataModule(L.LightningDataModule):
         self.datasets: dict[str, Any] = {}
         self.collators: dict[str, AnchorCollator] = {}
         self._prepared = False
+        self._checked = False
 
     @property
     def target(self):
@@ -163,13 +164,18 @@ class DSparkDataModule(L.LightningDataModule):
         }
 
     def check(self) -> None:
-        """Cheap start-up validation of existing caches (sizes and member counts; ``verify`` hashes the shards)."""
+        """Cheap start-up validation of existing caches (sizes and member counts; ``verify`` hashes the shards). Runs
+        once per process, first thing in :meth:`prepare_data` (before any data is made) and :meth:`setup` (the ranks
+        Lightning does not prepare data on)."""
+        self._checked = True
         if self.features == "cached" and self.cache_url is None:
             check_caches(self.target, DataPaths(Path(self.work_dir)), self.feature_dtype)
 
     def prepare_data(self) -> None:
         """Reuse a finished ``prepare``; without one, do the work here on a CPU-only machine (local rank 0, as
         Lightning calls it), and refuse on a machine with an accelerator, where ``prepare`` shards it over GPUs."""
+        if not self._checked:
+            self.check()
         if self._prepared or self.cache_url is not None:  # validate-before-fit and fit both call this
             return
         self._prepared = True
@@ -186,6 +192,8 @@ class DSparkDataModule(L.LightningDataModule):
         job.run(rank=0, world_size=1)
 
     def setup(self, stage: str | None = None) -> None:
+        if not self._checked:
+            self.check()
         for split in ("train", "heldout"):
             if split not in self.datasets:
                 self.datasets[split] = self._stream(split) if self.streaming else self._open(split)

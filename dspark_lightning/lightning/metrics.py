@@ -10,8 +10,8 @@ from torchmetrics import Metric
 
 class PositionAcceptance(Metric):
     """Accumulates Σ v·c*_k and Σ v per block position k and domain (the last row pools all domains), and the
-    expected accepted length of each block, τ_b = 1 + Σ_k Π_{i<=k} v_i·c*_{b,i} (SPEC §2: per-block products
-    averaged over blocks; the product of per-position means is biased low, since E[Π] != Π E).
+    expected accepted length of each block, τ_b = 1 + Σ_k Π_{i<=k} v_i·c*_{b,i} (docs/algorithm.md §2: per-block
+    products averaged over blocks; the product of per-position means is biased low, since E[Π] != Π E).
 
     ``compute()`` returns (num, den, tau_sum, blocks): (len(domains)+1, γ) twice, then (len(domains)+1,) twice;
     mean acceptance = num / den, τ̂ = tau_sum / blocks.
@@ -45,3 +45,19 @@ class PositionAcceptance(Metric):
 
     def compute(self) -> tuple[torch.Tensor, ...]:
         return self.num, self.den, self.tau_sum, self.blocks
+
+
+def acceptance_table(validation: dict[str, dict], block_size: int, slots: int = 4) -> str:
+    """A validation (``DSparkModule.last_validation``) as a small text table: per domain c*_1..k, TF-A_1..k, τ̂ and
+    the greedy τ̂."""
+    if not validation:
+        return ""
+    k = min(slots, block_size)
+    head = ["domain", *[f"c*_{i + 1}" for i in range(k)], *[f"TF-A_{i + 1}" for i in range(k)], "τ̂", "τ̂(T=0)"]
+    lines = ["  ".join(f"{h:>7}" for h in head)]
+    for dom, row in validation.items():
+        acc, tfa = row.get("acc_pos", []), row.get("tfa_pos", [])
+        vals = [f"{x:7.3f}" for x in acc[:k]] + [f"{x:7.3f}" for x in tfa[:k]]
+        vals += [f"{row.get('tau_hat', float('nan')):7.3f}", f"{row.get('tau_greedy', float('nan')):7.3f}"]
+        lines.append("  ".join([f"{dom:>7}", *vals]))
+    return "\n".join(lines)

@@ -1,158 +1,38 @@
-"""DSparkModule: trains a drafter against a frozen target (the only LightningModule)."""
+"""DSparkModule: trains a drafter against a frozen target (the only LightningModule).
+
+The module holds the training step, validation and the optimizer; what a fit does around them (the draft
+vocabulary, the divergence guard, MoE logging, fit_stats.json, the export) are the Callbacks of ``callbacks/``, which
+:meth:`DSparkModule.configure_callbacks` adds to any Trainer that lacks them. The recipe's loss and optimizer sections
+and their checks are in ``config.py``.
+"""
 
 from __future__ import annotations
 
-import json
-import math
-import resource
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict
 
 import lightning as L
 import torch
 from torch import nn
 
 from ..data.features import features_for_batch, target_law_summary
-from ..data.prepare import write_atomic
-from ..data.vocab import coverage, frequent_tokens
 from ..devices import resolve_dtype
-from ..drafters import build_part, compose, draft_geometry
+from ..drafters import build_drafter
 from ..drafters.warm_start import WarmStart
 from ..drafters.warm_start import warm_start as warm_start_fn
 from ..losses import ProjectedLogits, dspark_loss, position_weights, supervision_mask
-from ..modules import moe_aux_loss, moe_loads
-from ..registry import create
+from ..modules import moe_aux_loss
 from ..targets import ChatFormat, Target, TargetGeometry, load_target
-from .metrics import PositionAcceptance
-from .schedule import SCHEDULES, Phase, check_curriculum, lr_factor, phase_at, subsample_anchors
+from .callbacks import TrainingDiverged, default_callbacks, full_drafter_state
+from .config import TRUE_PRECISIONS, LossConfig, OptimConfig, check_hparams, check_phase_anchors, check_precision
+from .metrics import PositionAcceptance, acceptance_table
+from .schedule import Phase, check_curriculum, lr_factor, phase_at, subsample_anchors
+
+__all__ = ["TRUE_PRECISIONS", "DSparkModule", "LossConfig", "OptimConfig", "TrainingDiverged", "check_hparams",
+           "full_drafter_state"]  # fmt: skip
 
 DOMAINS = ("math", "code", "chat", "other")
-# Precisions that run the drafter's weights in one dtype (no autocast): the shared target parts must match it.
-TRUE_PRECISIONS = {
-    "64-true": torch.float64,
-    "32-true": torch.float32,
-    "16-true": torch.float16,
-    "bf16-true": torch.bfloat16,
-}
-
-
-@dataclass
-class LossConfig:
-    """Loss weights (SPEC §4): L = ce_weight·CE + l1_weight·L1 + conf_weight·BCE."""
-
-    ce_weight: float = 0.1
-    """weight of the cross-entropy to the data token"""
-    l1_weight: float = 0.9
-    """weight of the full L1 distance to the target distribution"""
-    conf_weight: float = 1.0
-    """weight of the confidence BCE against the detached analytic acceptance"""
-    soft_ce_weight: float = 0.0
-    """weight of the soft cross-entropy to the target distribution (EAGLE-3's loss)"""
-    top_ce_weight: float = 0.0
-    """weight of a cross-entropy to the target's argmax token (the T = 0 label, free from the target logits)"""
-    draft_vocab_space: bool = True
-    """with a reduced draft vocabulary, compute the loss over its N tokens only: the target logits of those rows,
-    with the full-vocabulary log-sum-exp and argmax cached at feature extraction (or computed once per step
-    without a cache), so the mass outside still counts as rejected; equal values and gradients (tested)"""
-    decay: float | None = 4.0
-    """position weights w_k = exp(-(k-1)/decay); null = uniform"""
-    chunk_size: int | None = None
-    """anchor blocks per chunk of the per-token loss (activation-checkpointed): bounds the fp32 (rows x V) tensors
-    to chunk_size·γ rows (docs/training.md); null = all at once (the CPU recipes: each chunk's terms and target
-    logits are computed twice, and their tensors are small there). Set it for large vocabularies on GPUs
-    (recipes/gpu/: 32). Changes no value."""
-
-
-@dataclass
-class OptimConfig:
-    """AdamW with linear warmup then cosine decay to 0 (SPEC §4)."""
-
-    lr: float = 6e-4
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    warmup_fraction: float = 0.04
-    """fraction of the total optimizer steps spent in linear warmup"""
-    schedule: str = "cosine"
-    """after warmup: cosine (to 0), wsd (constant, then linear to 0 over decay_fraction) or constant"""
-    decay_fraction: float = 0.2
-    """wsd: share of training spent in the final linear decay"""
-    time_budget_s: float | None = None
-    """schedule progress by wall-clock time as well: max(step / max_steps, elapsed / time_budget_s) (a fixed-time
-    run, e.g. the experiment matrix; pair it with trainer.max_time)"""
-
-
-class TrainingDiverged(RuntimeError):
-    """A non-finite loss or gradient: ``fit`` stops (exit 2) instead of training on and exporting NaN weights."""
-
-
-def _require(ok: bool, name: str, value: object, rule: str) -> None:
-    if not ok:
-        raise ValueError(f"{name} must be {rule}, got {value}")
-
-
-def _finite(v: object) -> bool:
-    return isinstance(v, int | float) and math.isfinite(v)
-
-
-def check_hparams(loss: LossConfig, optim: OptimConfig, block_size: int) -> None:
-    """Refuse hyperparameters that can only train NaN weights (a non-finite or non-positive lr, a NaN loss weight,
-    ``decay: 0``) or nothing at all, before the target is loaded; the message names the recipe key."""
-    _require(isinstance(block_size, int) and block_size >= 1, "model.block_size", block_size, "an integer >= 1")
-    weights = {
-        k: getattr(loss, k) for k in ("ce_weight", "l1_weight", "conf_weight", "soft_ce_weight", "top_ce_weight")
-    }
-    for k, v in weights.items():
-        _require(_finite(v) and v >= 0, f"model.loss.{k}", v, "finite and >= 0")
-    _require(sum(weights.values()) > 0, "one of model.loss.*_weight", 0, "> 0 (an all-zero loss trains nothing)")
-    decay_ok = loss.decay is None or (_finite(loss.decay) and loss.decay > 0)
-    _require(decay_ok, "model.loss.decay", loss.decay, "finite and > 0 (null = uniform position weights)")
-    _require(loss.chunk_size is None or loss.chunk_size >= 1, "model.loss.chunk_size", loss.chunk_size, ">= 1 or null")
-    o = optim
-    _require(_finite(o.lr) and o.lr > 0, "model.optim.lr", o.lr, "finite and > 0")
-    _require(_finite(o.eps) and o.eps > 0, "model.optim.eps", o.eps, "finite and > 0")
-    betas_ok = len(o.betas) == 2 and all(_finite(b) and 0 <= b < 1 for b in o.betas)
-    _require(betas_ok, "model.optim.betas", tuple(o.betas), "two numbers in [0, 1)")
-    _require(_finite(o.weight_decay) and o.weight_decay >= 0, "model.optim.weight_decay", o.weight_decay, ">= 0")
-    _require(_finite(o.warmup_fraction) and 0 <= o.warmup_fraction <= 1, "model.optim.warmup_fraction",
-             o.warmup_fraction, "in [0, 1]")  # fmt: skip
-    _require(o.schedule in SCHEDULES, "model.optim.schedule", o.schedule, f"one of {', '.join(SCHEDULES)}")
-    _require(_finite(o.decay_fraction) and 0 < o.decay_fraction <= 1, "model.optim.decay_fraction",
-             o.decay_fraction, "in (0, 1]")  # fmt: skip
-    budget_ok = o.time_budget_s is None or (_finite(o.time_budget_s) and o.time_budget_s > 0)
-    _require(budget_ok, "model.optim.time_budget_s", o.time_budget_s, "> 0 seconds or null")
-    _require(_finite(loss.top_ce_weight) and loss.top_ce_weight >= 0, "model.loss.top_ce_weight",
-             loss.top_ce_weight, "finite and >= 0")  # fmt: skip
-
-
-def _loss_text(vals: torch.Tensor) -> str:
-    """(loss, ce, l1, conf) -> the divergence message (a host read: only once training has diverged)."""
-    loss, ce, l1, conf = vals.tolist()
-    return f"non-finite training loss {loss} (ce {ce:.4g}, l1 {l1:.4g}, conf {conf:.4g})"
-
-
-def full_drafter_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The drafter's full (unsharded) weights on the CPU from a DSparkModule, bare or wrapped (FSDP, DDP).
-
-    In a process group it is a collective (torch.distributed.checkpoint ``get_model_state_dict`` with
-    ``full_state_dict`` and ``cpu_offload``): FSDP shards are all-gathered, rank 0 receives the tensors and the
-    other ranks ``{}``, so no rank holds more than one full copy, and that copy in CPU memory."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    else:
-        full = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    return {k.removeprefix("drafter."): v for k, v in full.items() if k.startswith("drafter.")}
-
-
-def _part(kind: str, spec, *args):
-    """A recipe part: a callable (class_path + init_args) or a registered name."""
-    if spec is None or isinstance(spec, str):
-        return build_part(kind, spec, *args)
-    return spec(*args)
 
 
 class DSparkModule(L.LightningModule):
@@ -165,7 +45,7 @@ class DSparkModule(L.LightningModule):
         conf_head: builds the confidence head from (geometry, token_dim), or a registered name (null = none).
         block_size: γ, drafts per block.
         target: embedded target name or HF model path (linked from ``data.target``).
-        layer_ids: tapped target layers (linked from ``data.layer_ids``; null = the SPEC §3.2 rule).
+        layer_ids: tapped target layers (linked from ``data.layer_ids``; null = the docs/algorithm.md §3.2 rule).
         system_prompt: chat format system prompt (linked from ``data.system_prompt``).
         target_dtype: the frozen target's dtype (linked from ``data.target_dtype``; null = bf16 when CUDA is
             available, else fp32). Under a ``*-true`` precision it must be that precision's dtype, since the drafter
@@ -181,8 +61,8 @@ class DSparkModule(L.LightningModule):
         curriculum: training phases (block length, anchors per sequence, position decay) over training progress,
             e.g. a slot-1-first curriculum ``[{until: 0.7, block_size: 3, anchors: 96, decay: 1.5}, {until: 1.0}]``;
             validation and the export always use ``block_size``. null = one phase.
-        warm_start: initialise the backbone from the target's layers (``drafters/warm_start.py``); null = SPEC
-            §3.1's random initialisation.
+        warm_start: initialise the backbone from the target's layers (``drafters/warm_start.py``); null = the
+            random initialisation of docs/algorithm.md §3.1.
     """
 
     def __init__(
@@ -212,23 +92,9 @@ class DSparkModule(L.LightningModule):
         chat = ChatFormat(system_prompt=system_prompt)
         tgt = load_target(target, layer_ids=layer_ids, chat=chat, dtype=resolve_dtype(target_dtype, "auto"))
         self.__dict__["_target"] = tgt  # not a sub-module: never trained, saved or wrapped by DDP
-        g = draft_geometry(tgt, draft_vocab_size)
-        if drafter is not None:  # one registered drafter (eagle3, mtp1, a plugin's) instead of parts
-            if backbone is not None or seq_head is not None or conf_head is not None:
-                raise ValueError("give either model.drafter or model.backbone/seq_head/conf_head, not both")
-            spec = {"name": drafter} if isinstance(drafter, str) else dict(drafter)
-            name = spec.pop("name")
-            kwargs = spec.pop("args", spec)
-            if draft_vocab_size is not None:
-                kwargs["draft_vocab_size"] = draft_vocab_size
-            self.drafter = create("drafter", name, tgt, block_size=block_size, **kwargs)
-        else:
-            if backbone is None:
-                raise ValueError("model.backbone is required (or name a registered model.drafter)")
-            sh = _part("seq_head", seq_head, g)
-            ch = _part("conf_head", conf_head, g, getattr(sh, "token_dim", 0))
-            bb = _part("backbone", backbone, g)
-            self.drafter = compose(tgt, bb, sh, ch, block_size, mask_token_id, draft_vocab_size)
+        self.drafter = build_drafter(tgt, block_size, drafter=drafter, backbone=backbone, seq_head=seq_head,
+                                     conf_head=conf_head, mask_token_id=mask_token_id,
+                                     draft_vocab_size=draft_vocab_size)  # fmt: skip
         if warm_start is not None:
             ws = warm_start if isinstance(warm_start, WarmStart) else WarmStart(**warm_start)
             copied = warm_start_fn(self.drafter, tgt, ws)
@@ -253,47 +119,17 @@ class DSparkModule(L.LightningModule):
         }
 
     def setup(self, stage: str) -> None:
-        """Check the precision against the target's dtype; pick the reduced draft vocabulary from the training
-        responses (a resumed checkpoint restores the same)."""
-        self._check_precision()
-        self._check_curriculum_anchors()
-        d = self.drafter
-        if getattr(d, "draft_vocab", None) is None or d.vocab_ready:
-            return
-        dm = self.trainer.datamodule
-        if not hasattr(dm, "token_counts"):
-            raise ValueError("model.draft_vocab_size needs a datamodule with token_counts() (the DSpark datamodule)")
-        counts = dm.token_counts("train")
-        ids = frequent_tokens(counts, d.draft_vocab.numel(), always=self.target.stop_token_ids)
-        d.set_draft_vocab(ids)
-        held = dm.token_counts("heldout")
-        print(
-            f"[dspark-lightning] draft vocabulary: {ids.numel()} of {counts.numel()} tokens, covering "
-            f"{100 * coverage(counts, ids):.2f}% of training and {100 * coverage(held, ids):.2f}% of held-out "
-            "response tokens",
-            flush=True,
-        )
+        """Check the precision against the target's dtype and the curriculum against the loader's anchors (the draft
+        vocabulary is chosen by the :class:`~.callbacks.DraftVocabulary` callback, which runs just before)."""
+        check_precision(str(self.trainer.precision), self.target.lm_head.weight.dtype)
+        check_phase_anchors(self.curriculum, getattr(getattr(self.trainer, "datamodule", None), "max_anchors", None))
 
-    def _check_curriculum_anchors(self) -> None:
-        """A phase can only keep fewer anchors than the loader samples (``data.max_anchors``)."""
-        have = getattr(getattr(self.trainer, "datamodule", None), "max_anchors", None)
-        for i, ph in enumerate(self.curriculum):
-            if have is not None and ph.anchors is not None and ph.anchors > have:
-                raise ValueError(
-                    f"model.curriculum[{i}].anchors is {ph.anchors} but data.max_anchors samples only {have} per "
-                    "sequence: raise data.max_anchors to the largest phase's anchors"
-                )
-
-    def _check_precision(self) -> None:
-        """A ``*-true`` precision casts the drafter's weights, not the target's (not a sub-module), yet the drafter
-        computes with the target's embedding: their dtypes must agree (mixed precision autocasts and takes any)."""
-        precision = str(self.trainer.precision)
-        want, have = TRUE_PRECISIONS.get(precision), self.target.lm_head.weight.dtype
-        if want is not None and want != have:
-            raise ValueError(
-                f"trainer.precision {precision} runs the drafter in {want} but the target (whose embedding and LM "
-                f"head the drafter shares) is {have}: set data.target_dtype to match, or use a *-mixed precision"
-            )
+    def configure_callbacks(self) -> list[L.Callback]:
+        """The default callbacks (:func:`~.callbacks.default_callbacks`) of each kind the Trainer has none of: a plain
+        ``Trainer.fit(module, datamodule)`` trains, checks and exports like ``dspark-lightning fit``; a Trainer given
+        its own (``DrafterExport(export_dir=...)``, ``DrafterExport(enabled=False)``) keeps it."""
+        have = list(self.trainer.callbacks) if self._trainer is not None else []
+        return [cb for cb in default_callbacks() if not any(isinstance(c, type(cb)) for c in have)]
 
     def drafter_state_dict(self) -> dict[str, torch.Tensor]:
         """The drafter's full weights for the export: :func:`full_drafter_state` of the strategy's (possibly FSDP
@@ -325,8 +161,8 @@ class DSparkModule(L.LightningModule):
         total = max(1, int(self.trainer.estimated_stepping_batches)) if self._trainer is not None else 1
         p = self.global_step / total
         budget = self.optim_cfg.time_budget_s
-        if budget is not None and hasattr(self, "_fit_t0"):
-            p = max(p, (time.perf_counter() - self._fit_t0) / budget)
+        if budget is not None and hasattr(self, "_train_t0"):
+            p = max(p, (time.perf_counter() - self._train_t0) / budget)
         return min(p, 1.0)
 
     def _phase(self) -> tuple[int, int | None, torch.Tensor]:
@@ -470,139 +306,33 @@ class DSparkModule(L.LightningModule):
         self.log("acc", shown[1], prog_bar=True, logger=False, on_step=True, on_epoch=False, batch_size=B)
 
     def on_train_start(self) -> None:
-        self._fit_t0, self._fit_tokens, self._fit_rows, self._fit_anchors = time.perf_counter(), 0, 0, 0
-        self._pending_loss = None
-
-    def on_train_end(self) -> None:
-        """Write fit_stats.json (wall time, throughput, peak RSS, the last validation) next to the logs."""
-        log_dir = self.trainer.log_dir  # a collective under DDP: every rank must call it
-        if not self.trainer.is_global_zero or not hasattr(self, "_fit_t0"):
-            return
-        wall = time.perf_counter() - self._fit_t0
-        tokens, rows, anchors = (int(x) for x in (self._fit_tokens, self._fit_rows, self._fit_anchors))  # one read each
-        self._fit_stats = {
-            "steps": int(self.global_step),
-            "wall_s": wall,
-            "tokens": tokens,
-            "tokens_per_s": tokens / wall if wall > 0 else 0.0,
-            "block_rows_per_s": rows / wall if wall > 0 else 0.0,
-            "anchors_seen": anchors,
-            "block_rows_seen": rows,
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        }
-        self._fit_stats_path = Path(log_dir or ".") / "fit_stats.json"
-        self.report_validation()
+        self._train_t0 = time.perf_counter()  # the clock of a time-budgeted schedule (progress())
 
     @property
     def validation_is_stale(self) -> bool:
         """True when training went on after the last validation (a run stopped by ``trainer.max_time``)."""
         return getattr(self, "_val_step", None) != int(self.global_step)
 
-    def report_validation(self) -> None:
-        """(Re)write fit_stats.json with the last validation and print its table (the CLI calls it again after a
-        final validation of a run that stopped between validations)."""
-        path = getattr(self, "_fit_stats_path", None)
-        if path is None:
-            return
-        stats = {**self._fit_stats, "validation_step": getattr(self, "_val_step", None),
-                 "validation": self.last_validation}  # fmt: skip
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps(stats, indent=2) + "\n")  # rewritten after a final validation: never torn
-        table = self.validation_table()
-        if table and not self.validation_is_stale:
-            print(f"[dspark-lightning] validation at step {self._val_step} (teacher-forced):\n{table}", flush=True)
-
     def on_train_epoch_start(self) -> None:
         dm = getattr(self.trainer, "datamodule", None)
         if hasattr(dm, "set_epoch"):
             dm.set_epoch(self.current_epoch)
 
-    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
-        """No host read (the fused loss, the logged tensors and the fit counters stay on the device): the divergence
-        guard reads once per optimizer step, in :meth:`on_before_optimizer_step`."""
+    def training_step(self, batch: dict, batch_idx: int) -> dict[str, torch.Tensor]:
+        """No host read: the loss, the logged tensors and the counts stay on the device. Returns the loss and this
+        step's supervised block rows (a curriculum phase trains fewer) and anchors, which :class:`~.callbacks.FitStats`
+        adds up; ``step_losses`` (loss, ce, l1, conf: detached) is left for :class:`~.callbacks.DivergenceGuard`,
+        which checks it before the backward (one host read per optimizer step)."""
         terms, v, B = self._step(batch)
         self._log_terms("train", terms, v, B)
-        # this rank's tokens, supervised block rows (a curriculum phase trains fewer) and anchors: device tensors,
-        # read once at the end of fit (fit_stats.json)
-        self._fit_tokens = self._fit_tokens + batch["attention_mask"].sum()
-        self._fit_rows = self._fit_rows + v.detach().sum()
-        self._fit_anchors = self._fit_anchors + self._step_anchors
-        loss = terms.total + self._moe_terms(B)
-        self._watch_loss(loss, terms)
-        return loss
+        loss = terms.total + self._moe_aux(B)
+        self.step_losses = torch.stack([t.detach().float() for t in (loss, terms.ce, terms.l1, terms.conf)])
+        return {"loss": loss, "block_rows": v.detach().sum(), "anchors": self._step_anchors}
 
-    # --- divergence ----------------------------------------------------------------------------
-    def _scaled(self) -> bool:
-        """A loss scaler (``16-mixed``) expects overflow steps and skips them itself: no gradient check then."""
-        return getattr(self.trainer.precision_plugin, "scaler", None) is not None
-
-    def _watch_loss(self, loss: torch.Tensor, terms) -> None:
-        """The loss half of the divergence guard, without a host read: whether a loss since the last optimizer step
-        was non-finite, and the terms of the first such step, are kept on the device and read together with the
-        gradient check before the optimizer step (one read per optimizer step instead of one per micro-batch; a
-        non-finite loss gives non-finite gradients, which never reach the weights either way). Under a loss scaler,
-        which has no gradient check, the loss is read here, once per step."""
-        vals = torch.stack([loss.detach().float(), *(t.detach().float() for t in (terms.ce, terms.l1, terms.conf))])
-        bad = ~vals[0].isfinite()
-        if self._scaled():
-            self._stop_if(bad, lambda: _loss_text(vals))
-            return
-        pending = getattr(self, "_pending_loss", None)
-        if pending is not None:  # keep the values of the first non-finite micro-batch
-            bad, vals = pending[0] | bad, torch.where(pending[0], pending[1], vals)
-        self._pending_loss = (bad, vals)
-
-    def on_before_optimizer_step(self, optimizer) -> None:
-        """Stop before a non-finite loss or gradient reaches the weights (gradients unclipped, unscaled): one host read
-        for both, after one all-reduce across ranks. Skipped under a loss scaler (``16-mixed``), whose overflow steps
-        are expected: the scaler skips them itself (the loss is checked in the training step then)."""
-        if self._scaled():
-            return
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        local = [g.to_local() if hasattr(g, "to_local") else g for g in grads]  # DTensor shards (FSDP2)
-        norms = [torch.linalg.vector_norm(g, dtype=torch.float32) for g in local if g.numel()]
-        pending, self._pending_loss = getattr(self, "_pending_loss", None), None
-        flags = torch.zeros(2, device=self.device)
-        if pending is not None:
-            flags[0] = pending[0].to(flags.device)
-        if norms:
-            flags[1] = (~torch.stack(norms).isfinite().all()).to(flags.device)
-        loss_bad, grad_bad = self._any_rank(flags)
-        if loss_bad:
-            self._diverged(
-                _loss_text(pending[1]) if pending is not None else "non-finite training loss on another rank"
-            )
-        if grad_bad:
-            self._diverged("non-finite gradient")
-
-    def _any_rank(self, flags: torch.Tensor) -> list[bool]:
-        """``flags`` (n,) summed over the ranks on the device, then read on the host: the one host read of a check."""
-        return (self.trainer.strategy.reduce(flags.float(), reduce_op="sum") > 0).tolist()
-
-    def _stop_if(self, bad: torch.Tensor, what: Callable[[], str]) -> None:
-        """Raise :class:`TrainingDiverged` on every rank when any rank saw ``bad`` (a 0-d bool tensor)."""
-        if self._any_rank(bad.reshape(1))[0]:
-            self._diverged(what())
-
-    def _diverged(self, what: str) -> None:
-        """Every rank raises together (none is left in a collective). Stopping, rather than skipping steps, keeps the
-        weights and the checkpoints written so far finite."""
-        raise TrainingDiverged(
-            f"{what} at step {self.global_step}: training diverged and was stopped (nothing exported); "
-            "lower model.optim.lr or check model.loss and the data, then resume from an earlier checkpoint "
-            "with --ckpt_path or start again"
-        )
-
-    def _moe_terms(self, B: int) -> torch.Tensor | float:
-        """MoE backbones: log each layer's expert load (max load x E: 1 = balanced) and add the weighted aux loss."""
+    def _moe_aux(self, B: int) -> torch.Tensor | float:
+        """MoE backbones: the weighted auxiliary balance loss, logged (the expert loads: ``callbacks.MoELogging``)."""
         bb = getattr(self.drafter, "backbone", None)
-        if bb is None:
-            return 0.0
-        for i, load in enumerate(moe_loads(bb)):
-            self.log(f"moe/imbalance_layer{i}", load.max() * load.numel(), on_step=True, batch_size=B)
-            for e, f in enumerate(load):
-                self.log(f"moe/load_layer{i}_expert{e}", f, on_step=True, batch_size=B)
-        aux = moe_aux_loss(bb)
+        aux = moe_aux_loss(bb) if bb is not None else None
         if aux is None:
             return 0.0
         self.log("train/moe_aux", aux, on_step=True, batch_size=B)
@@ -643,18 +373,8 @@ class DSparkModule(L.LightningModule):
         self._val_step = int(self.global_step)
 
     def validation_table(self, slots: int = 4) -> str:
-        """The last validation as a small text table: per domain c*_1..k, TF-A_1..k, τ̂ and the greedy τ̂."""
-        if not self.last_validation:
-            return ""
-        k = min(slots, self.block_size)
-        head = ["domain", *[f"c*_{i + 1}" for i in range(k)], *[f"TF-A_{i + 1}" for i in range(k)], "τ̂", "τ̂(T=0)"]
-        lines = ["  ".join(f"{h:>7}" for h in head)]
-        for dom, row in self.last_validation.items():
-            acc, tfa = row.get("acc_pos", []), row.get("tfa_pos", [])
-            vals = [f"{x:7.3f}" for x in acc[:k]] + [f"{x:7.3f}" for x in tfa[:k]]
-            vals += [f"{row.get('tau_hat', float('nan')):7.3f}", f"{row.get('tau_greedy', float('nan')):7.3f}"]
-            lines.append("  ".join([f"{dom:>7}", *vals]))
-        return "\n".join(lines)
+        """The last validation as a small text table (:func:`~.metrics.acceptance_table`)."""
+        return acceptance_table(self.last_validation, self.block_size, slots)
 
     def on_validation_epoch_end(self) -> None:
         self._log_acceptance("val")
@@ -666,12 +386,14 @@ class DSparkModule(L.LightningModule):
     def configure_optimizers(self):
         o = self.optim_cfg
         params = [p for p in self.drafter.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+        fused = fused_adamw_ok(params) if o.fused is None else bool(o.fused)
+        kw = {"fused": True} if fused else {}
+        opt = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay, **kw)
         total = max(1, int(self.trainer.estimated_stepping_batches))
         warm = max(1, int(o.warmup_fraction * total)) if o.time_budget_s is None else 0
 
         def factor(step: int) -> float:
-            if o.time_budget_s is None:  # step-based, as SPEC §4: warmup over `warm` steps, then the schedule
+            if o.time_budget_s is None:  # step-based (docs/algorithm.md §4): warmup over `warm` steps, then schedule
                 if step < warm:
                     return (step + 1) / warm
                 return lr_factor((step - warm) / max(1, total - warm), 0.0, o.schedule, o.decay_fraction)
@@ -679,3 +401,12 @@ class DSparkModule(L.LightningModule):
 
         sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def fused_adamw_ok(params: list[torch.Tensor]) -> bool:
+    """Whether AdamW's fused kernel takes these parameters: plain floating CPU/CUDA tensors of one device (FSDP2's
+    DTensors and other subclasses keep the default implementation)."""
+    if not params or any(type(p) is not torch.nn.Parameter or hasattr(p, "to_local") for p in params):
+        return False
+    devices = {p.device.type for p in params}
+    return len(devices) == 1 and devices <= {"cpu", "cuda"} and all(p.is_floating_point() for p in params)

@@ -57,7 +57,7 @@ def _parse(prog: str, argv: list[str], extra: bool) -> tuple[DSparkDataModule, A
         parser.add_argument("--verify", action="store_true", help="hash every shard once the data is merged")
         parser.add_argument("--device", type=str | None, default=None, help="default: this rank's GPU, else cpu")
     cfg = parser.parse_args(_data_section_only(argv))
-    checks.data_args(cfg.data)
+    checks.data_args(cfg.data, DSparkDataModule)
     if extra:
         checks.rank_args(cfg.rank, cfg.world_size)
     return parser.instantiate_classes(cfg).data, cfg

@@ -17,7 +17,7 @@ SCHEDULES = ("cosine", "wsd", "constant")
 def lr_factor(progress: float, warmup: float, schedule: str = "cosine", decay_fraction: float = 0.2) -> float:
     """The LR multiplier at ``progress``: linear warmup over the first ``warmup`` share, then
 
-    - ``cosine``: cosine to 0 at the end (SPEC §4);
+    - ``cosine``: cosine to 0 at the end (docs/algorithm.md §4);
     - ``wsd``: constant, then a linear decay to 0 over the last ``decay_fraction`` (warmup-stable-decay: a run's
       stable-phase checkpoints can each be decayed to read the same run at several budgets);
     - ``constant``: constant after warmup.

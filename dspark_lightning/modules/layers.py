@@ -99,7 +99,7 @@ def grouped_attention(
 class InjectedAttention(nn.Module):
     """Attention whose queries come from the block and whose keys/values are [context; block].
 
-    SPEC §3.2: K = [W_k C; W_k h], V = [W_v C; W_v h] with the same W_k/W_v for both; per-head
+    docs/algorithm.md §3.2: K = [W_k C; W_k h], V = [W_v C; W_v h] with the same W_k/W_v for both; per-head
     q_norm/k_norm (Qwen3) on every query and key; GQA; scale head_dim^-1/2.
     """
 

@@ -1,4 +1,4 @@
-"""Attention masks for anchor-packed training blocks (SPEC §3.4). Dense boolean masks (fine on CPU)."""
+"""Attention masks for anchor-packed training blocks (docs/algorithm.md §3.4). Dense boolean masks (fine on CPU)."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..checks import UsageError, regular_entries
 from .chat import ChatFormat, encode_conversation, render_prompt
 from .embedded import MASK_TOKENS, cache_root, embedded_names, embedded_path
 from .target import Target, TargetGeometry, TargetOutput, check_layer_ids, default_layer_ids
@@ -25,6 +26,7 @@ __all__ = [
     "embedded_names",
     "encode_conversation",
     "load_target",
+    "load_target_checked",
     "render_prompt",
     "resolve_target_path",
 ]
@@ -95,6 +97,20 @@ def load_target(
         return _CACHE[key]
 
 
+def load_target_checked(name: str, **kwargs: Any) -> Any:
+    """:func:`load_target` whose failure (an unknown name, a directory without a model, a
+    truncated weights file) is one error naming the target."""
+    if os.path.isdir(name):
+        regular_entries("target", name)
+    try:
+        return load_target(name, **kwargs)
+    except UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever HF raises for a bad model directory, the cause is the input
+        msg = " ".join(str(exc).split()) or type(exc).__name__
+        raise UsageError(f"target {name!r} cannot be loaded ({type(exc).__name__}: {msg[:300]})") from None
+
+
 def _tokenizer_next_to(name_or_path: str) -> Any:
     """The tokenizer saved with an already-loaded model (its ``name_or_path``), offline."""
     from transformers import AutoTokenizer
@@ -108,7 +124,7 @@ def _tokenizer_next_to(name_or_path: str) -> Any:
 
 
 def default_mask_token_id(target: Target) -> int:
-    """A token id that never occurs in templated data (SPEC §3.1): a known unused special token."""
+    """A token id that never occurs in templated data (docs/algorithm.md §3.1): a known unused special token."""
     tok = target.tokenizer
     token = MASK_TOKENS.get(target.name)
     if token is not None:

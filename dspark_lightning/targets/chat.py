@@ -1,6 +1,6 @@
 """One shared chat-format config for regeneration, feature extraction, training and evaluation.
 
-SPEC §4 / pitfall 5: the system prompt, template and thinking flag MUST be identical in every
+docs/algorithm.md §4 / pitfall 5: the system prompt, template and thinking flag MUST be identical in every
 stage. :class:`ChatFormat` is that single source; it is stored in feature caches and exported
 drafters, and compared on load.
 """

@@ -34,7 +34,7 @@ CHATML_TEMPLATE = (
 )
 
 # Per-target defaults that recipes may override: a token id that never occurs in templated data,
-# used as the drafter's mask token (SPEC §3.1).
+# used as the drafter's mask token (docs/algorithm.md §3.1).
 MASK_TOKENS = {SMOLLM2: "<empty_output>", TINY: "<mask>"}
 
 

@@ -1,6 +1,6 @@
 """Frozen target LM adapter: any Hugging Face causal LM as a DSpark target.
 
-Exposes what the drafter needs (SPEC §3.1-3.2, pitfall 3):
+Exposes what the drafter needs (docs/algorithm.md §3.1-3.2, pitfall 3):
 - raw outputs of the tapped decoder layers (forward hooks; never the last layer),
 - the final-norm hidden state, and logits exactly as the model's own forward computes them (its LM head, then
   its logit post-processing: scales, soft caps; see :data:`HEAD_STEPS`),
@@ -24,7 +24,7 @@ from .chat import ChatFormat, encode_conversation, render_prompt
 
 
 def default_layer_ids(num_layers: int, n: int = 5) -> list[int]:
-    """DFlash layer rule (SPEC §3.2): n ids evenly spaced on [1, L-3], Python's round (half to even).
+    """DFlash layer rule (docs/algorithm.md §3.2): n ids evenly spaced on [1, L-3], Python's round (half to even).
 
     A target under 8 layers has fewer than n distinct layers there: each is tapped once (4 layers: [1]; 6: [1, 2, 3])
     rather than the same layer's output concatenated several times."""
@@ -50,7 +50,7 @@ def check_layer_ids(layer_ids: list[int], num_layers: int) -> list[int]:
 
 @dataclass(frozen=True)
 class TargetGeometry:
-    """Shapes the drafter copies from the target (SPEC §3.1). Hashable, JSON-friendly."""
+    """Shapes the drafter copies from the target (docs/algorithm.md §3.1). Hashable, JSON-friendly."""
 
     hidden_size: int
     vocab_size: int
@@ -111,7 +111,7 @@ def _softcap_fp32(z: torch.Tensor, cap: float) -> torch.Tensor:
 
 # What HF causal LMs do to the LM head's output before returning it (transformers' ``*ForCausalLM.forward``),
 # keyed by the config attribute that holds the constant; None (or no such attribute) switches the step off.
-# The target's sampling law is softmax of the result (SPEC §1, losslessness (ii)); the load-time probe
+# The target's sampling law is softmax of the result (docs/algorithm.md §1, losslessness (ii)); the load-time probe
 # (:meth:`Target.check_head`) refuses any model whose forward does something else.
 HEAD_STEPS: dict[str, Callable[[torch.Tensor, float], torch.Tensor]] = {
     "logits_scaling": lambda z, s: z / s,  # Granite family (µP)

@@ -43,7 +43,7 @@ def cache_dir(tmp_path, target, samples):
 
 def test_estimate_formula():
     # Qwen3-4B: d = 2560, n = 5 -> 5 + 2*2560*6 = 30,725 B/token (int32 id + uint8 mask + bf16 features).
-    # SPEC §4 quotes 30,726 because the reference also stores an unused uint8 attention mask (+1 B/token).
+    # docs/algorithm.md §4 quotes 30,726 because the reference also stores an unused uint8 attention mask (+1 B/token).
     assert estimate_cache_bytes(1, 2560, 5, law_summary=False) == 30_725
     assert estimate_cache_bytes(1, 2560, 5, law_summary=False) + 1 == 30_726
     # "~38 TB" is about 1.24 B tokens

@@ -1,6 +1,7 @@
 """End-to-end `fit` on tiny_debug: metrics, checkpoint, exported drafter that reloads bit-identically."""
 
 import csv
+import json
 import os
 import subprocess
 import sys
@@ -38,6 +39,54 @@ def test_fit_exports_a_drafter_that_reloads_identically(workdir):
     with torch.no_grad():
         a, b = trained(ctx, ids, anchors, valid), loaded(ctx, ids, anchors, valid)
     assert torch.equal(a.logits, b.logits) and torch.equal(a.conf_logits, b.conf_logits)
+
+
+def _plain_trainer(root: Path, **kw):
+    import lightning as L
+
+    return L.Trainer(accelerator="cpu", devices=1, max_steps=3, val_check_interval=2, check_val_every_n_epoch=None,
+                     logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                     num_sanity_val_steps=0, default_root_dir=root, **kw)  # fmt: skip
+
+
+def test_a_plain_trainer_fit_checks_trains_and_exports(workdir):
+    """No CLI: ``Trainer.fit(module, datamodule)`` from Python writes fit_stats.json (after a final validation of
+    the last weights: the run stops between validations) and the exported drafter, through the callbacks the module
+    adds itself; a second fit into the same folder is refused before it trains (an export never overwrites)."""
+    import yaml
+
+    from dspark_lightning import load_drafter
+    from dspark_lightning.data.prepare import RegenConfig
+    from dspark_lightning.lightning.callbacks import DivergenceGuard, DrafterExport, FitStats
+    from dspark_lightning.lightning.datamodule import DSparkDataModule
+    from dspark_lightning.lightning.module import DSparkModule
+
+    data = yaml.safe_load(Path(TINY).read_text())["data"]
+    dm = DSparkDataModule(**{**data, "regen": RegenConfig(**data["regen"])})  # work_dir: the workdir's copy
+    torch.manual_seed(0)
+    module = DSparkModule(backbone="dense", seq_head={"name": "vanilla", "rank": 16}, conf_head="linear", block_size=4)
+    trainer = _plain_trainer(workdir / "run")
+    trainer.fit(module, dm)
+
+    assert {FitStats, DrafterExport, DivergenceGuard} <= {type(c) for c in trainer.callbacks}
+    assert trainer.optimizers[0].defaults["fused"] is True  # model.optim.fused: null = fused on plain CPU tensors
+    stats = json.loads((workdir / "run" / "fit_stats.json").read_text())
+    assert stats["steps"] == 3 and stats["tokens"] > 0 and stats["anchors_seen"] > 0
+    assert stats["validation_step"] == 3 and 1.0 <= stats["validation"]["all"]["tau_hat"] <= 5.0  # the final weights
+    loaded = load_drafter(workdir / "run" / "drafter")
+    trained = module.drafter.state_dict()
+    assert loaded.config() == module.drafter.config()
+    assert loaded.state_dict().keys() == trained.keys()
+    assert all(torch.equal(loaded.state_dict()[k], v.cpu()) for k, v in trained.items())
+
+    with pytest.raises(FileExistsError, match="not empty"):
+        _plain_trainer(workdir / "run").fit(module, dm)
+    assert json.loads((workdir / "run" / "fit_stats.json").read_text()) == stats  # nothing trained or rewritten
+
+    custom = _plain_trainer(workdir / "run", callbacks=[DrafterExport(export_dir=workdir / "elsewhere")])
+    custom.fit(module, dm)  # the Trainer's own DrafterExport replaces the module's default
+    assert (workdir / "elsewhere" / "model.safetensors").is_file()
+    assert sum(isinstance(c, DrafterExport) for c in custom.callbacks) == 1
 
 
 def test_fit_runs_under_ddp_with_two_cpu_processes(workdir):

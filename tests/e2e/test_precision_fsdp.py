@@ -59,7 +59,8 @@ def _gather_worker(rank: int, world: int, port: int, out: str) -> None:
     from torch.distributed.fsdp import fully_shard
 
     from dspark_lightning.export import load_drafter, save_drafter
-    from dspark_lightning.lightning.module import DSparkModule, full_drafter_state
+    from dspark_lightning.lightning.callbacks import full_drafter_state
+    from dspark_lightning.lightning.module import DSparkModule
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)

@@ -1,4 +1,4 @@
-"""SPEC §11.4 literal-token acceptance and §11.8 metrics on hand-made rounds."""
+"""docs/algorithm.md §11.4 literal-token acceptance and §11.8 metrics on hand-made rounds."""
 
 import pytest
 import torch

@@ -68,7 +68,7 @@ def test_accepted_stop_token_ends_the_round_without_bonus(varied_target, prompts
 @pytest.mark.parametrize("seq_head", [*names("seq_head"), None])
 @pytest.mark.parametrize("layout", ["padded", "flat"])
 def test_train_infer_parity(tiny_target, tiny_batch, seq_head, layout):
-    """SPEC §11.11: teacher-forced logits/confidences for one anchor equal the cached inference propose."""
+    """docs/algorithm.md §11.11: teacher-forced logits/confidences for one anchor equal the cached inference propose."""
     context, _, ids = tiny_batch
     g, a = 4, 11
     drafter = make_drafter(tiny_target, "dspark", block_size=g, seq_head=seq_head).eval()

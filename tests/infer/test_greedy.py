@@ -1,4 +1,4 @@
-"""SPEC §11.1: greedy speculative output equals the target's own greedy decoding, token for token."""
+"""docs/algorithm.md §11.1: greedy speculative output equals the target's own greedy decoding, token for token."""
 
 import inspect
 

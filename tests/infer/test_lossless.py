@@ -1,4 +1,4 @@
-"""SPEC §11.2-3: the committed tokens have exactly the target's law, whatever the drafter and scheduler."""
+"""docs/algorithm.md §11.2-3: the committed tokens have exactly the target's law, whatever the drafter and scheduler."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""SPEC §10, issue 14: what a seed fixes.
+"""docs/algorithm.md §10, issue 14: what a seed fixes.
 
 - Every request draws from its own streams, derived from (seed, prompt index) or pinned by ``seeds[i]``; with the
   static and threshold schedulers (l from the request's own confidences) a request's T > 0 output does not depend

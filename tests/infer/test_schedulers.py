@@ -1,4 +1,4 @@
-"""SPEC §11.5: scheduler units with fixed confidences and SPS tables."""
+"""docs/algorithm.md §11.5: scheduler units with fixed confidences and SPS tables."""
 
 import pytest
 import torch

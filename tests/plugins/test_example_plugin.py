@@ -30,7 +30,7 @@ def test_example_heads_pass_the_conformance_check(head):
 def test_conformance_check_catches_a_step_that_forgets_its_state():
     from dspark_example_head import BigramMarkovHead
 
-    class Forgetful(BigramMarkovHead):  # the reference's RNN bug (SPEC pitfall 12): step resets its state
+    class Forgetful(BigramMarkovHead):  # the reference's RNN bug (docs/algorithm.md §10): step resets its state
         def step(self, h, prev, state):
             return super().step(h, prev, self.init_state(prev.shape[0], h))
 

@@ -13,7 +13,8 @@ from torch.utils.data import DataLoader
 from dspark_lightning.data.anchors import AnchorCollator
 from dspark_lightning.data.features import features_for_batch
 from dspark_lightning.infer.syncs import HostReads
-from dspark_lightning.lightning.module import DSparkModule, TrainingDiverged
+from dspark_lightning.lightning.callbacks import FitStats, TrainingDiverged
+from dspark_lightning.lightning.module import DSparkModule
 from dspark_lightning.modules import MoE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,6 +85,7 @@ def _fit(module: DSparkModule, max_steps: int, **trainer_kw) -> CountReads:
     trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                         enable_model_summary=False, callbacks=[counter], **kw)  # fmt: skip
     trainer.fit(module, _loader(module))
+    counter.trainer = trainer
     return counter
 
 
@@ -93,7 +95,8 @@ def test_a_dense_training_step_reads_nothing_and_a_batch_reads_once():
     counter = _fit(_module(), max_steps=3)
     assert counter.steps == [0, 0, 0]
     assert [c for c, _ in counter.batches] == [1, 1, 1]
-    assert all(site.startswith("tolist at lightning/module.py") for _, sites in counter.batches for site in sites)
+    guard = "tolist at lightning/callbacks/divergence.py"  # the DivergenceGuard callback
+    assert all(site.startswith(guard) for _, sites in counter.batches for site in sites)
 
 
 def test_with_accumulation_the_guard_reads_once_per_optimizer_step():
@@ -120,8 +123,8 @@ def test_moe_training_step_reads_once_per_moe_layer():
 
 def test_fit_stats_counters_are_read_once_at_the_end():
     module = _module()
-    _fit(module, max_steps=2)
-    stats = module._fit_stats
+    counter = _fit(module, max_steps=2)
+    stats = next(cb for cb in counter.trainer.callbacks if isinstance(cb, FitStats)).stats
     assert stats["tokens"] == 4 * 20 + 1 + 2 + 3  # two batches of two sequences, 20..23 tokens
     assert stats["anchors_seen"] == 4 * 6 and stats["block_rows_seen"] > 0
 
@@ -218,3 +221,22 @@ def test_fsdp_recipe_wraps_each_decoder_layer():
     assert len(layers) == 5
     wrapped = policy._run_policy(module, set(), {})
     assert set(wrapped) == set(layers)
+
+
+def test_fused_adamw_is_chosen_only_for_plain_parameters_of_one_device():
+    """``model.optim.fused: null`` picks AdamW's fused kernel for plain CPU/CUDA parameters and keeps the default
+    implementation for tensor subclasses (FSDP2's DTensors), mixed devices and an empty list."""
+    from dspark_lightning.lightning.module import fused_adamw_ok
+
+    plain = [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2, 2))]
+    assert fused_adamw_ok(plain)
+    assert not fused_adamw_ok([])
+    assert not fused_adamw_ok([*plain, torch.nn.Parameter(torch.zeros(2, device="meta"))])
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert not fused_adamw_ok([torch.nn.Parameter(torch.zeros(2).as_subclass(Sub))])
+    sharded = torch.nn.Parameter(torch.zeros(2))
+    sharded.to_local = lambda: sharded  # what a DTensor has
+    assert not fused_adamw_ok([sharded])

@@ -1,4 +1,4 @@
-"""Serving export / import (dspark_lightning.interop): exact layouts, faithful round trips, one-line refusals."""
+"""Serving export / import (dspark_lightning.export): exact layouts, faithful round trips, one-line refusals."""
 
 import json
 import os
@@ -12,9 +12,16 @@ from safetensors.torch import load_file, save_file
 from dspark_lightning import create
 from dspark_lightning.cli import main
 from dspark_lightning.drafters import VanillaMarkovHead
-from dspark_lightning.export import DrafterLoadError, load_drafter, read_config, save_drafter
-from dspark_lightning.interop import InteropError, export_drafter, export_serving
-from dspark_lightning.interop.common import TARGET_ONLY_KEYS
+from dspark_lightning.export import (
+    DrafterLoadError,
+    InteropError,
+    export_drafter,
+    export_serving,
+    load_drafter,
+    read_config,
+    save_drafter,
+)
+from dspark_lightning.export.common import TARGET_ONLY_KEYS
 from dspark_lightning.testing import assert_decodes_target_greedy
 
 RANK = 16
@@ -364,3 +371,16 @@ def test_eagle3_export_computes_the_public_eagle3_layer(varied_target, batch, tm
     ours = d(context, ids, anchors, valid).logits[:, :, 0]  # step 0 of anchor a reads position a - 1
     for b, a in valid.nonzero().tolist():
         torch.testing.assert_close(ours[b, a], ref[b, anchors[b, a] - 1], rtol=1e-4, atol=1e-4)
+
+
+def test_the_deprecated_interop_names_are_the_export_packages():
+    """``dspark_lightning.interop`` is an alias of export/: the same functions and the same module objects."""
+    from dspark_lightning.interop.common import TARGET_ONLY_KEYS as old_keys
+    from dspark_lightning.interop.convert import export_drafter as old_export
+
+    import dspark_lightning.export as export
+    import dspark_lightning.interop as interop
+
+    assert old_export is export.export_drafter and interop.export_serving is export.export_serving
+    assert old_keys is TARGET_ONLY_KEYS and interop.InteropError is InteropError
+    assert interop.dspark_hf is export.dspark_hf and interop.run_export is export.run_export

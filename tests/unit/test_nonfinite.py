@@ -18,7 +18,7 @@ from dspark_lightning.export import (
     save_drafter,
     weights_sha256,
 )
-from dspark_lightning.lightning.module import LossConfig, OptimConfig, check_hparams
+from dspark_lightning.lightning.config import LossConfig, OptimConfig, check_hparams
 from dspark_lightning.losses import position_weights
 from dspark_lightning.registry import create
 

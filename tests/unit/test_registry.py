@@ -14,8 +14,10 @@ def test_every_kind_exists_and_builtins_are_registered():
         "drafter",
         "scheduler",
         "verifier",
+        "proposer",
         "prompt_source",
     }
+    assert {"block", "chain"} <= set(names("proposer"))
     assert {"vanilla", "gated", "rnn"} <= set(names("seq_head"))
     assert "dense" in names("backbone")
     assert {"dspark", "dflash"} <= set(names("drafter"))
@@ -92,3 +94,33 @@ def test_a_hanging_plugin_is_skipped_and_reported(monkeypatch):
     assert "still importing after 0.2 s" in errors["sleepy"] and "DSPARK_PLUGINS=none" in errors["sleepy"]
     assert "sleepy" not in registry.loaded_plugins
     registry.plugin_errors.clear()
+
+
+def test_proposers_come_from_the_registry_by_the_drafter_class_name():
+    """One registry: a drafter class names its proposer (``proposer_name``); the deprecated ``register_proposer``
+    registers through it too, and a subclass inherits its base's proposer."""
+    from dspark_lightning.drafters import ChainDrafter, Drafter
+    from dspark_lightning.infer import make_proposer, register_proposer
+
+    assert registry.get("proposer", Drafter.proposer_name).__name__ == "block_proposer"
+    assert registry.get("proposer", ChainDrafter.proposer_name).__name__ == "chain_proposer"
+
+    class Toy:
+        pass
+
+    class SubToy(Toy):
+        pass
+
+    with pytest.warns(DeprecationWarning, match="register_proposer is deprecated"):
+
+        @register_proposer(Toy, name="_test_toy")
+        def toy_proposer(drafter, layout="padded", conf_temperatures=None):
+            return SimpleNamespace(drafter=drafter, layout=layout)
+
+    try:
+        made = make_proposer(SubToy(), layout="flat")
+        assert isinstance(made.drafter, SubToy) and made.layout == "flat" and "_test_toy" in names("proposer")
+        with pytest.raises(TypeError, match="no proposer registered"):
+            make_proposer(object())
+    finally:
+        registry._REGISTRY["proposer"].pop("_test_toy")

@@ -1,7 +1,7 @@
 """What every parallel backbone shares: fusion of the tapped target features, KV injection, RoPE.
 
 A backbone is built from decoder layers whose attention is an :class:`InjectedAttention` (queries
-from the block, keys/values from [context; block], SPEC §3.2). Each layer may have its own
+from the block, keys/values from [context; block], docs/algorithm.md §3.2). Each layer may have its own
 attention window over the context (``layer_windows``; None = full), so callers build one mask per
 distinct window and pass a list (or a single mask when all layers agree).
 """

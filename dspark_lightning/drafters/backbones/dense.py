@@ -1,4 +1,6 @@
-"""Dense parallel backbone: KV injection of fused target features, queries from the block only (SPEC §3.2)."""
+"""Dense parallel backbone: KV injection of fused target features, queries from the block only.
+
+docs/algorithm.md §3.2."""
 
 from __future__ import annotations
 

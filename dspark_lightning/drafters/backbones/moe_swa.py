@@ -1,4 +1,4 @@
-"""MoE backbone with sliding-window attention (the production DSpark configuration, SPEC §8).
+"""MoE backbone with sliding-window attention (the production DSpark configuration, docs/algorithm.md §8).
 
 Same inputs and outputs as the dense backbone, so every head, loss, scheduler and ``decode()``
 works with it unchanged. The window applies to the injected target context: a block anchored at

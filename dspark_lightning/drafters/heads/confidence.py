@@ -1,4 +1,6 @@
-"""Confidence head (SPEC §3.6, paper Eq. 7): c_k = sigmoid(w^T [h_k; W1[x_{k-1}]] + b), a conditional survival logit."""
+"""Confidence head (docs/algorithm.md §3.6, paper Eq. 7): c_k = sigmoid(w^T [h_k; W1[x_{k-1}]] + b).
+
+A conditional survival logit."""
 
 from __future__ import annotations
 

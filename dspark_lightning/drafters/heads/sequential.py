@@ -1,4 +1,4 @@
-"""Sequential heads (SPEC §3.5): a bias B_k on the base logits from the previously sampled token.
+"""Sequential heads (docs/algorithm.md §3.5): a bias B_k on the base logits from the previously sampled token.
 
 All heads share the small :class:`SeqHead` protocol; they are siblings, not subclasses. Each
 owns a :class:`LowRank` pair W1 (V x r lookup) and W2 (r -> V, no bias). W1[x_{k-1}] is also

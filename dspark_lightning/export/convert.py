@@ -1,0 +1,157 @@
+"""An exported drafter (any layout we read) to a layout serving engines load (the ``export`` command's work).
+
+``native`` re-saves our own format; ``dspark-hf`` writes ``Qwen3DSparkModel``; ``eagle3-hf`` writes
+``LlamaForCausalLMEagle3``; ``engine`` (vllm, sglang, deepspec, all) makes it exact for that engine (engines.py).
+A drafter a layout or engine cannot represent is refused with the reason (:class:`~.common.InteropError`).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..atomic import atomic_dir, atomic_write
+from ..targets import ChatFormat, Target, load_target
+from .common import (
+    CALIBRATION_FILE,
+    EXPORT_DTYPES,
+    InteropError,
+    cast_state,
+    kept_on_overwrite,
+    prepare_out,
+    write_layout,
+)
+from .dspark_hf import HEADS, KEEP_FP32, calibration_doc, check_dspark, dspark_config, dspark_state, is_dspark_config
+from .eagle3_hf import check_eagle3, eagle3_config, eagle3_state
+from .engines import check_engine, dspark_additions, eagle3_additions, refuse_dspark, refuse_eagle3
+from .files import EXPORT_TAG, read_config, weights_sha256
+from .native import load_drafter, save_drafter
+
+FORMATS = ("native", "dspark-hf", "eagle3-hf")
+DEFAULT_NUM_ANCHORS = 512  # docs/algorithm.md §4; informational for serving, and our native export does not record it
+
+
+@dataclass
+class ExportResult:
+    path: Path
+    format: str
+    dtype: str
+    tensors: int
+    notes: list[str] = field(default_factory=list)
+
+
+def export_drafter(
+    drafter_dir: str | Path,
+    fmt: str,
+    out: str | Path,
+    *,
+    dtype: str | None = None,
+    overwrite: bool = False,
+    target: Any = None,
+    num_anchors: int | None = None,
+    with_target_vocab: bool = False,
+    engine: str | None = None,
+) -> ExportResult:
+    """Load ``drafter_dir`` (our format or a serving one) and write it to ``out`` in ``fmt``.
+
+    ``dtype``: ``bf16`` (serving default; the confidence head stays fp32) or ``fp32`` (native default: as stored).
+    ``target``: a Target or a target name/directory; default the one a native export records.
+    ``engine``: ``vllm`` / ``sglang`` / ``deepspec`` / ``all`` (exactly what that engine reads), or None (generic).
+    """
+    src, out = Path(drafter_dir), Path(out)
+    if fmt not in FORMATS:
+        raise InteropError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+    if dtype is not None and dtype not in EXPORT_DTYPES:
+        raise InteropError(f"unknown dtype {dtype!r}; choose from {', '.join(EXPORT_DTYPES)}")
+    check_engine(engine)
+    if engine is not None and fmt == "native":
+        raise InteropError("--engine applies to the serving layouts (dspark-hf, eagle3-hf), not native")
+    if out.resolve() == src.resolve():
+        raise InteropError("--out must differ from --drafter")
+    cfg = read_config(src)
+    target = _target_for(src, cfg, target)
+    drafter = load_drafter(src, target)
+    anchors = num_anchors or cfg.get("num_anchors") or DEFAULT_NUM_ANCHORS
+    if fmt == "native":
+        return _native(drafter, target, src, out, dtype, overwrite)
+    return export_serving(drafter, target, fmt, out, dtype=dtype or "bf16", overwrite=overwrite,
+                          num_anchors=anchors, with_target_vocab=with_target_vocab, engine=engine)  # fmt: skip
+
+
+def export_serving(
+    drafter: Any,
+    target: Any,
+    fmt: str,
+    out: str | Path,
+    *,
+    dtype: str = "bf16",
+    overwrite: bool = False,
+    num_anchors: int = DEFAULT_NUM_ANCHORS,
+    with_target_vocab: bool = False,
+    engine: str | None = None,
+) -> ExportResult:
+    """Write an in-memory drafter in a serving layout (``dspark-hf`` or ``eagle3-hf``), exact for ``engine``."""
+    check_engine(engine)
+    out, tdtype = Path(out), EXPORT_DTYPES[dtype]
+    extra: dict[str, Any] = {}
+    if fmt == "dspark-hf":
+        notes = check_dspark(drafter)
+        notes += refuse_dspark(drafter, HEADS.get(type(drafter.seq_head)), engine)
+        state = dspark_state(drafter, with_target_vocab)
+        config = dspark_config(drafter, target, tdtype, int(num_anchors))
+        dspark_additions(config, state, drafter, engine)
+        state = cast_state(state, tdtype, keep_fp32=KEEP_FP32)
+        side = calibration_doc(drafter, weights_sha256(state))
+        if side is not None:
+            extra[CALIBRATION_FILE] = side
+            notes.append(
+                f"per-position STS temperatures have no engine config key: written to {CALIBRATION_FILE} "
+                "(read back by load_drafter; SGLang's scalar sts_temperatures is not set)"
+            )
+    elif fmt == "eagle3-hf":
+        notes = check_eagle3(drafter)
+        refuse_eagle3(engine)
+        state = cast_state(eagle3_state(drafter), tdtype)
+        config = eagle3_config(drafter, target, tdtype)
+        notes += eagle3_additions(config, list(drafter.geometry.layer_ids), engine)
+    else:
+        raise InteropError(f"{fmt!r} is not a serving layout; choose dspark-hf or eagle3-hf")
+    prepare_out(out, overwrite)
+    write_layout(out, config, state, extra)
+    return ExportResult(out, fmt, dtype, len(state), notes)
+
+
+def _target_for(src: Path, cfg: dict[str, Any], target: Any) -> Any:
+    """The target to load ``src`` with: given, or the one a native export records (with its layer ids)."""
+    if isinstance(target, Target):
+        return target
+    if "format_version" in cfg:
+        meta = cfg["target"]
+        ids, chat = meta["geometry"]["layer_ids"], ChatFormat(**meta["chat"])
+        return load_target(target or meta["name"], layer_ids=ids, chat=chat, dtype=torch.float32, device="cpu")
+    if target is None:
+        raise InteropError(f"{src} is a serving checkpoint that does not name our target: pass --target")
+    ids = cfg.get("target_layer_ids") if is_dspark_config(cfg) else None
+    return load_target(target, layer_ids=ids, dtype=torch.float32, device="cpu")
+
+
+def _native(drafter: Any, target: Any, src: Path, out: Path, dtype: str | None, overwrite: bool) -> ExportResult:
+    """Re-save in our format; calibration files travel when the weights are unchanged (their hash matches)."""
+    if dtype is not None:
+        drafter = drafter.to(EXPORT_DTYPES[dtype])
+    prepare_out(out, overwrite)
+    notes, kept = [], 0
+    with atomic_dir(out, tag=EXPORT_TAG, what="export", carry=kept_on_overwrite) as tmp:  # all of it or none
+        save_drafter(drafter, tmp, target, overwrite=True)
+        sha = read_config(tmp)["weights_sha256"]
+        for f in sorted(src.glob("calibration_T*.json")):
+            if json.loads(f.read_text()).get("weights_sha256") == sha:
+                atomic_write(tmp / f.name, f.read_bytes())
+                kept += 1
+    if getattr(drafter, "calibrations", None) and not kept:
+        notes.append("STS calibration not carried over: it is tied to the source weights' hash (recalibrate)")
+    return ExportResult(out, "native", dtype or "as stored", len(drafter.state_dict()), notes)

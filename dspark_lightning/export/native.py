@@ -1,0 +1,229 @@
+"""Save / load a drafter as a directory: config.json + model.safetensors (+ calibration.json later).
+
+The directory records the block convention, the target name, its layer ids and chat format, the
+registered names and hyperparameters of every part, a SHA-256 of the weights and one of the rest of
+config.json (``config_sha256``: block size, mask token, geometry, parts, convention, target...). Loading
+rebuilds the parts through the registry (no pickles) and refuses a mismatched target, an edited
+config.json, altered or non-finite weights. An export is written to a temp directory and swapped into
+place, so a killed or failed export leaves no directory that looks like one and the previous export intact (its
+temp is removed next time).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from safetensors.torch import save as save_safetensors
+
+from ..atomic import atomic_dir, atomic_write, recover_dir
+from ..calibration import load_calibrations
+from ..checks import UsageError, drafter_config
+from ..drafters import CONVENTION, Drafter, build_drafter
+from ..drafters.drafter import check_draft_vocab
+from ..locks import LOCK_FILE
+from ..targets import ChatFormat, load_target
+from .files import (
+    EXPORT_TAG,
+    FORMAT_VERSION,
+    OWN_FILES,
+    DrafterLoadError,
+    check_finite,
+    config_sha256,
+    is_serving_config,
+    one_line,
+    place_drafter,
+    read_config,
+    weights_sha256,
+)
+from .serving import load_serving_drafter
+
+
+def save_drafter(
+    drafter: Drafter,
+    path: str | Path,
+    target: Any,
+    extra: dict[str, Any] | None = None,
+    overwrite: bool = False,
+    state: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """Write ``path/config.json`` and ``path/model.safetensors``. Refuses a non-empty directory unless ``overwrite``,
+    and non-finite weights.
+
+    ``state``: the weights to write (default ``drafter.state_dict()``), e.g. the full state gathered from FSDP shards.
+    Both files are written to a temp directory next to ``path``, which then replaces ``path`` in one swap
+    (:func:`~dspark_lightning.atomic.atomic_dir`): a failure (a full disk) or a kill leaves the previous export as
+    it was, and the temp folder of a killed export is removed by the next one.
+    """
+    path = Path(path)
+    recover_dir(path, EXPORT_TAG, "export")  # an export killed mid-swap: the previous folder comes back first
+    if path.exists() and not path.is_dir():
+        raise FileExistsError(f"export path {path} exists and is not a directory")
+    if path.exists() and any(path.iterdir()) and not overwrite:
+        raise FileExistsError(f"export directory {path} is not empty; refusing to overwrite it")
+    state = {k: v.detach().cpu().contiguous() for k, v in (drafter.state_dict() if state is None else state).items()}
+    check_finite(state, f"refusing to export {path}", ValueError)
+    cfg = {
+        "format_version": FORMAT_VERSION,
+        "target": target.describe(),
+        **drafter.config(),
+        "weights_sha256": weights_sha256(state),
+        **(extra or {}),
+    }
+    cfg["config_sha256"] = config_sha256(cfg)
+    with atomic_dir(path, tag=EXPORT_TAG, what="export", carry=_carried) as tmp:
+        atomic_write(tmp / "model.safetensors", save_safetensors(state))
+        atomic_write(tmp / "config.json", json.dumps(cfg, indent=2) + "\n")
+    return path
+
+
+def _carried(name: str) -> bool:
+    """What an overwrite keeps of the previous export: files it does not write itself (calibration files stay and
+    are checked against the new weights' hash on load), not the folder lock of a command that works on it."""
+    return name not in OWN_FILES and name != LOCK_FILE
+
+
+def check_config_hash(cfg: dict[str, Any], path: Path) -> None:
+    """An edited config.json (``block_size``, ``mask_token_id``, ...) would be used as is: refuse it. Exports
+    written before ``config_sha256`` existed load with a warning."""
+    stored = cfg.get("config_sha256")
+    if stored is None:
+        msg = f"{path}/config.json has no config_sha256 (an older export): its fields are not integrity-checked"
+        warnings.warn(msg, stacklevel=3)
+    elif stored != config_sha256(cfg):
+        raise DrafterLoadError(
+            f"{path}/config.json does not match its config_sha256: it was edited after export; re-export the drafter"
+        )
+
+
+def check_compatible(cfg: dict[str, Any], target: Any, where: str) -> None:
+    """One-line errors for a drafter whose geometry does not match the target."""
+    g, tg = cfg["geometry"], target.geometry
+    for key in ("hidden_size", "vocab_size"):
+        if g[key] != getattr(tg, key):
+            raise DrafterLoadError(
+                f"{where}: drafter {key}={g[key]} does not match target {target.name!r} {key}={getattr(tg, key)}"
+            )
+    if list(g["layer_ids"]) != list(tg.layer_ids):
+        raise DrafterLoadError(
+            f"{where}: drafter was trained on target layers {g['layer_ids']}, target taps {list(tg.layer_ids)}"
+        )
+    if "convention" not in cfg:
+        raise DrafterLoadError(
+            f"{where}: config.json has no 'convention' key (the block layout the drafter was trained in)"
+        )
+    if cfg["convention"] != CONVENTION:
+        raise DrafterLoadError(f"{where}: block convention {cfg['convention']!r}, this runtime uses {CONVENTION!r}")
+    check_chat_format(cfg, target, where)
+
+
+def recorded_target_args(path: str | Path) -> dict[str, Any]:
+    """``load_target`` keyword arguments that match what the drafter at ``path`` was trained with (tapped layers,
+    chat format), so ``--target NAME --drafter DIR`` loads the target the drafter expects."""
+    cfg = read_config(Path(path))
+    if "target" in cfg:  # our export
+        t = cfg["target"]
+        return {"layer_ids": list(t["geometry"]["layer_ids"]), "chat": ChatFormat(**t.get("chat", {}))}
+    if "target_layer_ids" in cfg:  # a serving layout
+        return {"layer_ids": list(cfg["target_layer_ids"])}
+    return {}
+
+
+def check_chat_format(cfg: dict[str, Any], target: Any, where: str) -> None:
+    """The drafter learnt the target's features of conversations rendered one way (template on/off, system prompt):
+    a target that renders them another way feeds it features it never saw. Lossless either way, but τ collapses
+    silently, so refuse; load the target with the recorded ``ChatFormat`` instead."""
+    recorded = (cfg.get("target") or {}).get("chat")
+    if recorded is None:
+        return  # exports that predate the record
+    have = target.chat.to_dict()
+    if any(recorded.get(k) != v for k, v in have.items()):
+        raise DrafterLoadError(
+            f"{where}: drafter was trained with chat format {recorded}, the target renders {have}; load the target "
+            "with chat=ChatFormat(**that) (the recipe's data.system_prompt)"
+        )
+
+
+def load_drafter(
+    path: str | Path,
+    target: Any = None,
+    map_location: str | torch.device | None = None,
+    *,
+    device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+) -> Drafter:
+    """Rebuild an exported drafter. ``target`` defaults to the one recorded in config.json.
+
+    ``device`` (``map_location`` is its older name): where the drafter runs, default the target's device (the
+    drafter shares the target's embedding and LM head, so both must be on one device). ``dtype``: the drafter's
+    weights, default the target's dtype, ``"auto"`` the fastest on this device (measured on a CPU; what
+    ``decode()`` and the CLI use); its precision never affects losslessness (the laws are fp32).
+    A serving ``Qwen3DSparkModel`` directory (DeepSpec, ``dspark-lightning export --format dspark-hf``) is read
+    too; it records no target of ours, so pass ``target``.
+    """
+    path = Path(path)
+    cfg = read_config(path)
+    if is_serving_config(cfg):  # a serving layout (DeepSpec / vLLM / SGLang), see serving.py
+        drafter = load_serving_drafter(path, cfg, target, device if device is not None else map_location, dtype)
+        check_finite(drafter.state_dict(), str(path))
+        return drafter
+    if cfg.get("format_version") != FORMAT_VERSION:
+        raise DrafterLoadError(f"{path}: unsupported format_version {cfg.get('format_version')}")
+    check_config_hash(cfg, path)
+    tmeta = cfg["target"]
+    if target is None:
+        target = load_target(tmeta["name"], layer_ids=tmeta["geometry"]["layer_ids"], chat=ChatFormat(**tmeta["chat"]))
+    check_compatible(cfg, target, str(path))
+    drafter = build_drafter(target, cfg["block_size"], **_recorded_parts(cfg))
+    wfile = path / "model.safetensors"
+    try:
+        state = load_file(str(wfile), device="cpu")
+    except Exception as exc:  # missing, truncated or not safetensors: safetensors raises its own error types
+        raise DrafterLoadError(f"{wfile} is not a readable safetensors file ({one_line(exc)})") from None
+    if weights_sha256(state) != cfg["weights_sha256"]:
+        raise DrafterLoadError(f"{wfile} does not match the weights hash in config.json")
+    check_finite(state, str(wfile))
+    drafter.load_state_dict(state, strict=True)
+    vocab = getattr(drafter, "draft_vocab", None)
+    if vocab is not None:
+        try:
+            check_draft_vocab(vocab, vocab.numel(), target.geometry.vocab_size)
+        except ValueError as exc:
+            raise DrafterLoadError(f"{path}: invalid draft vocabulary: {exc}") from None
+    drafter = place_drafter(drafter, target, device if device is not None else map_location, dtype)
+    drafter.source_dir = str(path)
+    drafter.calibrations = load_calibrations(path, cfg["weights_sha256"])  # {sampling T: STS temperatures}
+    return drafter.eval()
+
+
+def load_drafter_checked(path: str | os.PathLike, target: Any, dtype: Any = None) -> Any:
+    """:func:`load_drafter` after :func:`~dspark_lightning.checks.drafter_config`; any failure to build the drafter from
+    the files (a truncated weights file, a component argument out of range) becomes one error naming the
+    directory, since the files, not the program, are what the user can fix."""
+    drafter_config(path)
+    try:
+        return load_drafter(Path(path), target, dtype=dtype)
+    except (DrafterLoadError, UsageError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - any error here comes from the files of one directory
+        msg = " ".join(str(exc).split()) or type(exc).__name__
+        raise DrafterLoadError(f"drafter {path} cannot be loaded ({type(exc).__name__}: {msg[:300]})") from None
+
+
+def _recorded_parts(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The :func:`~dspark_lightning.drafters.build_drafter` arguments config.json records: one registered drafter
+    (eagle3, mtp1) with its arguments, or the parts of a composed one."""
+    if "drafter" in cfg:
+        return {"drafter": {"name": cfg["drafter"], "args": cfg["drafter_args"]}}
+    return {
+        "backbone": cfg["backbone"],
+        "seq_head": cfg["seq_head"],
+        "conf_head": cfg["conf_head"] or None,
+        "mask_token_id": cfg["mask_token_id"],
+        "draft_vocab_size": cfg["geometry"].get("draft_vocab_size"),
+    }

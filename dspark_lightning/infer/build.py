@@ -1,0 +1,44 @@
+"""An :class:`~.engine.Engine` wired to a drafter: its proposer (from the registry) and its STS temperatures.
+
+What ``decode()`` drives, the closed-loop serving benchmark drives directly, and the drafter-cost profile of the
+hardware-aware scheduler runs (so that profile does not reach back into ``decode()`` and the loading of exports).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from ..calibration import temperatures_for
+from .draft import make_proposer
+from .engine import Engine
+from .sampling import SamplingParams
+
+
+def make_engine(target, drafter, params: SamplingParams, *, scheduler: Any = "static", seed: int = 0,
+                stop_token_ids: list[int] | None = None, stop: list[str] | None = None, layout: str = "padded",
+                calibrated: bool = True, verifier: str = "auto", acceptance: str = "rejection") -> Engine:  # fmt: skip
+    """The engine ``decode()`` drives (also driven directly by the closed-loop serving benchmark)."""
+    temps = temperatures_for(drafter, params.temperature) if calibrated and drafter is not None else None
+    proposer = make_proposer(drafter, layout=layout, conf_temperatures=temps) if drafter is not None else None
+    engine = Engine(
+        target,
+        proposer,
+        params=params,
+        scheduler=scheduler,
+        stop_token_ids=target.stop_token_ids if stop_token_ids is None else stop_token_ids,
+        stop_strings=stop,
+        seed=seed,
+        layout=layout,
+        verifier=verifier,
+        acceptance=acceptance,
+    )
+    if temps is None and getattr(drafter, "conf_head", None) is not None and hasattr(engine.scheduler, "bind"):
+        # docs/algorithm.md §5: the hardware-aware schedulers read absolute confidences; raw heads are overconfident
+        warnings.warn(
+            f"{type(engine.scheduler).__name__} is driven by uncalibrated confidences (no STS file for "
+            f"T = {params.temperature:g}{'' if calibrated else ', or calibrated=False'}); run `dspark-lightning "
+            "calibrate` on this drafter for calibrated verification budgets",
+            stacklevel=3,
+        )
+    return engine
