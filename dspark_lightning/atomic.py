@@ -20,6 +20,7 @@ import errno
 import os
 import secrets
 import shutil
+import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -70,10 +71,42 @@ def free_bytes(path: str | os.PathLike) -> int:
         return 0
 
 
+def stdout_failed(err: int | None = None) -> bool:
+    """Whether the standard output no longer takes what is printed to it: a pipe whose reader is gone (poll says
+    POLLERR), or for ``err`` ENOSPC a device that is not a terminal (``> /dev/full``) or a file on a full file
+    system. A failed write there names no file, and Python drops the buffer it could not write, so flushing
+    again proves nothing."""
+    import select
+    import stat
+
+    try:
+        sys.stdout.flush()
+    except (OSError, ValueError, AttributeError):
+        return True
+    try:
+        fd = sys.stdout.fileno()
+        st = os.fstat(fd)
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is both: a captured stdout
+        return False
+    if stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode):
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poll.poll(0))
+    if err in DISK_FULL:
+        if stat.S_ISCHR(st.st_mode):
+            return not os.isatty(fd)
+        if stat.S_ISREG(st.st_mode):
+            vfs = os.fstatvfs(fd)
+            return vfs.f_bavail == 0 or vfs.f_bfree == 0
+    return False
+
+
 def disk_full_message(exc: OSError) -> str:
-    """One line for an ENOSPC / EDQUOT raised outside this module (a logger's file, a library's write)."""
+    """One line for an ENOSPC / EDQUOT raised outside this module (a logger's file, a library's write, stdout)."""
     if isinstance(exc, DiskFullError):
         return str(exc)
+    if not exc.filename and stdout_failed(exc.errno):
+        return "no space left on the device of the standard output (e.g. `> /dev/full`); free some space or redirect it"
     where = exc.filename or "a file"
     free = human_bytes(free_bytes(exc.filename)) if exc.filename else "?"
     return f"no space left on the device writing {where} ({exc.strerror}; {free} free); free some space and rerun"

@@ -9,15 +9,21 @@
     dspark-lightning export --drafter DIR --format dspark-hf --out DIR   (layouts vLLM / SGLang serve)
     dspark-lightning calibrate|threshold-sweep|serve-bench --drafter DIR ...   (STS, Figure 5, Figures 7-8)
 
-Inference subcommands never import Lightning. Bad input, a full disk (naming the path and the space it needs) and
-a folder another command is writing to give a one-line error and exit code 2.
+Inference subcommands never import Lightning. Bad input, a full disk (naming the path and the space it needs), a
+folder another command is writing to, a closed or full stdout and any other OS error give a one-line error and exit
+code 2; Ctrl-C gives one line and exit code 130 (``DSPARK_TRACEBACK=1`` shows the traceback instead).
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import sys
 from argparse import ArgumentError
+
+from . import checks
+from .errors import one_line_error
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded at run time
 
@@ -29,7 +35,7 @@ INFER_COMMANDS = {  # subcommand -> (module, function); none of them imports Lig
     "calibrate": ("dspark_lightning.eval.cli", "run_calibrate"),
     "threshold-sweep": ("dspark_lightning.eval.cli", "run_threshold_sweep"),
     "serve-bench": ("dspark_lightning.eval.cli", "run_serve_bench"),
-    "export": ("dspark_lightning.interop", "run_export"),
+    "export": ("dspark_lightning.export.cli", "run_export"),
 }
 
 DATA_COMMANDS = {  # subcommand -> (module, function); they parse a recipe's data: section as fit does
@@ -62,16 +68,119 @@ The training commands' options follow (LightningCLI):
 """
 
 
-def one_line_error(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return " ".join(lines) if lines else type(exc).__name__
+def _say(command: str, message: str, error: bool = True) -> None:
+    _close_bars()
+    try:  # a closed stderr must not turn one line into a traceback
+        print(f"dspark-lightning{' ' + command if command else ''}: {'error: ' if error else ''}{message}",
+              file=sys.stderr, flush=True)  # fmt: skip
+    except (OSError, ValueError):
+        pass
+
+
+def _close_bars(erase: bool = False) -> None:
+    """Progress bars a failed command left open are closed before its error line (or erased, after it), so that
+    line stays the last: an open tqdm bar redraws itself when the interpreter exits."""
+    std = sys.modules.get("tqdm.std")
+    for bar in list(getattr(getattr(std, "tqdm", None), "_instances", ())):
+        try:
+            bar.leave = bar.leave and not erase
+            bar.close()
+        except Exception:  # noqa: BLE001 - a bar that cannot close must not hide the error
+            pass
+
+
+def os_error_message(exc: OSError) -> str:
+    """One line for an OS error that reached the top: a full disk (the path and the space), a closed or full
+    standard output, or the errno and the path it concerns (permission, read-only file system, name too long...)."""
+    from .atomic import disk_full_message, is_disk_full, stdout_failed
+
+    if is_disk_full(exc):
+        return disk_full_message(exc)
+    code = errno.errorcode.get(exc.errno, "?") if exc.errno else type(exc).__name__
+    if exc.errno == errno.EPIPE and exc.filename is None:
+        if stdout_failed(exc.errno):
+            return "the standard output was closed before all output was written (a broken pipe, e.g. `| head`)"
+        return "a pipe was closed by its reader (broken pipe)"
+    where = f" {checks.short(exc.filename, 120)}" if exc.filename is not None else ""
+    where += f" -> {checks.short(exc.filename2, 120)}" if exc.filename2 is not None else ""
+    return f"{exc.strerror or one_line_error(exc)} ({code}){':' + where if where else ''}"
+
+
+def recursion_message(exc: RecursionError) -> str:
+    """One line for a RecursionError, naming the file being read when a frame of the reader holds it."""
+    where, tb = None, exc.__traceback__
+    frames = []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):  # the innermost reader first
+        loc = frame.f_locals
+        for cand in (loc.get("path"), getattr(loc.get("self"), "path", None), loc.get("p"), loc.get("f")):
+            if isinstance(cand, str | os.PathLike):
+                where = str(cand)
+                break
+        if where:
+            break
+    at = f" ({checks.short(where, 120)})" if where else ""
+    return f"an input nests too deeply to be read{at}: JSON or YAML nested thousands of levels; flatten it"
+
+
+def _release_stdout() -> None:
+    """A standard output that can no longer be written (a closed pipe, a full device) is pointed at /dev/null, so
+    the interpreter's final flush does not print a second error and change the exit code."""
+    from .atomic import stdout_failed
+
+    if not stdout_failed(errno.ENOSPC):  # a non-terminal device counts: pointing it at /dev/null is harmless
+        return
+    try:
+        fd = sys.stdout.fileno()
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, fd)
+        os.close(null)
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def main(args: list[str] | None = None) -> None:
+    """The console script: every failure ends in one line on stderr (see the module docstring)."""
     argv = list(sys.argv[1:] if args is None else args)
+    command = argv[0] if argv and not argv[0].startswith("-") else ""
+    command = command if command.isascii() and command.replace("-", "").isalnum() else ""
+    debug = os.environ.get("DSPARK_TRACEBACK", "") not in ("", "0")
+    try:
+        _dispatch(argv, args, command)
+        sys.stdout.flush()
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            _close_bars(erase=True)
+        _release_stdout()
+        raise
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        _say(command, "interrupted (Ctrl-C); every file it writes is replaced whole or not at all, so none is left "
+             "half-written: run the command again to finish", error=False)  # fmt: skip
+        _release_stdout()
+        sys.exit(130)
+    except (RecursionError, OSError) as exc:
+        if debug:
+            raise
+        _say(command, recursion_message(exc) if isinstance(exc, RecursionError) else os_error_message(exc))
+        _release_stdout()
+        sys.exit(2)
+
+
+def _dispatch(argv: list[str], args: list[str] | None, command: str) -> None:
     commands = {**INFER_COMMANDS, **DATA_COMMANDS}
     if not argv or argv[0] in ("-h", "--help"):
         print(OVERVIEW)  # LightningCLI's own help names only its subcommands
+    try:
+        utf8_args(argv)
+        if command not in INFER_COMMANDS:  # a recipe's command line: its files are checked before jsonargparse
+            config_args(argv)
+    except checks.UsageError as exc:
+        _say(command, one_line_error(exc))
+        sys.exit(2)
     if argv and argv[0] in commands:
         import importlib
 
@@ -89,17 +198,115 @@ def main(args: list[str] | None = None) -> None:
             module, func = commands[argv[0]]
             getattr(importlib.import_module(module), func)(argv[1:])
         except errors as exc:
-            print(f"dspark-lightning {argv[0]}: error: {one_line_error(exc)}", file=sys.stderr)
+            _say(argv[0], one_line_error(exc))
             sys.exit(2)
         except OSError as exc:  # a full disk in a write that is not ours: one line too, naming the file
             if not is_disk_full(exc):
                 raise
-            print(f"dspark-lightning {argv[0]}: error: {disk_full_message(exc)}", file=sys.stderr)
+            _say(argv[0], disk_full_message(exc))
             sys.exit(2)
         return
     from .lightning.cli import main as lightning_main
 
     lightning_main(args)  # None: LightningCLI reads sys.argv itself (passing both makes it warn)
+
+
+def utf8_args(argv: list[str]) -> None:
+    """Every command-line argument is UTF-8 text: Python hands invalid bytes over as lone surrogates, which the
+    tokenizer, a JSON writer or the terminal would fail on later, after the work."""
+    for i, arg in enumerate(argv, 1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            bad = ascii(arg[exc.start])
+            raise checks.UsageError(
+                f"argument {i} {checks.short(arg)} is not valid UTF-8 (character {exc.start} is {bad}); "
+                "give arguments as UTF-8 text"
+            ) from None
+
+
+def recipe_source(value: str) -> None:
+    """One ``--config`` value: a recipe file (a regular, UTF-8 file of tree-shaped YAML) or inline YAML."""
+    if "\n" in value or value.lstrip()[:1] in ("{", "["):
+        yaml_structure("--config (inline YAML)", value)
+        return
+    p = checks.path_length("--config", value)
+    try:
+        mode = os.stat(p).st_mode
+    except OSError:
+        return  # jsonargparse says it does not exist
+    if not stat.S_ISREG(mode):
+        raise checks.UsageError(f"--config {p} is {checks.file_kind(mode)}, not a recipe file")
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise checks.UsageError(f"--config {p} is not UTF-8 text (invalid byte at offset {exc.start})") from None
+    except OSError as exc:
+        raise checks.UsageError(f"--config {p} cannot be read ({exc.strerror})") from None
+    yaml_structure(f"recipe {p}", text)
+
+
+def config_args(argv: list[str]) -> None:
+    """The recipes (``--config`` / ``-c``) and YAML values of a Lightning-style command line, checked before
+    jsonargparse reads them (a FIFO blocks it for ever, a recursive or exploding alias hangs it)."""
+    skip = False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        key, eq, value = arg.partition("=")
+        if key in ("--config", "-c"):
+            if not eq:
+                value, skip = (argv[i + 1] if i + 1 < len(argv) else None), True
+            if value is not None:
+                recipe_source(value)
+        elif "*" in arg:
+            yaml_structure(f"argument {checks.short(arg, 40)}", value if eq and arg.startswith("-") else arg)
+
+
+YAML_MAX_DEPTH = 64  # a recipe nests 4-6 levels; PyYAML's composer recurses per level
+YAML_MAX_NODES = 200_000  # nodes once every alias is expanded (jsonargparse deep-copies the whole tree)
+
+
+def yaml_structure(what: str, text: str) -> None:
+    """Refuse YAML that would hang or exhaust its reader: an alias inside the node it names (a recursive alias),
+    aliases that expand past :data:`YAML_MAX_NODES` nodes ("billion laughs"), nesting deeper than
+    :data:`YAML_MAX_DEPTH`. Reads PyYAML's event stream, which is not recursive; text that is not YAML is left to
+    the real parser, which names the line."""
+    import yaml
+
+    sizes: dict[str, int] = {}  # anchor -> nodes it stands for, aliases expanded
+    stack: list[list] = [[None, 0]]  # open collections: [anchor, nodes so far]
+    try:
+        for ev in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(ev, yaml.AliasEvent):
+                if any(anchor == ev.anchor for anchor, _ in stack):
+                    raise checks.UsageError(
+                        f"{what}: the alias *{ev.anchor} is inside the node &{ev.anchor} it refers to (a recursive "
+                        "alias); a recipe must be a tree"
+                    )
+                stack[-1][1] += sizes.get(ev.anchor, 1)
+            elif isinstance(ev, yaml.ScalarEvent):
+                stack[-1][1] += 1
+                if ev.anchor is not None:
+                    sizes[ev.anchor] = 1
+            elif isinstance(ev, yaml.CollectionStartEvent):
+                stack.append([ev.anchor, 1])
+                if len(stack) > YAML_MAX_DEPTH:
+                    line = ev.start_mark.line + 1
+                    raise checks.UsageError(f"{what} nests deeper than {YAML_MAX_DEPTH} levels (line {line})")
+            elif isinstance(ev, yaml.CollectionEndEvent):
+                anchor, n = stack.pop()
+                stack[-1][1] += n
+                if anchor is not None:
+                    sizes[anchor] = n
+            if sum(n for _, n in stack) > YAML_MAX_NODES:
+                raise checks.UsageError(
+                    f"{what}: its aliases expand to more than {YAML_MAX_NODES} values (an alias bomb); write the "
+                    "values out or nest fewer aliases"
+                )
+    except yaml.YAMLError:
+        return
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from .. import checks
 from ..atomic import atomic_write
 from .cache import FeatureCache, cache_meta, describe_estimate, merge_caches, write_cache
 from .features import extract_features, tokenize_conversations
@@ -225,8 +226,9 @@ class PrepareJob:
         if done is not None and done.get("fingerprint") == self.fingerprint:
             _log(f"rank {rank}/{world_size}: reusing finished outputs in {rd}")
             return done
-        rd.mkdir(parents=True, exist_ok=True)
         target = self.load_target()
+        checks.data_positions(target, {"max_length": self.max_length, "regen": asdict(self.regen)})  # before any work
+        rd.mkdir(parents=True, exist_ok=True)
         stats: dict[str, Any] = {}
         for split in SPLITS:
             self._regenerate(target, split, rank, world_size, rd, stats)

@@ -1,4 +1,4 @@
-"""Response regeneration by the target (SPEC §4 "Data"), as DSpark/EAGLE training data is made.
+"""Response regeneration by the target (docs/algorithm.md §4), as DSpark/EAGLE training data is made.
 
 Every user turn is answered in order from the regenerated history, rendered with the target's
 shared :class:`~dspark_lightning.targets.ChatFormat` (pitfall 5). Output is JSONL, one row per
@@ -38,6 +38,7 @@ from typing import Any
 
 import torch
 
+from .. import checks
 from ..atomic import append_durable, atomic_writer
 from .sources import PromptRecord
 
@@ -76,9 +77,12 @@ def _row_seed(seed: int, record_id: str, turn: int) -> int:
 
 
 def _sample(
-    target: Any, prompts: list[list[int]], seeds: list[int], cfg: dict[str, Any]
+    target: Any, prompts: list[list[int]], seeds: list[int], cfg: dict[str, Any], budgets: list[int] | None = None
 ) -> list[tuple[str, int, bool]]:
-    """Left-padded batched ``generate``; returns (response text, generated tokens, stopped) per prompt."""
+    """Left-padded batched ``generate``; returns (response text, generated tokens, stopped) per prompt. ``budgets``:
+    new tokens each row may keep (what fits the target's positions); the batch runs to the largest and each row is
+    cut at its own (a row's earlier tokens never depend on later positions)."""
+    budgets = budgets or [cfg["max_new_tokens"]] * len(prompts)
     from transformers import GenerationConfig, LogitsProcessorList
 
     tok, stop = target.tokenizer, set(target.stop_token_ids)
@@ -89,7 +93,7 @@ def _sample(
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     # Greedy over our perturbed scores; neutralise processors a checkpoint's generation_config.json could add.
     gc = GenerationConfig(
-        max_new_tokens=cfg["max_new_tokens"],
+        max_new_tokens=max(budgets),
         do_sample=False,
         num_beams=1,
         repetition_penalty=1.0,
@@ -101,15 +105,16 @@ def _sample(
     if cfg["temperature"] > 0:
         procs.append(_PerRowSampler(seeds, cfg["temperature"], cfg["top_p"], cfg["top_k"]))
     out = target.model.generate(input_ids=ids, attention_mask=mask, generation_config=gc, logits_processor=procs)
-    return [_split_output(target, row) for row in out[:, width:].tolist()]
+    return [_split_output(target, row[:n]) for row, n in zip(out[:, width:].tolist(), budgets, strict=True)]
 
 
 class _Conversations:
     """Bookkeeping of a batch of conversations being regenerated turn by turn (shared by both engines)."""
 
-    def __init__(self, recs: list[PromptRecord], cfg: dict[str, Any]) -> None:
+    def __init__(self, recs: list[PromptRecord], cfg: dict[str, Any], positions: int | None = None) -> None:
         limit = cfg["max_turns"]
-        self.recs, self.cfg = recs, cfg
+        self.recs, self.cfg, self.positions = recs, cfg, positions
+        self.clamped = self.too_long = 0  # turns cut to the target's positions, conversations that did not fit
         self.turns = [r.turns if limit is None else r.turns[:limit] for r in recs]
         self.history: list[list[dict[str, str]]] = [[] for _ in recs]
         self.n_tok: list[list[int]] = [[] for _ in recs]
@@ -120,6 +125,17 @@ class _Conversations:
         """Append user turn t of conversation i; returns its rendered prompt ids and its sampling seed."""
         self.history[i].append({"role": "user", "content": self.turns[i][t]})
         return target.render_prompt(self.history[i]), _row_seed(self.cfg["seed"], self.recs[i].id, t)
+
+    def budget(self, i: int, prompt: list[int]) -> int:
+        """New tokens this turn may take: ``max_new_tokens``, cut to the target's positions after the prompt; a
+        prompt that fills them drops its conversation (0)."""
+        room = self.cfg["max_new_tokens"] if self.positions is None else self.positions - len(prompt)
+        if room < 1:
+            self.too_long += 1
+            self.alive.discard(i)
+            return 0
+        self.clamped += room < self.cfg["max_new_tokens"]
+        return min(room, self.cfg["max_new_tokens"])
 
     def answer(self, i: int, text: str, n: int, stop: bool) -> bool:
         """Record the response to conversation i's last user turn; an empty one drops the conversation."""
@@ -147,6 +163,9 @@ class _Conversations:
             if r.meta:
                 row["meta"] = r.meta
             rows.append(row)
+        if self.clamped or self.too_long:
+            log.warning("regenerate: %d turns cut to the target's %d positions, %d conversations dropped (the prompt "
+                        "fills them)", self.clamped, self.positions, self.too_long)  # fmt: skip
         return rows, self.tokens, len(self.recs) - len(self.alive)
 
 
@@ -163,24 +182,26 @@ class EngineRegenerator:
     """Continuous batching over conversations with our decoding engine (see the module docstring)."""
 
     def __init__(self, target: Any, cfg: dict[str, Any], concurrency: int) -> None:
-        from ..infer import Engine, SamplingParams
+        from ..infer.generation import generation_engine  # data/'s one seam into the runtime
 
         self.target, self.cfg, self.concurrency = target, cfg, concurrency
-        params = SamplingParams(cfg["temperature"], cfg["top_k"], cfg["top_p"] if cfg["temperature"] > 0 else None)
-        self.engine = Engine(target, None, params=params, stop_token_ids=target.stop_token_ids)
+        self.engine = generation_engine(target, cfg["temperature"], cfg["top_k"], cfg["top_p"])
 
     def answer(self, recs: list[PromptRecord]) -> tuple[list[dict], int, int]:
         """Regenerate every turn of ``recs``; returns (rows in input order, generated tokens, rows dropped)."""
         from collections import deque
 
-        eng, conv = self.engine, _Conversations(recs, self.cfg)
+        eng, conv = self.engine, _Conversations(recs, self.cfg, checks.positions_of(self.target))
         waiting = deque((i, 0) for i in range(len(recs)))
         running: dict[int, tuple[int, int]] = {}  # request id -> (conversation, turn)
         while waiting or running:
             while waiting and len(running) < self.concurrency:
                 i, t = waiting.popleft()
                 prompt, seed = conv.ask(self.target, i, t)
-                req = eng.add([prompt], self.cfg["max_new_tokens"], seeds=[seed])[0]
+                budget = conv.budget(i, prompt)
+                if not budget:
+                    continue
+                req = eng.add([prompt], budget, seeds=[seed])[0]
                 running[req.rid] = (i, t)
             if any(not r.done for r in eng.requests):
                 eng.step()
@@ -194,13 +215,15 @@ class EngineRegenerator:
 
 def _answer_batch(target: Any, recs: list[PromptRecord], cfg: dict[str, Any]) -> tuple[list[dict], int, int]:
     """Regenerate every turn of a batch; returns (rows, generated tokens, rows dropped for an empty response)."""
-    conv = _Conversations(recs, cfg)
+    conv = _Conversations(recs, cfg, checks.positions_of(target))
     for t in range(max(len(x) for x in conv.turns)):
         idx = [i for i in sorted(conv.alive) if t < len(conv.turns[i])]
+        asked = {i: conv.ask(target, i, t) for i in idx}
+        budgets = {i: conv.budget(i, asked[i][0]) for i in idx}
+        idx = [i for i in idx if budgets[i]]
         if not idx:
             break
-        asked = [conv.ask(target, i, t) for i in idx]
-        outs = _sample(target, [p for p, _ in asked], [seed for _, seed in asked], cfg)
+        outs = _sample(target, [asked[i][0] for i in idx], [asked[i][1] for i in idx], cfg, [budgets[i] for i in idx])
         for i, out in zip(idx, outs, strict=True):
             conv.answer(i, *out)
     return conv.result()
@@ -331,14 +354,18 @@ def regenerate(
         seen: set[str] = set()
         dup = sorted({i for i in ids if i in seen or seen.add(i)})
         raise ValueError(f"regenerate: duplicate prompt ids {dup[:5]} (rows are keyed by id)")
-    bad_k = (top_k is not None and top_k < 1) or (max_turns is not None and max_turns < 1)
     if engine not in ("dspark", "hf"):
         raise ValueError(f"regenerate: engine must be 'dspark' or 'hf', got {engine!r}")
-    if batch_size < 1 or concurrency < 1 or max_new_tokens < 1 or temperature < 0 or not 0 < top_p <= 1 or bad_k:
-        raise ValueError(
-            "regenerate: need batch_size >= 1, concurrency >= 1, max_new_tokens >= 1, temperature >= 0, "
-            "0 < top_p <= 1, top_k and max_turns None or >= 1"
-        )
+    for name, value in (("batch_size", batch_size), ("concurrency", concurrency), ("max_new_tokens", max_new_tokens)):
+        checks.at_least(f"regenerate: {name}", "None" if value is None else value, 1)
+    checks.at_least("regenerate: top_k", top_k, 1)
+    checks.at_least("regenerate: max_turns", max_turns, 1)
+    checks.temperature("regenerate: temperature", "None" if temperature is None else temperature)
+    checks.in_range("regenerate: top_p", "None" if top_p is None else top_p, 0.0, 1.0, open_low=True)
+    limit = checks.positions_of(target)
+    if limit is not None and max_new_tokens >= limit:
+        raise checks.UsageError(f"regenerate: max_new_tokens={max_new_tokens} leaves no room for a prompt in the "
+                                f"{limit} positions of the target {target.name!r}; use less than {limit}")  # fmt: skip
     cfg = {
         "temperature": float(temperature),
         "top_p": float(top_p),

@@ -121,7 +121,7 @@ def check_dspark(drafter: Any) -> list[str]:
 
 
 def dspark_config(drafter: Drafter, target: Any, dtype: torch.dtype, num_anchors: int) -> dict[str, Any]:
-    """The target's config with the DSpark keys written over it (see ../shared/interop.md)."""
+    """The target's config with the DSpark keys written over it (the published DSpark layout; docs/serving.md)."""
     g, head, conf = drafter.geometry, drafter.seq_head, drafter.conf_head
     layers = drafter.backbone.layers
     cfg = target_config(target)

@@ -105,6 +105,8 @@ class ThresholdScheduler:
     def __init__(self, threshold: float = 0.5, mode: str = "cumulative") -> None:
         if mode not in ("cumulative", "raw"):
             raise ValueError(f"mode must be 'cumulative' or 'raw', got {mode!r}")
+        if threshold is None:
+            raise checks.UsageError("threshold must be a finite number in [0, 1], got None")
         checks.probability("threshold", threshold)
         self.threshold, self.mode = float(threshold), mode
 

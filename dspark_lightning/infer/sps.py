@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import platform
 import re
 import threading
@@ -22,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from ..atomic import atomic_write
 
 DEFAULT_GRID = (*range(1, 17), 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
@@ -86,10 +87,7 @@ class SPSTable:
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}-{threading.get_ident()}.tmp")  # concurrent writers never share it
-        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        tmp.replace(path)
-        return path
+        return atomic_write(path, json.dumps(self.to_dict(), indent=2) + "\n")  # fsynced, replaced whole
 
     @classmethod
     def load(cls, path: str | Path) -> SPSTable:

@@ -386,7 +386,9 @@ class DSparkModule(L.LightningModule):
     def configure_optimizers(self):
         o = self.optim_cfg
         params = [p for p in self.drafter.parameters() if p.requires_grad]
-        fused = fused_adamw_ok(params) if o.fused is None else bool(o.fused)
+        # Lightning's mixed-precision plugin cannot clip the gradients of a fused optimizer (it unscales them itself)
+        mixed = "mixed" in str(getattr(self.trainer, "precision", ""))
+        fused = (fused_adamw_ok(params) and not mixed) if o.fused is None else bool(o.fused)
         kw = {"fused": True} if fused else {}
         opt = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay, **kw)
         total = max(1, int(self.trainer.estimated_stepping_batches))

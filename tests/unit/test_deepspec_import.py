@@ -12,8 +12,8 @@ The fixture follows DeepSpec's own code (``deepseek-ai/DeepSpec``), not our writ
   with ``embed_tokens`` / ``lm_head`` copied from the target (``deepspec/trainer/base_trainer.py``
   ``initialize_embeddings_and_head``) and the confidence head of ``deepspec/modeling/dspark/common.py`` @ 3bc8dc74
   (``AcceptRatePredictor``: ``proj``, with bias). ``markov_head.py`` and ``trainer/ckpt_manager.py`` are not in
-  the index: the Markov names are those of ../shared/interop.md, and the files are HF ``save_pretrained``'s
-  (``model.safetensors``, or shards and ``model.safetensors.index.json``).
+  the index: the Markov names are those of the published DSpark layout (docs/serving.md), and the files are HF
+  ``save_pretrained``'s (``model.safetensors``, or shards and ``model.safetensors.index.json``).
 - ``target_layer_ids`` -1 is the embedding output (``extract_context_feature`` in common.py @ 3bc8dc74).
 """
 
@@ -99,7 +99,7 @@ def write_deepspec(path, state, cfg, shards=1):
     (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
-OURS = {  # DeepSpec name prefix -> ours (the map is the engines' published layout, ../shared/interop.md)
+OURS = {  # DeepSpec name prefix -> ours (the map is the engines' published layout, docs/serving.md)
     "fc.": "backbone.fc.",
     "hidden_norm.": "backbone.fuse_norm.",
     "norm.": "backbone.norm.",

@@ -11,7 +11,8 @@ that engine would load, or raises ``ValueError`` where the engine raises. They a
 - SGLang ``sgl-project/sglang``: ``python/sglang/srt/models/dspark.py`` and
   ``python/sglang/srt/speculative/dspark_components/dspark_config.py`` @ 01f47623,
   ``python/sglang/srt/models/llama_eagle3.py`` @ 03d5a777, PR #25454 (EAGLE-3 aux ids). The dense backbone goes to
-  ``DFlashDraftModel.load_weights`` (models/dflash.py, not read): its names are the ones ../shared/interop.md lists.
+  ``DFlashDraftModel.load_weights`` (models/dflash.py, not read): its names are the ones of the published DSpark
+  layout (docs/serving.md).
 - DeepSpec ``deepseek-ai/DeepSpec``: ``deepspec/modeling/dspark/qwen3/modeling.py`` @ 5905deb7,
   ``deepspec/modeling/dspark/qwen3/config.py`` @ 041b6523, ``deepspec/modeling/dspark/common.py`` @ 3bc8dc74; its
   ``markov_head.py`` is not in the index, so the Markov head names and shapes are SGLang's port of it.
