@@ -63,8 +63,8 @@ class OptimConfig:
     fused: bool | None = None
     """AdamW's fused kernel (one pass per parameter instead of a dozen foreach passes): null = on where torch has it
     for the parameters (CPU and CUDA tensors, not FSDP2's DTensors) and the precision is not ``*-mixed`` (Lightning's
-    AMP plugin cannot clip a fused optimizer's gradients); on this 2-core CPU the step of the 49152 x 256
-    Markov W1 takes 24 ms fused against 75 ms (docs/matrix.md)"""
+    AMP plugin cannot clip a fused optimizer's gradients); on a 2-core CPU the step of a lone 49152 x 256
+    table takes 24 ms fused against 75 ms, but a whole training step is no faster (docs/matrix.md, "Fused AdamW")"""
     time_budget_s: float | None = None
     """schedule progress by wall-clock time as well: max(step / max_steps, elapsed / time_budget_s) (a fixed-time
     run, e.g. the experiment matrix; pair it with trainer.max_time)"""
