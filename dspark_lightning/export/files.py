@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ..checks import regular_entries
 from ..devices import resolve_device, resolve_drafter_dtype
 
 FORMAT_VERSION = 1
@@ -47,7 +48,10 @@ def check_finite(state: dict[str, torch.Tensor], where: str, error: type[Excepti
 
 
 def read_config(path: str | Path) -> dict[str, Any]:
+    """The drafter directory's config.json, after checking that the directory holds only files and folders (a FIFO or
+    a device among them would block this read or the loader's later ones for ever)."""
     path = Path(path)
+    regular_entries("drafter", path)
     f = path / "config.json"
     if not f.is_file():
         raise FileNotFoundError(f"{path} is not an exported drafter directory (no config.json)")

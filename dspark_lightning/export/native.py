@@ -23,7 +23,7 @@ from safetensors.torch import save as save_safetensors
 
 from ..atomic import atomic_dir, atomic_write, recover_dir
 from ..calibration import load_calibrations
-from ..checks import UsageError, drafter_config, regular_entries
+from ..checks import UsageError, drafter_config
 from ..drafters import CONVENTION, Drafter, build_drafter
 from ..drafters.drafter import check_draft_vocab
 from ..locks import LOCK_FILE
@@ -167,7 +167,6 @@ def load_drafter(
     too; it records no target of ours, so pass ``target``.
     """
     path = Path(path)
-    regular_entries("the drafter directory", path)  # a FIFO or device in it would block the reads below
     cfg = read_config(path)
     if is_serving_config(cfg):  # a serving layout (DeepSpec / vLLM / SGLang), see serving.py
         drafter = load_serving_drafter(path, cfg, target, device if device is not None else map_location, dtype)

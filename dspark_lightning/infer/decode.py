@@ -99,7 +99,6 @@ def resolve(target, drafter, device=None, dtype=None, drafter_dtype=None):
     elif device is not None and resolve_device(device).type != target.device.type:
         raise ValueError(f"the target is on {target.device}, decode() was asked for {device}: load it there")
     if isinstance(drafter, str | os.PathLike):
-        checks.regular_entries("drafter", drafter)  # a FIFO among its files would block the loader for ever
         drafter = load_drafter(Path(drafter), target, dtype=drafter_dtype)
     elif isinstance(drafter, torch.nn.Module):  # third-party proposer objects carry no parameters
         p = next(iter(drafter.parameters()), None)
