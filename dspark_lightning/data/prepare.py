@@ -146,14 +146,18 @@ def _merge_stats(ranks: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _prompts_sha256(prompts: list) -> str:
     """Hash of a split's prompts, contents included: a prompt file edited under the same ids changes it too."""
-    rows = [[p.id, p.domain, list(p.turns)] for p in prompts]
+    rows = [[p.id, p.domain, list(p.turns)] + ([list(p.responses)] if p.responses else []) for p in prompts]
     return hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode()).hexdigest()
 
 
 def _same_prompt(row: dict, prompt: Any) -> bool:
     """A regenerated row answers this prompt: its user turns are the prompt's first turns (max_turns may cut)."""
     asked = [m.get("content") for m in row.get("turns", []) if m.get("role") == "user"]
-    return bool(asked) and asked == list(prompt.turns[: len(asked)])
+    said = [m.get("content") for m in row.get("turns", []) if m.get("role") == "assistant"]
+    fixed_ok = bool(row.get("gen", {}).get("fixed")) == bool(prompt.responses) and (
+        not prompt.responses or said == [r.strip() for r in prompt.responses[: len(said)]]
+    )  # fixed text: kept only for the same text, and never in place of a regenerated answer (or back)
+    return bool(asked) and asked == list(prompt.turns[: len(asked)]) and fixed_ok
 
 
 @dataclass
@@ -250,7 +254,8 @@ class PrepareJob:
         st = regenerate(target, mine, part, seed=self.seed, progress=self.progress, **asdict(self.regen))
         if st["written"]:  # a fully resumed stage keeps the statistics of the run that did the work
             stats[f"regenerate_{split}"] = {**st, "wall_s": time.perf_counter() - t0}
-        _log(f"  {st['written']} regenerated, {st['skipped']} reused from the file")
+        fixed = f" ({st['fixed']} of them fixed text, not decoded)" if st.get("fixed") else ""
+        _log(f"  {st['written']} written{fixed}, {st['skipped']} reused from the file")
 
     def _seed_from_merged(self, split: str, part: Path, prompts: dict[str, Any]) -> None:
         """Start a new rank file from an earlier merged JSONL (an older layout, or a recipe that changed elsewhere),

@@ -169,6 +169,27 @@ class _Conversations:
         return rows, self.tokens, len(self.recs) - len(self.alive)
 
 
+def _fixed_row(target: Any, rec: PromptRecord, cfg: dict[str, Any]) -> dict:
+    """The row of a record with fixed responses: its user turns answered by its own text (up to ``max_turns``);
+    ``gen.fixed`` marks it, ``new_tokens`` counts the response tokens (the target's tokenizer)."""
+    n = len(rec.responses) if cfg["max_turns"] is None else min(cfg["max_turns"], len(rec.responses))
+    turns: list[dict[str, str]] = []
+    replies = [r.strip() for r in rec.responses[:n]]  # as a regenerated answer is kept (and BPE merges no edge)
+    for user, reply in zip(rec.turns[:n], replies, strict=True):
+        turns += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
+    counts = [len(target.tokenizer(r, add_special_tokens=False)["input_ids"]) for r in replies]
+    row = {
+        "id": rec.id,
+        "domain": rec.domain,
+        "source": rec.source,
+        "turns": turns,
+        "gen": {**cfg, "fixed": True, "new_tokens": counts, "stopped": [True] * n},
+    }
+    if rec.meta:
+        row["meta"] = rec.meta
+    return row
+
+
 def _split_output(target: Any, out: list[int]) -> tuple[str, int, bool]:
     """Generated ids -> (text before the first stop token, tokens generated, stopped)."""
     stop = set(target.stop_token_ids)
@@ -382,6 +403,14 @@ def regenerate(
     done = _prepare_resume(path, cfg)
     todo = [r for r in prompts if r.id not in done]
     stats = {"written": 0, "skipped": len(prompts) - len(todo), "dropped_empty": 0, "tokens": 0}
+    fixed = [r for r in todo if r.responses]
+    if fixed:  # fixed text: written as it is (the target scores it at feature extraction), no decoding
+        rows = [_fixed_row(target, r, cfg) for r in fixed]
+        append_durable(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+        stats["written"] += len(rows)
+        stats["fixed"] = len(rows)
+        stats["fixed_tokens"] = sum(sum(row["gen"]["new_tokens"]) for row in rows)
+        todo = [r for r in todo if not r.responses]
 
     from tqdm.auto import tqdm
 

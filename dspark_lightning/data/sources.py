@@ -74,19 +74,29 @@ def license_of(name: str) -> str:
 
 @dataclass(frozen=True)
 class PromptRecord:
-    """One prompt: stable ``id`` (``"<source>/<key>"``), domain, source name and the user turns in order."""
+    """One prompt: stable ``id`` (``"<source>/<key>"``), domain, source name and the user turns in order.
+
+    ``responses`` (optional): fixed assistant turns, one per user turn from the first. A record with them is not
+    regenerated: its text is *scored* by the target (its logits on the fixed text are the labels; docs/matrix.md,
+    "fixed text"), which costs one prefill instead of a decode per token.
+    """
 
     id: str
     domain: str
     source: str
     turns: list[str]
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
+    responses: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.domain not in DOMAINS:
             raise ValueError(f"prompt {self.id!r}: domain {self.domain!r} is not one of {DOMAINS}")
         if not self.turns or not all(isinstance(t, str) and t.strip() for t in self.turns):
             raise ValueError(f"prompt {self.id!r}: needs at least one non-empty user turn (got {self.turns!r})")
+        if not isinstance(self.responses, tuple) or not all(isinstance(t, str) and t.strip() for t in self.responses):
+            raise ValueError(f"prompt {self.id!r}: responses must be a tuple of non-empty strings")
+        if len(self.responses) > len(self.turns):
+            raise ValueError(f"prompt {self.id!r}: {len(self.responses)} fixed responses for {len(self.turns)} turns")
 
 
 class PromptSource:
@@ -341,12 +351,17 @@ class JsonlPrompts(PromptSource):
     An empty file, a malformed line, or one id with two different contents raises ``ValueError("<file>:<line>: ...")``.
     """
 
-    def __init__(self, *, path: str | Path, domain: str = "chat", limit: int | None = None, seed: int = 42) -> None:
+    def __init__(
+        self, *, path: str | Path, domain: str = "chat", fixed: bool = False, limit: int | None = None, seed: int = 42
+    ) -> None:
+        """``fixed=True``: the lines are whole conversations (``{"role", "content"}`` messages) whose assistant
+        messages are kept as fixed responses, scored by the target instead of regenerated (docs/matrix.md)."""
         super().__init__(limit=limit, seed=seed)
         if domain not in DOMAINS:
             raise ValueError(f"jsonl prompt source: domain {domain!r} is not one of {DOMAINS}")
         self.path = Path(path)
         self.domain = domain
+        self.fixed = bool(fixed)
 
     def records(self) -> Iterator[PromptRecord]:
         if not self.path.is_file():
@@ -361,24 +376,40 @@ class JsonlPrompts(PromptSource):
                     if not isinstance(row, dict):
                         raise ValueError("expected a JSON object")
                     turns = _turn_texts(row.get("turns"))
+                    responses = _fixed_responses(row["turns"]) if self.fixed else ()
                     domain = row.get("domain", self.domain)
                     if domain not in DOMAINS:
                         raise ValueError(f"domain {domain!r} is not one of {DOMAINS}")
                 except ValueError as exc:  # json.JSONDecodeError is a ValueError
                     raise ValueError(f"{self.path}:{lineno}: malformed prompt line: {exc}") from None
-                rid = str(row["id"]) if row.get("id") is not None else f"{self.path.stem}/{_content_key(turns)}"
+                key = turns + list(responses)  # fixed text: two answers to one question are two records
+                rid = str(row["id"]) if row.get("id") is not None else f"{self.path.stem}/{_content_key(key)}"
                 if rid in seen:
-                    if seen[rid] != turns:
+                    if seen[rid] != key:
                         raise ValueError(f"{self.path}:{lineno}: id {rid!r} appears twice with different turns")
                     log.warning("%s:%d: duplicate prompt %r skipped", self.path, lineno, rid)
                     continue
-                seen[rid] = turns
-                yield PromptRecord(rid, domain, self.name, turns)
+                seen[rid] = key
+                yield PromptRecord(rid, domain, self.name, turns, responses=responses)
         if not seen:
             raise ValueError(f"{self.path}: no prompts (the file is empty)")
 
     def __repr__(self) -> str:
-        return f"JsonlPrompts(path={str(self.path)!r}, domain={self.domain!r}, limit={self.limit})"
+        fixed = ", fixed=True" if self.fixed else ""
+        return f"JsonlPrompts(path={str(self.path)!r}, domain={self.domain!r}{fixed}, limit={self.limit})"
+
+
+def _fixed_responses(turns: list) -> tuple[str, ...]:
+    """The assistant messages of a conversation that alternates user, assistant, ... (fixed text)."""
+    roles = [t.get("role") if isinstance(t, dict) else None for t in turns]
+    roles = [r for r in roles if r != "system"]
+    if not roles or roles[0] != "user" or "assistant" not in roles or any(a == b for a, b in zip(roles, roles[1:])):
+        raise ValueError('fixed: true needs "turns" as {"role", "content"} messages alternating user and assistant, '
+                         "with at least one assistant message")  # fmt: skip
+    out = tuple(t["content"] for t in turns if t["role"] == "assistant")
+    if not all(isinstance(c, str) and c.strip() for c in out):
+        raise ValueError("fixed: true: every assistant message must be a non-empty string")
+    return out
 
 
 def _content_key(turns: list[str]) -> str:

@@ -9,12 +9,13 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
-from torch.utils.data import DataLoader
+from torch.utils.data import ConcatDataset, DataLoader
 
 from ..data.anchors import AnchorCollator
-from ..data.cache import CacheError
+from ..data.cache import CacheError, FeatureCache
 from ..data.features import resolve_feature_dtype
 from ..data.prepare import DataPaths, PrepareJob, RegenConfig, check_caches, expected_meta, open_split, tokenized_split
+from ..data.regenerate import load_conversations
 from ..data.sources import build_source, mixture
 from ..data.stream import ShardStream
 from ..data.vocab import response_token_counts
@@ -53,6 +54,10 @@ class DSparkDataModule(L.LightningDataModule):
         max_anchors: anchors sampled per sequence (the paper: up to 512).
         num_workers: DataLoader workers.
         seed: seed of regeneration sampling and anchor sampling.
+        extra_work_dirs: other prepared work dirs (``dspark-lightning prepare`` of another recipe with the same
+            target, layers and feature dtype) whose cached splits are trained and validated on with this one, e.g.
+            regenerated data plus fixed text (docs/matrix.md). They are read, never prepared: a missing or
+            mismatched cache fails at start-up. Their responses count towards the draft vocabulary.
     """
 
     def __init__(
@@ -77,6 +82,7 @@ class DSparkDataModule(L.LightningDataModule):
         max_anchors: int = 64,
         num_workers: int = 0,
         seed: int = 42,
+        extra_work_dirs: list[str] | None = None,
     ) -> None:
         super().__init__()
         if features not in ("cached", "online"):
@@ -98,6 +104,10 @@ class DSparkDataModule(L.LightningDataModule):
         self.streaming, self.cache_url, self.shuffle_buffer = streaming, cache_url, shuffle_buffer
         self.prepare_device: str | None = None  # `dspark-lightning prepare --device`; null = this rank's accelerator
         self.batch_size, self.max_anchors, self.num_workers, self.seed = batch_size, max_anchors, num_workers, seed
+        self.extra_work_dirs = [str(d) for d in extra_work_dirs or []]
+        if self.extra_work_dirs and (features != "cached" or streaming):
+            raise ValueError("data.extra_work_dirs adds cached splits to the map-style reader: it needs data.features: "
+                             "cached and data.streaming: false")  # fmt: skip
         self.datasets: dict[str, Any] = {}
         self.collators: dict[str, AnchorCollator] = {}
         self._prepared = False
@@ -170,6 +180,12 @@ class DSparkDataModule(L.LightningDataModule):
         self._checked = True
         if self.features == "cached" and self.cache_url is None:
             check_caches(self.target, DataPaths(Path(self.work_dir)), self.feature_dtype)
+        for extra in self.extra_work_dirs:
+            paths = DataPaths(Path(extra))
+            if not all(paths.cache(split).is_dir() for split in ("train", "heldout")):
+                raise CacheError(f"data.extra_work_dirs: {extra} has no prepared feature caches (features_train/ and "
+                                 "features_heldout/); run `dspark-lightning prepare` with its recipe first")  # fmt: skip
+            check_caches(self.target, paths, self.feature_dtype)
 
     def prepare_data(self) -> None:
         """Reuse a finished ``prepare``; without one, do the work here on a CPU-only machine (local rank 0, as
@@ -199,7 +215,12 @@ class DSparkDataModule(L.LightningDataModule):
                 self.datasets[split] = self._stream(split) if self.streaming else self._open(split)
 
     def _open(self, split: str):
-        return open_split(self.target, self.sources, self.work_dir, split, **self._split_kwargs())
+        own = open_split(self.target, self.sources, self.work_dir, split, **self._split_kwargs())
+        if not self.extra_work_dirs:
+            return own
+        meta = expected_meta(self.target, self.feature_dtype)
+        extra = [FeatureCache(DataPaths(Path(d)).cache(split), expect=meta) for d in self.extra_work_dirs]
+        return ConcatDataset([own, *extra])
 
     def _stream(self, split: str) -> ShardStream:
         """This rank's share of a split's shards; training streams are shuffled and cut even across ranks."""
@@ -223,6 +244,10 @@ class DSparkDataModule(L.LightningDataModule):
         ids = {p.id for p in mixture(self.sources, split, self.heldout_fraction, self.split_seed)}
         tgt = self.target
         rows = tokenized_split(tgt, DataPaths(Path(self.work_dir)), split, ids, self.max_length, self.min_supervised)
+        for extra in self.extra_work_dirs:  # every conversation an extra work dir prepared for this split
+            paths = DataPaths(Path(extra))
+            extra_ids = {r["id"] for r in load_conversations(paths.responses(split))}
+            rows += tokenized_split(tgt, paths, split, extra_ids, self.max_length, self.min_supervised)
         return response_token_counts(rows, tgt.geometry.vocab_size)
 
     def set_epoch(self, epoch: int) -> None:

@@ -162,3 +162,37 @@ def test_per_row_sampler_matches_filtered_softmax():
     nucleus = freqs(temperature=1.0, top_p=0.6, top_k=None)
     assert nucleus[2:].sum() == 0 and torch.allclose(nucleus[:2], p[:2] / p[:2].sum(), atol=0.03)
     assert torch.equal(freqs(temperature=1.0, top_p=1.0, top_k=None), freqs(temperature=1.0, top_p=1.0, top_k=None))
+
+
+def test_fixed_responses_are_written_not_generated(target, tmp_path, monkeypatch):
+    """Records with fixed responses (fixed text) skip decoding: their own text is the answer, token counts are the
+    target tokenizer's, ``gen.fixed`` marks them; mixed with normal records, only those are generated."""
+    fixed = [PromptRecord(f"f/{i}", "code", "fixed", [f"write f{i}", "again"], responses=(f"def f{i}(): pass",))
+             for i in range(3)]  # fmt: skip
+    normal = _prompts(2)
+    calls: list[int] = []
+    real = regen_mod.EngineRegenerator.answer
+    monkeypatch.setattr(regen_mod.EngineRegenerator, "answer", lambda self, recs: calls.append(len(recs)) or real(self, recs))
+    out = tmp_path / "gen.jsonl"
+    stats = regenerate(target, fixed + normal, out, **FAST)
+    assert calls == [2], "only the two records without responses are decoded"
+    assert stats["written"] == 5 and stats["fixed"] == 3
+    rows = {r["id"]: r for r in _rows(out)}
+    for i in range(3):
+        r = rows[f"f/{i}"]
+        assert r["gen"]["fixed"] is True and r["source"] == "fixed"
+        assert r["turns"] == [{"role": "user", "content": f"write f{i}"}, {"role": "assistant", "content": f"def f{i}(): pass"}]
+        n = len(target.tokenizer(f"def f{i}(): pass", add_special_tokens=False)["input_ids"])
+        assert r["gen"]["new_tokens"] == [n] and stats["fixed_tokens"] >= n
+    assert all("fixed" not in rows[p.id]["gen"] for p in normal)
+    again = regenerate(target, fixed + normal, out, **FAST)  # resume: nothing left, nothing rewritten
+    assert again["written"] == 0 and again["skipped"] == 5 and len(_rows(out)) == 5
+
+
+def test_prompt_record_checks_fixed_responses():
+    with pytest.raises(ValueError, match="2 fixed responses for 1 turns"):
+        PromptRecord("x/1", "chat", "t", ["q"], responses=("a", "b"))
+    with pytest.raises(ValueError, match="tuple of non-empty strings"):
+        PromptRecord("x/1", "chat", "t", ["q"], responses=("",))
+    with pytest.raises(ValueError, match="tuple of non-empty strings"):
+        PromptRecord("x/1", "chat", "t", ["q"], responses=["a"])

@@ -12,8 +12,9 @@ from dspark_lightning.data import sources
 from dspark_lightning.data.sources import LICENSES, PromptRecord, license_of, mixture, split_of
 from dspark_lightning.registry import create, names
 
-BUILTIN = {"gsm_symbolic": "math", "humaneval": "code", "mtbench": "chat", "sharegpt": "chat", "python_stdlib": "code"}
-KWARGS = {"gsm_symbolic": {"limit": 25}}
+BUILTIN = {"gsm_symbolic": "math", "humaneval": "code", "mtbench": "chat", "sharegpt": "chat", "python_stdlib": "code",
+           "python_source": "code", "python_docs": "chat", "package_docs": "chat"}  # fmt: skip
+KWARGS = {"gsm_symbolic": {"limit": 25}, "python_source": {"limit": 200}}
 
 
 def _records(name: str, **kw) -> list[PromptRecord]:

@@ -1,0 +1,140 @@
+"""Fixed text (issue 18 item 8): sources that carry their responses, a jsonl file of whole conversations, prepare
+writing them without decoding, and training on several prepared work dirs (``data.extra_work_dirs``)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from dspark_lightning.data.cache import CacheError
+from dspark_lightning.data.fixed_text import _chunks, _prose
+from dspark_lightning.data.sources import HumanEval, build_source
+
+from test_prepare import datamodule, prepare
+
+
+def _recs(spec: dict) -> list:
+    return list(build_source(spec))
+
+
+def test_python_source_pairs_a_humaneval_request_with_the_functions_real_source():
+    recs = _recs({"name": "python_source"})
+    assert len(recs) > 2000 and len({r.id for r in recs}) == len(recs)
+    by_id = {r.id: r for r in recs}
+    r = by_id["python_source/heapq.heappush"]
+    assert r.domain == "code" and r.turns[0].startswith(HumanEval.instruction)
+    body = r.responses[0]
+    assert body.startswith("```python\ndef heappush(heap, item):") and body.endswith("\n```")
+    code = body.removeprefix("```python\n").removesuffix("\n```")
+    tree = ast.parse(code)  # the real source, whole: it parses and is the function itself
+    assert isinstance(tree.body[0], ast.FunctionDef) and tree.body[0].name == "heappush"
+    assert code in (Path(sysconfig.get_paths()["stdlib"]) / "heapq.py").read_text()  # verbatim
+    assert code.split('"""')[1] in r.turns[0]  # the prompt holds the header and docstring
+    assert "heap.append(item)" in code and "heap.append" not in r.turns[0]  # ...but not the body
+    for rec in recs[:200]:
+        n = rec.responses[0].count("\n") - 1
+        assert 4 <= n <= 40
+
+
+def test_fixed_sources_take_a_varied_stable_prefix_without_importing_modules():
+    before = set(sys.modules)
+    small, big = _recs({"name": "python_source", "limit": 30}), _recs({"name": "python_source", "limit": 60})
+    assert big[:30] == small and [r.responses for r in big[:30]] == [r.responses for r in small]
+    assert len({r.id.split("/")[1].split(".")[0] for r in small}) > 10  # many modules, not alphabetical
+    assert _recs({"name": "python_source", "limit": 30, "seed": 7}) != small
+    assert not {"antigravity", "turtle", "tkinter"} & (set(sys.modules) - before)  # parsed, never imported
+    with pytest.raises(ValueError, match="min_lines"):
+        build_source({"name": "python_source", "min_lines": 9, "max_lines": 3})
+
+
+def test_python_docs_and_package_docs_are_chat_answers_of_bounded_length():
+    docs = _recs({"name": "python_docs"})
+    assert len(docs) > 300 and all(r.domain == "chat" for r in docs)
+    assert all(200 <= len(r.responses[0]) <= 1500 or "\n" not in r.responses[0] for r in docs)
+    assert any(r.id.startswith("python_docs/topic/") for r in docs)
+    assert any(r.id.startswith("python_docs/module/") for r in docs)
+    assert all(r.responses[0] == r.responses[0].strip() for r in docs)
+    pkgs = _recs({"name": "package_docs"})
+    torch_rec = next(r for r in pkgs if r.id == "package_docs/torch")
+    assert "`torch`" in torch_rec.turns[0] and len(torch_rec.responses[0]) >= 300
+    assert not any(line.startswith((".. image::", ":target:")) for r in pkgs for line in r.responses[0].splitlines())
+
+
+def test_prose_joins_wrapped_paragraphs_and_keeps_blocks():
+    text = "A wrapped\nparagraph here.\n\n   indented\n   code\n\nTitle\n=====\n\n.. image:: x.png\n"
+    assert _prose(text) == "A wrapped paragraph here.\n\n   indented\n   code\n\nTitle\n====="
+    pieces = _chunks("a" * 50 + "\n\n" + "b" * 50 + "\n\n" + "c" * 500, max_chars=120, min_chars=20)
+    assert pieces == ["a" * 50 + "\n\n" + "b" * 50, "c" * 120]
+
+
+def _write_jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def test_jsonl_fixed_keeps_the_assistant_messages(tmp_path):
+    conv = [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"},
+            {"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}]  # fmt: skip
+    f = _write_jsonl(tmp_path / "c.jsonl", [{"turns": conv}, {"turns": conv[:2] + [{"role": "user", "content": "q"}]}])
+    recs = _recs({"name": "jsonl", "path": str(f), "fixed": True})
+    assert [r.turns for r in recs] == [["q1", "q2"], ["q1", "q"]] and [r.responses for r in recs] == [("a1", "a2"), ("a1",)]
+    assert recs[0].id != recs[1].id
+    assert all(not r.responses for r in _recs({"name": "jsonl", "path": str(f)}))  # default: regenerated
+    for bad in ([{"role": "assistant", "content": "a"}], [{"role": "user", "content": "q"}], ["q", "a"],
+                [{"role": "user", "content": "q"}, {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]):  # fmt: skip
+        g = _write_jsonl(tmp_path / "bad.jsonl", [{"turns": bad}])
+        with pytest.raises(ValueError, match=r"bad.jsonl:1: malformed prompt line"):
+            _recs({"name": "jsonl", "path": str(g), "fixed": True})
+
+
+@pytest.fixture(scope="module")
+def fixed_work(tmp_path_factory) -> Path:
+    """A tiny-debug work dir prepared from fixed text only (no regeneration)."""
+    tmp = tmp_path_factory.mktemp("fixed")
+    rows = [{"turns": [{"role": "user", "content": f"Explain item {i}."},
+                       {"role": "assistant", "content": f"Item {i} is a number between {i - 1} and {i + 1}, "
+                        "and this sentence is long enough to be supervised."}]} for i in range(12)]  # fmt: skip
+    f = _write_jsonl(tmp / "fixed.jsonl", rows)
+    work = tmp / "work"
+    prepare(work, f"--data.sources=[{{name: jsonl, path: {f}, fixed: true}}]")
+    return work
+
+
+def test_prepare_writes_fixed_text_unchanged(fixed_work):
+    rows = [json.loads(x) for p in ("train", "heldout") for x in (fixed_work / f"responses_{p}.jsonl").read_text().splitlines()]
+    assert len(rows) == 12 and all(r["gen"]["fixed"] for r in rows)
+    for r in rows:
+        i = int(r["turns"][0]["content"].split()[-1].rstrip("."))
+        assert r["turns"][1]["content"].startswith(f"Item {i} is a number between {i - 1}")
+    stats = json.loads((fixed_work / "prepare_stats.json").read_text())
+    assert stats["regenerate_train"]["fixed"] == stats["regenerate_train"]["written"]
+
+
+def test_extra_work_dirs_train_on_both_caches(single, fixed_work, tmp_path):
+    own = datamodule(single)
+    own.setup()
+    both = datamodule(single, extra_work_dirs=[str(fixed_work)])
+    both.prepare_data()  # the own work dir is reused; the extra one is read, never prepared
+    both.setup()
+    fixed_train = sum(1 for _ in (fixed_work / "responses_train.jsonl").open())
+    assert len(both.datasets["train"]) == len(own.datasets["train"]) + fixed_train
+    assert len(both.datasets["heldout"]) > len(own.datasets["heldout"])
+    assert both.token_counts().sum() > own.token_counts().sum()
+    batch = next(iter(both.train_dataloader()))
+    assert batch is not None
+    with pytest.raises(CacheError, match="no prepared feature caches"):
+        datamodule(single, extra_work_dirs=[str(tmp_path / "missing")]).setup()
+    with pytest.raises(ValueError, match="needs data.features: cached"):
+        datamodule(single, extra_work_dirs=[str(fixed_work)], streaming=True)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory) -> Path:
+    work = tmp_path_factory.mktemp("single") / "work"
+    prepare(work)
+    return work
