@@ -86,11 +86,12 @@ def resolve_drafter_dtype(dtype, device: torch.device, default: torch.dtype, wid
 
 
 @functools.lru_cache(maxsize=16)
-def cpu_bf16_faster(width: int, rows: int, reps: int = 9) -> bool:
-    """Whether a bf16 product (8, width) x (width, rows) runs in < BF16_MARGIN x the fp32 time on this CPU (~50 ms)."""
+def cpu_bf16_faster(width: int, rows: int, reps: int = 9, m: int = 8) -> bool:
+    """Whether a bf16 product (m, width) x (width, rows) runs in < BF16_MARGIN x the fp32 time on this CPU (~50 ms
+    at m = 8: a drafting round's shape; training passes a larger ``m``)."""
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(rows, width, generator=gen)
-    x = torch.randn(8, width, generator=gen)
+    x = torch.randn(m, width, generator=gen)
     return _median_time(x.bfloat16(), w.bfloat16(), reps) < BF16_MARGIN * _median_time(x, w, reps)
 
 
