@@ -21,12 +21,20 @@ from pathlib import Path
 import torch
 
 from dspark_lightning import load_target
+from dspark_lightning.devices import resolve_dtype
 from dspark_lightning.data.regenerate import regenerate
 from dspark_lightning.data.sources import mixture
 
 
 def _rows(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def _cpu() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
 
 
 def main() -> None:
@@ -36,42 +44,60 @@ def main() -> None:
     ap.add_argument("--max_new_tokens", type=int, default=128)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--hf_batch", type=int, default=24)
+    ap.add_argument("--temperature", type=float, default=0.2)
+    ap.add_argument("--dtypes", nargs="+", default=["fp32"], help="target precisions for our engine (fp32, bf16)")
     ap.add_argument("--out", default="docs/data/regen_bench")
     a = ap.parse_args()
     target = load_target(a.target)
     sources = [{"name": "gsm_symbolic", "limit": a.prompts // 2}, {"name": "sharegpt", "limit": a.prompts // 2}]
     prompts = mixture(sources, "train", 0.0, 42)[: a.prompts]
-    kw = {"max_new_tokens": a.max_new_tokens, "temperature": 0.2, "top_p": 0.9, "max_turns": 1, "seed": 42}
+    top_p = 0.9 if a.temperature > 0 else 1.0
+    kw = {"max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "top_p": top_p, "max_turns": 1, "seed": 42}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [("dspark", {"engine": "dspark", "concurrency": a.concurrency}),
-                ("hf", {"engine": "hf", "batch_size": a.hf_batch})]  # fmt: skip
-        for name, extra in runs:
-            st = regenerate(target, prompts, Path(tmp) / f"{name}.jsonl", **kw, **extra)
+        runs = [("dspark", {"engine": "dspark", "concurrency": a.concurrency}, "fp32"),
+                ("hf", {"engine": "hf", "batch_size": a.hf_batch}, "fp32")]  # fmt: skip
+        runs[1:1] = [(f"dspark {dt}", runs[0][1], dt) for dt in a.dtypes if dt != "fp32"]
+        for name, extra, dt in runs:
+            tgt = target if dt == "fp32" else load_target(a.target, dtype=resolve_dtype(dt, "cpu"))
+            st = regenerate(tgt, prompts, Path(tmp) / f"{name}.jsonl", **kw, **extra)
             rows.append({"engine": name, **{k: st[k] for k in ("written", "tokens", "seconds", "tokens_per_s")}})
             print(rows[-1], flush=True)
+        fp32 = {r["id"]: r["turns"] for r in _rows(Path(tmp) / "dspark.jsonl")}
+        for name, _, dt in runs:
+            if dt != "fp32":
+                other = _rows(Path(tmp) / f"{name}.jsonl")
+                same_dt = sum(fp32[r["id"]] == r["turns"] for r in other)
+                next(r for r in rows if r["engine"] == name)["same_as_fp32"] = f"{same_dt}/{len(other)}"
         sub = prompts[: max(4, a.concurrency // 4)]
         regenerate(target, sub, Path(tmp) / "small.jsonl", **kw, engine="dspark", concurrency=3)
         big = {r["id"]: r["turns"] for r in _rows(Path(tmp) / "dspark.jsonl")}
         small = _rows(Path(tmp) / "small.jsonl")
         same = sum(big[r["id"]] == r["turns"] for r in small)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    info = {"target": a.target, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens,
+    info = {"target": a.target, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "cpu_model": _cpu(),
             "concurrency": a.concurrency, "hf_batch": a.hf_batch, "threads": torch.get_num_threads(),
             "cpu": platform.processor(), "commit": commit,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "batching_invariance": f"{same}/{len(small)} identical at concurrency 3 and {a.concurrency}"}  # fmt: skip
-    speed = rows[0]["tokens_per_s"] / rows[1]["tokens_per_s"]
+    hf = next(r for r in rows if r["engine"] == "hf")
+    speed = rows[0]["tokens_per_s"] / hf["tokens_per_s"]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "regen_bench.json").write_text(json.dumps({"info": info, "rows": rows, "speedup": speed}, indent=2))
-    lines = [f"Regeneration, {a.target}, {len(prompts)} prompts, <= {a.max_new_tokens} new tokens, T = 0.2, top-p 0.9; "
+    lines = [f"Regeneration, {a.target}, {len(prompts)} prompts, <= {a.max_new_tokens} new tokens, T = {a.temperature:g}, "
+             f"top-p {top_p}; "
              f"{info['threads']} threads, commit {commit}, {info['date']}", "",
-             "| engine | conversations | tokens | wall s | tok/s |", "|---|---|---|---|---|"]  # fmt: skip
+             "| engine | conversations | tokens | wall s | tok/s | responses equal to fp32's |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
-        cells = [r["engine"], r["written"], r["tokens"], f"{r['seconds']:.1f}", f"{r['tokens_per_s']:.1f}"]
+        cells = [r["engine"], r["written"], r["tokens"], f"{r['seconds']:.1f}", f"{r['tokens_per_s']:.1f}",
+                 r.get("same_as_fp32", "–")]  # fmt: skip
         lines.append("| " + " | ".join(map(str, cells)) + " |")
-    lines += ["", f"dspark engine / HF generate: **{speed:.2f}x**; {info['batching_invariance']}"]
+    lines += ["", f"dspark engine (fp32) / HF generate: **{speed:.2f}x**; {info['batching_invariance']}"]
+    for r in rows[1:]:
+        if r["engine"].startswith("dspark "):
+            lines.append(f"{r['engine']} / dspark fp32: **{r['tokens_per_s'] / rows[0]['tokens_per_s']:.2f}x**")
     (out / "regen_bench.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

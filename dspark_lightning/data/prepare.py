@@ -57,6 +57,21 @@ class RegenConfig:
     """dspark: our decoding engine with continuous batching over conversations; hf: HF generate in batches"""
     concurrency: int = 32
     """turns decoding together with the dspark engine (batch_size is the HF engine's batch)"""
+    dtype: str | None = None
+    """precision of the target copy that writes the responses (null = the target's own, ``data.target_dtype``).
+    ``bf16`` about doubles regeneration on a CPU with bf16 units (docs/matrix.md, "Regeneration throughput"); the
+    responses are then the bf16 target's, while features and labels still come from the target itself."""
+
+    def settings(self) -> dict[str, Any]:
+        """What :func:`regenerate` takes (everything but ``dtype``, which chooses the target it is given)."""
+        return {k: v for k, v in asdict(self).items() if k != "dtype"}
+
+    def identity(self) -> dict[str, Any]:
+        """What the prepared data depends on: every field, ``dtype`` only when set (older fingerprints stay valid)."""
+        out = asdict(self)
+        if out["dtype"] is None:
+            del out["dtype"]
+        return out
 
 
 CACHE_FORMAT = 2  # 2: samples carry target_lse / target_top (data.cache.LAW_SUMMARY)
@@ -182,6 +197,15 @@ class PrepareJob:
     seed: int = 42
     shard_max_samples: int = 256
     progress: bool = True
+    load_regen_target: Callable[[], Any] | None = None
+    """loads the target in ``regen.dtype`` (called once, only when a split has prompts to answer)"""
+
+    def _regen_target(self) -> Any:
+        if self.load_regen_target is None:
+            raise ValueError("data.regen.dtype is set but this PrepareJob has no load_regen_target")
+        if getattr(self, "_regen_target_obj", None) is None:
+            self._regen_target_obj = self.load_regen_target()
+        return self._regen_target_obj
 
     @property
     def paths(self) -> DataPaths:
@@ -197,7 +221,7 @@ class PrepareJob:
         ids = {s: _prompts_sha256(ps) for s, ps in self.prompts.items()}
         key = {
             "target": self.target_id,
-            "regen": asdict(self.regen),
+            "regen": self.regen.identity(),
             "seed": self.seed,
             "max_length": self.max_length,
             "min_supervised": self.min_supervised,
@@ -251,7 +275,11 @@ class PrepareJob:
         self._seed_from_merged(split, part, {p.id: p for p in mine})
         _log(f"rank {rank}/{world}: {split} responses ({len(mine)} prompts, {target.name}) -> {part}")
         t0 = time.perf_counter()
-        st = regenerate(target, mine, part, seed=self.seed, progress=self.progress, **asdict(self.regen))
+        if self.regen.dtype is not None:
+            target = self._regen_target()
+        extra = {} if self.regen.dtype is None else {"regen_dtype": self.regen.dtype}
+        st = regenerate(target, mine, part, seed=self.seed, progress=self.progress, extra_settings=extra,
+                        **self.regen.settings())  # fmt: skip
         if st["written"]:  # a fully resumed stage keeps the statistics of the run that did the work
             stats[f"regenerate_{split}"] = {**st, "wall_s": time.perf_counter() - t0}
         fixed = f" ({st['fixed']} of them fixed text, not decoded)" if st.get("fixed") else ""

@@ -359,12 +359,14 @@ def regenerate(
     engine: str = "dspark",
     concurrency: int = 32,
     progress: bool = True,
+    extra_settings: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Answer every user turn of ``prompts`` with ``target`` and append rows to ``out_path`` (resumable).
 
     ``engine``: ``dspark`` (our engine, continuous batching of up to ``concurrency`` turns; rows are written
     every ``max(batch_size, 4 * concurrency)`` conversations) or ``hf`` (``generate`` on batches of ``batch_size``).
-    ``temperature=0`` is greedy. Rows with an empty response at any turn are dropped. Returns stats:
+    ``temperature=0`` is greedy. Rows with an empty response at any turn are dropped. ``extra_settings`` are recorded
+    in every row's ``gen`` and checked on resume like the sampling settings (prepare records ``regen_dtype`` there). Returns stats:
     ``written``, ``skipped`` (already in the file), ``dropped_empty``, ``tokens``, ``seconds``, ``tokens_per_s``.
     """
     prompts = list(prompts)
@@ -397,6 +399,7 @@ def regenerate(
         "engine": engine,
         "target": target.name,
         "chat": target.chat.to_dict(),
+        **(extra_settings or {}),  # recorded in every row and checked on resume, like the settings above
     }
     path = Path(out_path)
     path.parent.mkdir(parents=True, exist_ok=True)

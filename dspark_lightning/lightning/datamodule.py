@@ -147,6 +147,11 @@ class DSparkDataModule(L.LightningDataModule):
         target_id = {"name": self.target_name, "layer_ids": self.layer_ids, "system_prompt": self.system_prompt}
         kind = self.prepare_device or ("cuda" if torch.cuda.is_available() else "cpu")
         target_id["dtype"] = dtype_name(resolve_dtype(self.target_dtype, kind))  # the data depends on it too
+        def load_regen():
+            device = self._device()
+            kw = {**self._target_kwargs(), "dtype": resolve_dtype(self.regen.dtype, device)}
+            return load_target(self.target_name, **kw, device=device)
+
         return PrepareJob(
             load,
             target_id,
@@ -161,6 +166,7 @@ class DSparkDataModule(L.LightningDataModule):
             feature_dtype=self.feature_dtype,
             seed=self.seed,
             progress=progress,
+            load_regen_target=load_regen if self.regen.dtype is not None else None,
         )
 
     def _split_kwargs(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from dspark_lightning.data.cache import CacheError
 from dspark_lightning.data.fixed_text import _chunks, _prose
 from dspark_lightning.data.sources import HumanEval, build_source
 
-from test_prepare import datamodule, prepare
+from test_prepare import REGEN, datamodule, prepare
 
 
 def _recs(spec: dict) -> list:
@@ -138,3 +138,24 @@ def single(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("single") / "work"
     prepare(work)
     return work
+
+
+def test_regen_dtype_writes_with_a_copy_of_the_target_and_is_recorded(tmp_path):
+    """``data.regen.dtype``: the responses come from the target loaded in that dtype (recorded in every row as
+    ``regen_dtype`` and in the fingerprint); unset, the fingerprint is what it was before the option existed."""
+    from dataclasses import asdict
+
+    from dspark_lightning.data.prepare import RegenConfig
+
+    work = tmp_path / "work"
+    prepare(work, "--data.regen.dtype=bf16")
+    rows = [json.loads(x) for x in (work / "responses_train.jsonl").read_text().splitlines()]
+    assert rows and all(r["gen"]["regen_dtype"] == "bf16" for r in rows)
+    plain = datamodule(work).prepare_job()
+    assert "dtype" not in plain.regen.identity() and plain.regen.settings() == {
+        k: v for k, v in asdict(RegenConfig(**REGEN)).items() if k != "dtype"
+    }
+    dm = datamodule(work)
+    dm.regen = RegenConfig(**REGEN, dtype="bf16")
+    with_dtype = dm.prepare_job()
+    assert with_dtype.fingerprint != plain.fingerprint and with_dtype.is_done()

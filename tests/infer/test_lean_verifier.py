@@ -59,3 +59,26 @@ def test_auto_picks_lean_where_supported(varied_target):
     assert "padded only" in lean_unsupported(varied_target, "flat")
     with pytest.raises(NotImplementedError, match="verifier='hf'"):
         LeanVerifier(varied_target, layout="flat")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_cpu_low_precision_attention_runs_in_fp32_and_keeps_the_dtype(causal):
+    """On a CPU, bf16/fp16 attention is computed in fp32 (PyTorch's CPU flash kernel is several times slower in bf16)
+    and cast back: the result is the fp32 attention of the same bf16 inputs, rounded once, in the inputs' dtype."""
+    import torch.nn.functional as F
+
+    from dspark_lightning.infer.lean import attention
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(3, 6, s, 16, generator=g) for s in (4, 9, 9))
+    k, v = k[:, :2], v[:, :2]  # GQA: 6 query heads over 2 key/value heads
+    mask = None if causal else torch.zeros(3, 1, 4, 9).masked_fill(torch.rand(3, 1, 4, 9, generator=g) < 0.3, -1e9)
+    for dt in (torch.bfloat16, torch.float16):
+        out = attention(q.to(dt), k.to(dt), v.to(dt), None if mask is None else mask.to(dt), causal, 0.25, True)
+        m32 = None if mask is None else mask.to(dt).float()
+        ref = F.scaled_dot_product_attention(q.to(dt).float(), k.to(dt).float(), v.to(dt).float(), attn_mask=m32,
+                                             is_causal=causal, scale=0.25, enable_gqa=True).to(dt)  # fmt: skip
+        assert out.dtype == dt and torch.equal(out, ref)
+    out32 = attention(q, k, v, mask, causal, 0.25, True)  # fp32 is passed through as it is
+    assert torch.equal(out32, F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=0.25,
+                                                             enable_gqa=True))  # fmt: skip
