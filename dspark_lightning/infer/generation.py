@@ -17,4 +17,7 @@ def generation_engine(target: Any, temperature: float, top_k: int | None, top_p:
     """A draft-free :class:`~.engine.Engine` on ``target`` sampling at ``temperature`` (top-k, and top-p when
     ``temperature > 0``), stopping at the target's stop tokens."""
     params = SamplingParams(temperature, top_k, top_p if temperature > 0 else None)
-    return Engine(target, None, params=params, stop_token_ids=target.stop_token_ids)
+    engine = Engine(target, None, params=params, stop_token_ids=target.stop_token_ids)
+    # training text need not be bit-equal to HF's bf16 decoding: attention in fp32 where that is faster (lean.attention)
+    engine.verifier.fp32_attention = True
+    return engine

@@ -33,11 +33,12 @@ SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 
 
 
-def attention(q, K, V, mask, causal: bool, scale: float, gqa: bool) -> torch.Tensor:
-    """Scaled dot-product attention; on a CPU in bf16/fp16 it runs in fp32 and casts back: PyTorch's CPU flash kernel
-    is several times slower in bf16 than in fp32 (4.4 against 0.62 ms for 30 decoding rows over 300 cached tokens, 0.87
-    with the casts; docs/matrix.md, "Regeneration throughput"), and fp32 is the more exact of the two."""
-    if q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16):
+def attention(q, K, V, mask, causal: bool, scale: float, gqa: bool, fp32: bool = False) -> torch.Tensor:
+    """Scaled dot-product attention. ``fp32`` (regeneration only): on a CPU in bf16/fp16 it runs in fp32 and casts
+    back, since PyTorch's CPU flash kernel is several times slower in bf16 than in fp32 (4.4 against 0.62 ms for 30
+    decoding rows over 300 cached tokens, 0.87 with the casts; docs/matrix.md, "Regeneration throughput"). Off for
+    decoding, whose bf16 output is token for token HF ``generate()``'s (tests/infer/test_devices.py)."""
+    if fp32 and q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16):
         m = mask.float() if mask is not None and mask.is_floating_point() else mask
         out = F.scaled_dot_product_attention(q.float(), K.float(), V.float(), attn_mask=m, is_causal=causal, scale=scale,
                                              enable_gqa=gqa)  # fmt: skip
@@ -152,6 +153,7 @@ class LeanVerifier:
             raise NotImplementedError(f"the lean verifier cannot run target {target.name!r}: {why}; use verifier='hf'")
         self.target = target
         self.layout = layout
+        self.fp32_attention = False  # see attention(); set by infer.generation for regeneration
         p = next(target.model.parameters())
         self.device, self.dtype = p.device, p.dtype
         cfg = target.model.config
@@ -311,7 +313,7 @@ class LeanVerifier:
                 self.k[li][write_rows, heads, cols] = k
                 self.v[li][write_rows, heads, cols] = v
             K, V = self.k[li][rows, :, :end], self.v[li][rows, :, :end]
-            a = attention(q, K, V, mask, causal, L.scaling, H != Hkv)
+            a = attention(q, K, V, mask, causal, L.scaling, H != Hkv, self.fp32_attention)
             x = x + L.o(a.transpose(1, 2).reshape(R, W, H * Dh))
             g, u = L.gu(rms_norm(x, L.ln_post)).chunk(2, dim=-1)
             x = x + L.down(F.silu(g) * u)

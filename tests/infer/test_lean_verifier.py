@@ -74,11 +74,15 @@ def test_cpu_low_precision_attention_runs_in_fp32_and_keeps_the_dtype(causal):
     k, v = k[:, :2], v[:, :2]  # GQA: 6 query heads over 2 key/value heads
     mask = None if causal else torch.zeros(3, 1, 4, 9).masked_fill(torch.rand(3, 1, 4, 9, generator=g) < 0.3, -1e9)
     for dt in (torch.bfloat16, torch.float16):
-        out = attention(q.to(dt), k.to(dt), v.to(dt), None if mask is None else mask.to(dt), causal, 0.25, True)
+        args = (q.to(dt), k.to(dt), v.to(dt), None if mask is None else mask.to(dt), causal, 0.25, True)
+        out = attention(*args, fp32=True)
         m32 = None if mask is None else mask.to(dt).float()
         ref = F.scaled_dot_product_attention(q.to(dt).float(), k.to(dt).float(), v.to(dt).float(), attn_mask=m32,
                                              is_causal=causal, scale=0.25, enable_gqa=True).to(dt)  # fmt: skip
         assert out.dtype == dt and torch.equal(out, ref)
-    out32 = attention(q, k, v, mask, causal, 0.25, True)  # fp32 is passed through as it is
+        native = F.scaled_dot_product_attention(*args[:3], attn_mask=args[3], is_causal=causal, scale=0.25,
+                                                enable_gqa=True)  # fmt: skip
+        assert torch.equal(attention(*args), native)  # off (decoding): PyTorch's own kernel in the inputs' dtype
+    out32 = attention(q, k, v, mask, causal, 0.25, True, fp32=True)  # fp32 is passed through as it is
     assert torch.equal(out32, F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=0.25,
                                                              enable_gqa=True))  # fmt: skip
