@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from dspark_lightning import load_target
-from dspark_lightning.devices import resolve_dtype
 from dspark_lightning.data.regenerate import regenerate
 from dspark_lightning.data.sources import mixture
+from dspark_lightning.devices import resolve_dtype
 
 
 def _rows(path: Path) -> list[dict]:
@@ -85,7 +85,8 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "regen_bench.json").write_text(json.dumps({"info": info, "rows": rows, "speedup": speed}, indent=2))
-    lines = [f"Regeneration, {a.target}, {len(prompts)} prompts, <= {a.max_new_tokens} new tokens, T = {a.temperature:g}, "
+    lines = [f"Regeneration, {a.target}, {len(prompts)} prompts, <= {a.max_new_tokens} new tokens, "
+             f"T = {a.temperature:g}, "
              f"top-p {top_p}; "
              f"{info['threads']} threads, commit {commit}, {info['date']}", "",
              "| engine | conversations | tokens | wall s | tok/s | responses equal to fp32's |",

@@ -366,7 +366,8 @@ def regenerate(
     ``engine``: ``dspark`` (our engine, continuous batching of up to ``concurrency`` turns; rows are written
     every ``max(batch_size, 4 * concurrency)`` conversations) or ``hf`` (``generate`` on batches of ``batch_size``).
     ``temperature=0`` is greedy. Rows with an empty response at any turn are dropped. ``extra_settings`` are recorded
-    in every row's ``gen`` and checked on resume like the sampling settings (prepare records ``regen_dtype`` there). Returns stats:
+    in every row's ``gen`` and checked on resume like the sampling settings (prepare records ``regen_dtype`` there).
+    Returns stats:
     ``written``, ``skipped`` (already in the file), ``dropped_empty``, ``tokens``, ``seconds``, ``tokens_per_s``.
     """
     prompts = list(prompts)

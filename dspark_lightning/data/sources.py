@@ -403,7 +403,12 @@ def _fixed_responses(turns: list) -> tuple[str, ...]:
     """The assistant messages of a conversation that alternates user, assistant, ... (fixed text)."""
     roles = [t.get("role") if isinstance(t, dict) else None for t in turns]
     roles = [r for r in roles if r != "system"]
-    if not roles or roles[0] != "user" or "assistant" not in roles or any(a == b for a, b in zip(roles, roles[1:])):
+    if (
+        not roles
+        or roles[0] != "user"
+        or "assistant" not in roles
+        or any(a == b for a, b in zip(roles, roles[1:], strict=False))
+    ):
         raise ValueError('fixed: true needs "turns" as {"role", "content"} messages alternating user and assistant, '
                          "with at least one assistant message")  # fmt: skip
     out = tuple(t["content"] for t in turns if t["role"] == "assistant")

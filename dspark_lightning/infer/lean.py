@@ -32,18 +32,18 @@ from .verify import SegmentOutput
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 
 
-
 def attention(q, K, V, mask, causal: bool, scale: float, gqa: bool, fp32: bool = False) -> torch.Tensor:
     """Scaled dot-product attention. ``fp32`` (regeneration only): on a CPU in bf16/fp16 it runs in fp32 and casts
     back, since PyTorch's CPU flash kernel is several times slower in bf16 than in fp32 (4.4 against 0.62 ms for 30
     decoding rows over 300 cached tokens, 0.87 with the casts; docs/matrix.md, "Regeneration throughput"). Off for
     decoding, whose bf16 output is token for token HF ``generate()``'s (tests/infer/test_devices.py)."""
     if fp32 and q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16):
-        m = mask.float() if mask is not None and mask.is_floating_point() else mask
-        out = F.scaled_dot_product_attention(q.float(), K.float(), V.float(), attn_mask=m, is_causal=causal, scale=scale,
-                                             enable_gqa=gqa)  # fmt: skip
-        return out.to(q.dtype)
+        dtype, m = q.dtype, mask.float() if mask is not None and mask.is_floating_point() else mask
+        q, K, V = q.float(), K.float(), V.float()
+        out = F.scaled_dot_product_attention(q, K, V, attn_mask=m, is_causal=causal, scale=scale, enable_gqa=gqa)
+        return out.to(dtype)
     return F.scaled_dot_product_attention(q, K, V, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa)
+
 
 def lean_unsupported(target, layout: str = "padded") -> str | None:
     """Why the lean verifier cannot run this target (None when it can)."""

@@ -147,6 +147,7 @@ class DSparkDataModule(L.LightningDataModule):
         target_id = {"name": self.target_name, "layer_ids": self.layer_ids, "system_prompt": self.system_prompt}
         kind = self.prepare_device or ("cuda" if torch.cuda.is_available() else "cpu")
         target_id["dtype"] = dtype_name(resolve_dtype(self.target_dtype, kind))  # the data depends on it too
+
         def load_regen():
             device = self._device()
             kw = {**self._target_kwargs(), "dtype": resolve_dtype(self.regen.dtype, device)}
@@ -189,8 +190,10 @@ class DSparkDataModule(L.LightningDataModule):
         for extra in self.extra_work_dirs:
             paths = DataPaths(Path(extra))
             if not all(paths.cache(split).is_dir() for split in ("train", "heldout")):
-                raise CacheError(f"data.extra_work_dirs: {extra} has no prepared feature caches (features_train/ and "
-                                 "features_heldout/); run `dspark-lightning prepare` with its recipe first")  # fmt: skip
+                raise CacheError(
+                    f"data.extra_work_dirs: {extra} has no prepared feature caches (features_train/ and "
+                    "features_heldout/); run `dspark-lightning prepare` with its recipe first"
+                )
             check_caches(self.target, paths, self.feature_dtype)
 
     def prepare_data(self) -> None:

@@ -38,7 +38,9 @@ class FastestPrecision(MixedPrecision):
         self.bf16 = device != "cpu" or cpu_bf16_faster(width, vocab, m=rows)
         super().__init__("bf16-mixed", device)
         self.precision = "bf16-mixed" if self.bf16 else "32-true"
-        print(f"[dspark-lightning] training precision: {self.precision} (the faster here; FastestPrecision)", flush=True)
+        print(
+            f"[dspark-lightning] training precision: {self.precision} (the faster here; FastestPrecision)", flush=True
+        )
 
     def forward_context(self):
         return super().forward_context() if self.bf16 else contextlib.nullcontext()

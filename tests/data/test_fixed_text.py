@@ -10,12 +10,11 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from test_prepare import REGEN, datamodule, prepare
 
 from dspark_lightning.data.cache import CacheError
 from dspark_lightning.data.fixed_text import _chunks, _prose
 from dspark_lightning.data.sources import HumanEval, build_source
-
-from test_prepare import REGEN, datamodule, prepare
 
 
 def _recs(spec: dict) -> list:
@@ -82,11 +81,14 @@ def test_jsonl_fixed_keeps_the_assistant_messages(tmp_path):
             {"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}]  # fmt: skip
     f = _write_jsonl(tmp_path / "c.jsonl", [{"turns": conv}, {"turns": conv[:2] + [{"role": "user", "content": "q"}]}])
     recs = _recs({"name": "jsonl", "path": str(f), "fixed": True})
-    assert [r.turns for r in recs] == [["q1", "q2"], ["q1", "q"]] and [r.responses for r in recs] == [("a1", "a2"), ("a1",)]
+    assert [r.turns for r in recs] == [["q1", "q2"], ["q1", "q"]] and [r.responses for r in recs] == [
+        ("a1", "a2"),
+        ("a1",),
+    ]
     assert recs[0].id != recs[1].id
     assert all(not r.responses for r in _recs({"name": "jsonl", "path": str(f)}))  # default: regenerated
-    for bad in ([{"role": "assistant", "content": "a"}], [{"role": "user", "content": "q"}], ["q", "a"],
-                [{"role": "user", "content": "q"}, {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]):  # fmt: skip
+    q, a = {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}
+    for bad in ([a], [q], ["q", "a"], [q, q, a]):
         g = _write_jsonl(tmp_path / "bad.jsonl", [{"turns": bad}])
         with pytest.raises(ValueError, match=r"bad.jsonl:1: malformed prompt line"):
             _recs({"name": "jsonl", "path": str(g), "fixed": True})
@@ -106,7 +108,11 @@ def fixed_work(tmp_path_factory) -> Path:
 
 
 def test_prepare_writes_fixed_text_unchanged(fixed_work):
-    rows = [json.loads(x) for p in ("train", "heldout") for x in (fixed_work / f"responses_{p}.jsonl").read_text().splitlines()]
+    rows = [
+        json.loads(x)
+        for p in ("train", "heldout")
+        for x in (fixed_work / f"responses_{p}.jsonl").read_text().splitlines()
+    ]
     assert len(rows) == 12 and all(r["gen"]["fixed"] for r in rows)
     for r in rows:
         i = int(r["turns"][0]["content"].split()[-1].rstrip("."))

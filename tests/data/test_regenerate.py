@@ -172,7 +172,9 @@ def test_fixed_responses_are_written_not_generated(target, tmp_path, monkeypatch
     normal = _prompts(2)
     calls: list[int] = []
     real = regen_mod.EngineRegenerator.answer
-    monkeypatch.setattr(regen_mod.EngineRegenerator, "answer", lambda self, recs: calls.append(len(recs)) or real(self, recs))
+    monkeypatch.setattr(
+        regen_mod.EngineRegenerator, "answer", lambda self, recs: calls.append(len(recs)) or real(self, recs)
+    )
     out = tmp_path / "gen.jsonl"
     stats = regenerate(target, fixed + normal, out, **FAST)
     assert calls == [2], "only the two records without responses are decoded"
@@ -181,7 +183,10 @@ def test_fixed_responses_are_written_not_generated(target, tmp_path, monkeypatch
     for i in range(3):
         r = rows[f"f/{i}"]
         assert r["gen"]["fixed"] is True and r["source"] == "fixed"
-        assert r["turns"] == [{"role": "user", "content": f"write f{i}"}, {"role": "assistant", "content": f"def f{i}(): pass"}]
+        assert r["turns"] == [
+            {"role": "user", "content": f"write f{i}"},
+            {"role": "assistant", "content": f"def f{i}(): pass"},
+        ]
         n = len(target.tokenizer(f"def f{i}(): pass", add_special_tokens=False)["input_ids"])
         assert r["gen"]["new_tokens"] == [n] and stats["fixed_tokens"] >= n
     assert all("fixed" not in rows[p.id]["gen"] for p in normal)

@@ -51,7 +51,15 @@ PLACES = {
 # The edges allowed to point upwards: importer -> imported modules, and why. Keep this the only such list.
 ALLOWED = {
     "registry.py": (
-        {"drafters", "data/sources.py", "data/fixed_text.py", "infer/schedulers.py", "infer/verify.py", "infer/draft.py", "infer/chain.py"},
+        {
+            "drafters",
+            "data/sources.py",
+            "data/fixed_text.py",
+            "infer/schedulers.py",
+            "infer/verify.py",
+            "infer/draft.py",
+            "infer/chain.py",
+        },
         "the registry loads the built-in components by name on first use (registry.BUILTINS), as timm and vLLM do: "
         "the one back-edge, so that create('drafter', 'dspark') works without importing drafters/ first",
     ),
