@@ -179,19 +179,27 @@ EXPLAIN = (
 )
 
 
+class _ProseAnswers(_Shuffled):
+    """A chat source of prose pieces of at most ``max_chars`` characters (the class's ``default_max_chars``)."""
+
+    domain = "chat"
+    default_max_chars = 1500
+
+    def __init__(self, *, max_chars: int | None = None, limit: int | None = None, seed: int = 42) -> None:
+        max_chars = self.default_max_chars if max_chars is None else max_chars
+        if max_chars < 200:
+            raise ValueError(f"{self.name}: max_chars must be >= 200, got {max_chars}")
+        super().__init__(limit=limit, seed=seed)
+        self.max_chars = max_chars
+
+
 @register("prompt_source", "python_docs")
-class PythonDocs(_Shuffled):
+class PythonDocs(_ProseAnswers):
     """The Python reference topics and stdlib module docstrings as answers: one record per paragraph-aligned piece
     of ≤ ``max_chars``; ids ``python_docs/topic/<name>/<k>`` and ``python_docs/module/<name>/<k>``."""
 
-    domain = "chat"
     license = LICENSES["python_docs"]
-
-    def __init__(self, *, max_chars: int = 1500, limit: int | None = None, seed: int = 42) -> None:
-        if max_chars < 200:
-            raise ValueError(f"python_docs: max_chars must be >= 200, got {max_chars}")
-        super().__init__(limit=limit, seed=seed)
-        self.max_chars = max_chars
+    default_max_chars = 1500
 
     def all_records(self) -> Iterator[PromptRecord]:
         pieces = _doc_pieces()
@@ -220,18 +228,12 @@ def _doc_pieces() -> tuple[tuple[str, str, str], ...]:
 
 
 @register("prompt_source", "package_docs")
-class PackageDocs(_Shuffled):
+class PackageDocs(_ProseAnswers):
     """The installed distributions' descriptions (their README), first ``max_chars`` paragraph-aligned characters,
     as answers to "tell me about the package"; ids ``package_docs/<distribution>``."""
 
-    domain = "chat"
     license = LICENSES["package_docs"]
-
-    def __init__(self, *, max_chars: int = 1800, limit: int | None = None, seed: int = 42) -> None:
-        if max_chars < 200:
-            raise ValueError(f"package_docs: max_chars must be >= 200, got {max_chars}")
-        super().__init__(limit=limit, seed=seed)
-        self.max_chars = max_chars
+    default_max_chars = 1800
 
     def all_records(self) -> Iterator[PromptRecord]:
         from importlib import metadata
