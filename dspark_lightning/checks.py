@@ -295,6 +295,13 @@ def data_args(data: Any, datamodule: Any = None) -> None:
     temperature("data.regen.temperature", _get(regen, "temperature"))
     in_range("data.regen.top_p", _get(regen, "top_p"), 0.0, 1.0, open_low=True)
     at_least("data.regen.top_k", _get(regen, "top_k"), 1)
+    regen_dtype = _get(regen, "dtype")
+    if regen_dtype not in (None, "fastest"):
+        from .devices import DTYPES
+
+        if str(regen_dtype).lower().removeprefix("torch.") not in DTYPES:
+            raise UsageError(f"data.regen.dtype must be null, fastest or one of {', '.join(sorted(set(DTYPES)))}; "
+                             f"got {short(regen_dtype)}")  # fmt: skip
     work, target = _get(data, "work_dir"), _get(data, "target")
     if isinstance(work, str) and "://" not in work:
         path_length("data.work_dir", work)

@@ -36,6 +36,7 @@ INFER_COMMANDS = {  # subcommand -> (module, function); none of them imports Lig
     "threshold-sweep": ("dspark_lightning.eval.cli", "run_threshold_sweep"),
     "serve-bench": ("dspark_lightning.eval.cli", "run_serve_bench"),
     "export": ("dspark_lightning.export.cli", "run_export"),
+    "write-prompts": ("dspark_lightning.data.self_prompts", "run_write_prompts"),  # no recipe: a prompt file
 }
 
 DATA_COMMANDS = {  # subcommand -> (module, function); they parse a recipe's data: section as fit does
@@ -52,6 +53,7 @@ training (Lightning; recipes in recipes/*.yaml):
   validate, test    held-out metrics of a recipe's drafter (--ckpt_path)
   prepare           regenerate responses and cache target features, sharded by rank
   verify            sha256 of every cached feature shard
+  write-prompts     chat prompts the target writes itself (a prompt file for the jsonl source)
 
 inference and evaluation (no Lightning import):
   decode            lossless speculative decoding of prompts with a drafter

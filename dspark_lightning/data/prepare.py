@@ -60,7 +60,9 @@ class RegenConfig:
     dtype: str | None = None
     """precision of the target copy that writes the responses (null = the target's own, ``data.target_dtype``).
     ``bf16`` about doubles regeneration on a CPU with bf16 units (docs/matrix.md, "Regeneration throughput"); the
-    responses are then the bf16 target's, while features and labels still come from the target itself."""
+    responses are then the bf16 target's, while features and labels still come from the target itself. ``fastest``:
+    bf16 where this machine runs it faster (CUDA; a CPU with bf16 units, measured once), else the target's own
+    precision; the data's fingerprint records what it chose."""
 
     def settings(self) -> dict[str, Any]:
         """What :func:`regenerate` takes (everything but ``dtype``, which chooses the target it is given)."""

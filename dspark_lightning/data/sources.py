@@ -61,6 +61,10 @@ LICENSES: dict[str, str] = {
         "generated from the docstrings of the running Python's standard library (PSF License); the prompts are "
         "our own text around a function's name, signature and docstring summary."
     ),
+    "self_chat": (
+        "written by SmolLM2-135M-Instruct (Apache-2.0) at T = 0.8 from our own topic x task requests "
+        "(dspark_lightning/data/self_prompts.py; `dspark-lightning write-prompts` writes them again)."
+    ),
     "jsonl": "user-provided file: the user's own terms.",
 }
 
@@ -397,6 +401,22 @@ class JsonlPrompts(PromptSource):
     def __repr__(self) -> str:
         fixed = ", fixed=True" if self.fixed else ""
         return f"JsonlPrompts(path={str(self.path)!r}, domain={self.domain!r}{fixed}, limit={self.limit})"
+
+
+@register("prompt_source", "self_chat")
+class SelfChat(JsonlPrompts):
+    """Chat prompts SmolLM2 wrote itself (``dspark-lightning write-prompts --n 1200 --dtype bf16 --out
+    dspark_lightning/data/builtin/self_chat.jsonl``), shipped in the package: varied user messages on ~150 topics x
+    14 tasks, answered by the target at prepare like any prompt (data/self_prompts.py)."""
+
+    license = LICENSES["self_chat"]
+    rel_path = "builtin/self_chat.jsonl"
+
+    def __init__(self, *, limit: int | None = None, seed: int = 42) -> None:
+        super().__init__(path=Path(__file__).parent / self.rel_path, domain="chat", limit=limit, seed=seed)
+
+    def __repr__(self) -> str:
+        return f"SelfChat(limit={self.limit})"
 
 
 def _fixed_responses(turns: list) -> tuple[str, ...]:

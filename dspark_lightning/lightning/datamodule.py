@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -148,9 +149,11 @@ class DSparkDataModule(L.LightningDataModule):
         kind = self.prepare_device or ("cuda" if torch.cuda.is_available() else "cpu")
         target_id["dtype"] = dtype_name(resolve_dtype(self.target_dtype, kind))  # the data depends on it too
 
+        regen = self._resolved_regen(kind)
+
         def load_regen():
             device = self._device()
-            kw = {**self._target_kwargs(), "dtype": resolve_dtype(self.regen.dtype, device)}
+            kw = {**self._target_kwargs(), "dtype": resolve_dtype(regen.dtype, device)}
             return load_target(self.target_name, **kw, device=device)
 
         return PrepareJob(
@@ -160,15 +163,25 @@ class DSparkDataModule(L.LightningDataModule):
             self.work_dir,
             heldout_fraction=self.heldout_fraction,
             split_seed=self.split_seed,
-            regen=self.regen,
+            regen=regen,
             max_length=self.max_length,
             min_supervised=self.min_supervised,
             features=self.features,
             feature_dtype=self.feature_dtype,
             seed=self.seed,
             progress=progress,
-            load_regen_target=load_regen if self.regen.dtype is not None else None,
+            load_regen_target=load_regen if regen.dtype is not None else None,
         )
+
+    def _resolved_regen(self, kind: str) -> RegenConfig:
+        """``regen.dtype: fastest`` made concrete for this machine (bf16 on CUDA, on a CPU where a decode step's
+        product runs faster in bf16; else the target's own precision), so the fingerprint names what ran."""
+        if self.regen.dtype != "fastest":
+            return self.regen
+        from ..devices import cpu_bf16_faster
+
+        fast = kind == "cuda" or (kind == "cpu" and cpu_bf16_faster(1024, 4096, m=32))
+        return dataclasses.replace(self.regen, dtype="bf16" if fast else None)
 
     def _split_kwargs(self) -> dict[str, Any]:
         return {

@@ -10,7 +10,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from test_prepare import REGEN, datamodule, prepare
+from test_prepare import DATA, REGEN, TINY, cli, datamodule, prepare
 
 from dspark_lightning.data.cache import CacheError
 from dspark_lightning.data.fixed_text import _chunks, _prose
@@ -165,3 +165,26 @@ def test_regen_dtype_writes_with_a_copy_of_the_target_and_is_recorded(tmp_path):
     dm.regen = RegenConfig(**REGEN, dtype="bf16")
     with_dtype = dm.prepare_job()
     assert with_dtype.fingerprint != plain.fingerprint and with_dtype.is_done()
+
+
+@pytest.mark.parametrize("bf16_faster", [True, False])
+def test_regen_dtype_fastest_resolves_to_what_this_machine_runs_faster(tmp_path, monkeypatch, bf16_faster):
+    """``data.regen.dtype: fastest`` is bf16 where a decode step's product is faster in bf16, else the target's own
+    precision, and the job (fingerprint, rows) names the concrete choice, never "fastest"."""
+    from dspark_lightning import devices
+    from dspark_lightning.data.prepare import RegenConfig
+
+    monkeypatch.setattr(devices, "cpu_bf16_faster", lambda *a, **k: bf16_faster)
+    dm = datamodule(tmp_path / "work")
+    dm.regen = RegenConfig(**REGEN, dtype="fastest")
+    job = dm.prepare_job()
+    assert job.regen.dtype == ("bf16" if bf16_faster else None)
+    dm.regen = RegenConfig(**REGEN, dtype="bf16" if bf16_faster else None)
+    assert job.fingerprint == dm.prepare_job().fingerprint
+    assert (job.load_regen_target is not None) == bf16_faster
+
+
+def test_regen_dtype_is_checked_before_any_work(tmp_path, capsys):
+    code, _, err = cli(["prepare", "--config", TINY, f"--data.work_dir={tmp_path / 'w'}", *DATA,
+                        "--data.regen.dtype=fp8"], capsys)  # fmt: skip
+    assert code == 2 and "data.regen.dtype must be null, fastest or one of" in err and not (tmp_path / "w").exists()
