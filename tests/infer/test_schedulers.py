@@ -181,10 +181,26 @@ def test_draft_gate_warms_up_and_judges_a_ratio_of_sums():
     for _ in range(8):
         old.observe(False, 1, tokens=1, seconds=0.04)  # plain steps; the drafted ones age (step 10 of 10)
     assert old.rate(True, 1) == pytest.approx(10.0) and not old.wants_draft(1, plain_rate=26.0)
-    old.observe(False, 1, tokens=1, seconds=0.04)  # the first drafted step is older than max_age: warm up again
-    assert old.wants_draft(1, plain_rate=26.0)
+    old.observe(False, 1, tokens=1, seconds=0.04)  # the first drafted step is older than max_age...
     old.observe(False, 1, tokens=1, seconds=0.04)
-    assert old.rate(True, 1) is None
+    assert old.rate(True, 1) is None  # ...and so is the second: none is fresh
+    assert not any(old.wants_draft(1, plain_rate=26.0) for _ in range(50))  # the last ones stand: no new warm-up
+    old.observe(True, 1, tokens=4, seconds=0.1)  # a fresh drafted step (a probe's) at 40 tok/s replaces them
+    assert old.rate(True, 1) == pytest.approx(40.0) and old.wants_draft(1, plain_rate=26.0)
+
+
+def test_draft_gate_where_drafting_loses_drafts_only_its_warmup_and_probes():
+    """Over a long response where drafting never pays, the drafted steps are the warm-up plus one probe per
+    doubling interval: expiring estimates do not restart the warm-up (they used to, every max_age steps)."""
+    from dspark_lightning.infer.schedulers import DraftGate
+
+    gate = DraftGate(probe=8, max_probe=64, window=16, warmup=4, max_age=64)
+    drafted = 0
+    for _ in range(1000):
+        d = gate.wants_draft(1, plain_rate=25.0)  # the SPS table's estimate until plain steps are measured
+        drafted += d
+        gate.observe(d, 1, tokens=1, seconds=0.06 if d else 0.04)  # a drafted step commits 1 token, slower
+    assert drafted <= 4 + 1 + 1 + 1 + 1000 // 64 + 1  # warm-up, probes after 8, 16, 32, then one per 64
 
 
 def test_engine_skips_the_drafter_when_the_gate_says_so(varied_target, prompts):
