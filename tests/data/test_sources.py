@@ -13,7 +13,7 @@ from dspark_lightning.data.sources import LICENSES, PromptRecord, license_of, mi
 from dspark_lightning.registry import create, names
 
 BUILTIN = {"gsm_symbolic": "math", "humaneval": "code", "mtbench": "chat", "sharegpt": "chat", "python_stdlib": "code",
-           "python_source": "code", "python_docs": "chat", "package_docs": "chat"}  # fmt: skip
+           "python_source": "code", "python_docs": "chat", "package_docs": "chat", "self_chat": "chat"}  # fmt: skip
 KWARGS = {"gsm_symbolic": {"limit": 25}, "python_source": {"limit": 200}}
 
 
