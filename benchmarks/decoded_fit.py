@@ -23,6 +23,8 @@ import math
 import sys
 from pathlib import Path
 
+from dspark_lightning.atomic import atomic_write, atomic_writer
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 BARS = {"math": {"A_1": 0.65, "tau": 2.5}, "code": {"A_1": 0.65, "tau": 2.5}, "chat": {"A_1": 0.5}}
@@ -86,8 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     if extra:  # the same fit with the extra points in it: does a longer run stay on the cells' line?
         doc["fits_with_extra"] = fits_of(points + extra, rate)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "decoded_fit.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (out / "decoded_fit.md").write_text(markdown(doc))
+    atomic_write(out / "decoded_fit.json", json.dumps(doc, indent=1) + "\n")
+    atomic_write(out / "decoded_fit.md", markdown(doc))
     plot(doc, out / "decoded_fit.png")
     print(markdown(doc))
 
@@ -157,7 +159,9 @@ def plot(doc: dict, path: Path) -> None:
     extra = ", ".join(p["label"] for p in doc["extra"])
     axes[0].legend(title=f"o: budget cells (fit --), x: {extra} (fit with it -.)", fontsize=8, title_fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_writer(path) as f:  # all or nothing, as every writer of the project
+        fig.savefig(f, format="png", dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

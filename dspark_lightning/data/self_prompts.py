@@ -10,8 +10,9 @@ that ``prepare`` then has the target answer like any other.
     data: {sources: [{name: self_chat}]}                                   # the ones shipped in the package
     data: {sources: [{name: jsonl, path: prompts.jsonl}]}                  # a file written for another target
 
-Written rows are kept in ``<out>.raw.jsonl`` (regeneration's resumable format), so a killed run continues where
-it stopped; the final file is rewritten from them atomically.
+Written rows are kept in ``<out>.raw.jsonl`` (regeneration's durable, resumable appends), so a killed run or a full
+disk continues where it stopped; the final file is rewritten from them atomically, and the command holds the output
+folder's lock (a second writer is refused, naming the holder).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .. import checks
+from .. import checks, locks
 from ..atomic import atomic_write
 from .regenerate import load_conversations, regenerate
 from .sources import PromptRecord, _unit_interval
@@ -141,9 +142,10 @@ def write_prompts(
     ones to ``out`` as prompt lines the ``jsonl`` source reads. Resumable through ``<out>.raw.jsonl``."""
     out = Path(out)
     raw = out.with_name(out.name + ".raw.jsonl")
-    st = regenerate(target, meta_records(n, seed), raw, max_new_tokens=max_new_tokens, temperature=temperature,
-                    top_p=top_p, seed=seed, max_turns=1, concurrency=concurrency, progress=progress)  # fmt: skip
-    wanted = {r.id for r in meta_records(n, seed)}
+    asks = meta_records(n, seed)
+    st = regenerate(target, asks, raw, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                    seed=seed, max_turns=1, concurrency=concurrency, progress=progress)  # fmt: skip
+    wanted = {r.id for r in asks}
     lines = written_prompts([r for r in load_conversations(raw) if r["id"] in wanted])
     atomic_write(out, "".join(json.dumps(x, ensure_ascii=False) + "\n" for x in lines))
     return {**st, "asked": n, "kept": len(lines)}
@@ -180,9 +182,10 @@ def run_write_prompts(argv: list[str]) -> None:
     checks.output_file("--out", a.out)
     dtype = _dtype(a.dtype)
     t0 = time.perf_counter()
-    target = load_target_checked(a.target, dtype=dtype)
-    st = write_prompts(target, a.out, n=a.n, seed=a.seed, temperature=a.temperature, top_p=a.top_p,
-                       max_new_tokens=a.max_new_tokens, concurrency=a.concurrency)  # fmt: skip
+    with locks.folder_lock(Path(a.out).parent, "write-prompts"):  # one writer of <out> and <out>.raw.jsonl
+        target = load_target_checked(a.target, dtype=dtype)
+        st = write_prompts(target, a.out, n=a.n, seed=a.seed, temperature=a.temperature, top_p=a.top_p,
+                           max_new_tokens=a.max_new_tokens, concurrency=a.concurrency)  # fmt: skip
     print(f"write-prompts: {st['kept']} of {st['asked']} replies kept as prompts -> {a.out} "
           f"({st['tokens']} tokens written now at {st['tokens_per_s']:.0f} tok/s, {time.perf_counter() - t0:.0f} s, "
           f"target in {dtype})")  # fmt: skip
@@ -193,6 +196,6 @@ def _dtype(name: str) -> str:
         raise checks.UsageError(f"--dtype must be auto, fp32 or bf16, got {name!r}")
     if name != "auto":
         return {"fp32": "float32", "bf16": "bfloat16"}[name]
-    from ..devices import cpu_bf16_faster
+    from ..devices import decode_bf16_faster
 
-    return "bfloat16" if cpu_bf16_faster(576, 8192, m=32) else "float32"  # a decode step's shape, 32 requests
+    return "bfloat16" if decode_bf16_faster("cpu") else "float32"

@@ -20,7 +20,7 @@ from ..data.regenerate import load_conversations
 from ..data.sources import build_source, mixture
 from ..data.stream import ShardStream
 from ..data.vocab import response_token_counts
-from ..devices import dtype_name, resolve_device, resolve_dtype
+from ..devices import decode_bf16_faster, dtype_name, resolve_device, resolve_dtype
 from ..targets import ChatFormat, load_target
 
 DEFAULT_SOURCES = [{"name": "gsm_symbolic", "limit": 64}, {"name": "humaneval", "limit": 64}, {"name": "mtbench"}]
@@ -178,10 +178,7 @@ class DSparkDataModule(L.LightningDataModule):
         product runs faster in bf16; else the target's own precision), so the fingerprint names what ran."""
         if self.regen.dtype != "fastest":
             return self.regen
-        from ..devices import cpu_bf16_faster
-
-        fast = kind == "cuda" or (kind == "cpu" and cpu_bf16_faster(1024, 4096, m=32))
-        return dataclasses.replace(self.regen, dtype="bf16" if fast else None)
+        return dataclasses.replace(self.regen, dtype="bf16" if decode_bf16_faster(kind) else None)
 
     def _split_kwargs(self) -> dict[str, Any]:
         return {

@@ -160,3 +160,19 @@ def test_an_export_killed_midway_does_not_block_the_next(drafter_dir, tmp_path, 
     )
     assert code == 0, err[-2000:]
     assert listing(tmp_path / "serving") == ["hf", "hf/config.json", "hf/model.safetensors"]
+
+
+def test_write_prompts_on_a_full_disk_keeps_its_files_whole_and_resumes(tmp_path, capsys, disk_full, snapshot):
+    folder = tmp_path / "prompts"
+    out, raw = folder / "p.jsonl", folder / "p.jsonl.raw.jsonl"
+    folder.mkdir()
+    args = ["write-prompts", "--target", "tiny-debug", "--max_new_tokens", "4", "--out", str(out)]
+    assert run_main([*args, "--n", "3"], capsys)[0] == 0
+    before = snapshot(folder)
+    disk = disk_full(folder)
+    code, _, err = run_main([*args, "--n", "6"], capsys)  # 3 more replies to append: no room
+    one_line_error(code, err, raw)
+    assert disk.hits >= 1 and snapshot(folder) == before  # no half row, the prompt file as it was
+    disk.free()
+    assert run_main([*args, "--n", "6"], capsys)[0] == 0  # resumes: the 3 written rows are kept, 3 added
+    assert [json.loads(x)["id"] for x in raw.read_text().splitlines()] == [f"self_chat/s0/{i}" for i in range(6)]

@@ -78,3 +78,12 @@ def test_calibrate_refuses_a_drafter_another_calibrate_holds(tmp_path, capsys, h
     last = err.strip().splitlines()[-1]
     assert code == 2 and "calibrate: error:" in last and f"pid {proc.pid}" in last
     assert not list(d.glob("calibration_T*.json"))
+
+
+def test_write_prompts_refuses_an_output_folder_another_run_holds(tmp_path, capsys, holder):
+    proc = holder(tmp_path)
+    out = tmp_path / "prompts.jsonl"
+    code, _, err = run_main(["write-prompts", "--target", "tiny-debug", "--n", "2", "--out", str(out)], capsys)
+    last = err.strip().splitlines()[-1]
+    assert code == 2 and "write-prompts: error:" in last and f"pid {proc.pid}" in last
+    assert not out.exists() and not (tmp_path / "prompts.jsonl.raw.jsonl").exists()
