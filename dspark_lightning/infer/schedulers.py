@@ -129,8 +129,7 @@ class DraftGate:
     skipping keeps winning, so it returns to drafting when the estimate turns (a better-matched prompt, a longer
     context, another batch size). Drafted steps older than ``max_age`` steps give way to fresher ones (a probe's);
     while none is fresh the last ones still stand, so a gate that skips keeps skipping until its next probe (it
-    used to warm up again each time they expired: 4 drafted steps in every 64 where drafting loses, ≈ 5 % of a
-    chat response's time on the CPU of docs/matrix.md).
+    used to warm up again each time they expired: 4 drafted steps in every 64 where drafting loses).
 
     Lossless: the decision at step t uses only steps < t (their tokens, acceptance and timing), never the
     drafts of step t, so it is a non-anticipating choice of l_r = 0 for every request.
