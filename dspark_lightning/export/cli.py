@@ -4,7 +4,8 @@
     dspark-lightning export --drafter outputs/.../eagle3 --format eagle3-hf --out serving/eagle3 --dtype fp32
 
 ``native`` re-saves our own format; ``dspark-hf`` writes ``Qwen3DSparkModel``; ``eagle3-hf`` writes
-``LlamaForCausalLMEagle3``; ``--engine vllm|sglang|deepspec|all`` makes it exact for that engine (engines.py).
+``LlamaForCausalLMEagle3``; ``--engine vllm|sglang|deepspec|llamacpp|all`` makes it exact for that engine (engines.py; llamacpp writes
+llama.cpp's GGUF, llamacpp.py).
 A drafter a layout or engine cannot represent is refused with the reason (exit code 2).
 """
 
@@ -30,7 +31,13 @@ def export_parser():
         "--with_target_vocab", type=bool, default=False, help="also write the target's embed_tokens/lm_head copies"
     )
     p.add_argument(
-        "--engine", type=str | None, default=None, help="vllm | sglang | deepspec | all (default: generic layout)"
+        "--engine",
+        type=str | None,
+        default=None,
+        help="vllm | sglang | deepspec | llamacpp | all (default: generic layout); llamacpp adds draft.gguf",
+    )
+    p.add_argument(
+        "--target_gguf", type=bool, default=False, help="with llamacpp: also write the target as target.gguf"
     )
     return p
 
@@ -41,7 +48,8 @@ def run_export(argv: list[str]) -> None:
     checks.output_dir("--out", a.out)
     checks.at_least("--num_anchors", a.num_anchors, 1)
     res = export_drafter(a.drafter, a.format, a.out, dtype=a.dtype, overwrite=a.overwrite, target=a.target,
-                         num_anchors=a.num_anchors, with_target_vocab=a.with_target_vocab, engine=a.engine)  # fmt: skip
+                         num_anchors=a.num_anchors, with_target_vocab=a.with_target_vocab, engine=a.engine,
+                         target_gguf=a.target_gguf)  # fmt: skip
     print(f"exported {a.drafter} -> {res.path} ({res.format}, {res.dtype}, {res.tensors} tensors)")
     for note in res.notes:
         print(f"note: {note}")

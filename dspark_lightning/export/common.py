@@ -12,6 +12,7 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -112,11 +113,12 @@ def geometry_keys(g: Any, num_layers: int, intermediate_size: int, dtype: torch.
     }
 
 
-def check_shared_head(drafter: Any) -> None:
-    """Engines' LM heads have no bias; ours is the target's module, so a biased target head cannot be served."""
+def check_shared_head(drafter: Any, trained: bool = True) -> None:
+    """Engines' LM heads have no bias; ours is the target's module, so a biased target head cannot be served. A
+    trained drafter's reduced draft vocabulary must be set (an untrained one's is chosen from the data later)."""
     if getattr(drafter.lm_head, "bias", None) is not None:
         raise InteropError("the target's LM head has a bias; serving engines' draft LM heads have none")
-    if not drafter.vocab_ready:
+    if trained and not drafter.vocab_ready:
         raise InteropError("the draft vocabulary is not set (draft_vocab has -1 entries): nothing to map")
 
 
@@ -164,14 +166,29 @@ def kept_on_overwrite(name: str) -> bool:
     """Files of a previous export in ``--out`` that an overwrite keeps: not the ones an export writes (weights,
     config, calibration side files, a stale shard index) nor a command's folder lock."""
     own = (CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE, CALIBRATION_FILE, LOCK_FILE)
-    return name not in own and not (name.startswith("calibration_T") and name.endswith(".json"))
+    return name not in own and not name.endswith(".gguf") and not (
+        name.startswith("calibration_T") and name.endswith(".json")
+    )
 
 
-def write_layout(out: Path, config: dict[str, Any], state: dict[str, torch.Tensor], extra: dict[str, Any]) -> None:
-    """``config.json``, ``model.safetensors`` (HF's ``format: pt`` metadata) and JSON side files, built in a temp
-    folder next to ``out`` and swapped in (:func:`~dspark_lightning.atomic.atomic_dir`)."""
+def write_hf(folder: Path, config: dict[str, Any], state: dict[str, torch.Tensor]) -> None:
+    """``config.json`` and ``model.safetensors`` (HF's ``format: pt`` metadata) into ``folder``."""
+    atomic_write(folder / WEIGHTS_FILE, save(state, metadata={"format": "pt"}))
+    atomic_write(folder / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
+
+
+def write_layout(
+    out: Path,
+    config: dict[str, Any],
+    state: dict[str, torch.Tensor],
+    extra: dict[str, Any],
+    finish: Callable[[Path], None] | None = None,
+) -> None:
+    """``config.json``, ``model.safetensors`` and JSON side files, built in a temp folder next to ``out`` and swapped
+    in (:func:`~dspark_lightning.atomic.atomic_dir`); ``finish(tmp)`` adds more files before the swap (a GGUF)."""
     with atomic_dir(out, tag=EXPORT_TAG, what="export", carry=kept_on_overwrite) as tmp:
-        atomic_write(tmp / WEIGHTS_FILE, save(state, metadata={"format": "pt"}))
-        atomic_write(tmp / CONFIG_FILE, json.dumps(config, indent=2) + "\n")
+        write_hf(tmp, config, state)
         for name, doc in extra.items():
             atomic_write(tmp / name, json.dumps(doc, indent=1) + "\n")
+        if finish is not None:
+            finish(tmp)

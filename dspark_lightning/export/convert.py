@@ -8,6 +8,7 @@ A drafter a layout or engine cannot represent is refused with the reason (:class
 from __future__ import annotations
 
 import json
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,12 +24,14 @@ from .common import (
     cast_state,
     kept_on_overwrite,
     prepare_out,
+    write_hf,
     write_layout,
 )
 from .dspark_hf import HEADS, KEEP_FP32, calibration_doc, check_dspark, dspark_config, dspark_state, is_dspark_config
 from .eagle3_hf import check_eagle3, eagle3_config, eagle3_state
-from .engines import check_engine, dspark_additions, eagle3_additions, refuse_dspark, refuse_eagle3
+from .engines import check_engine, dspark_additions, eagle3_additions, refuse_dspark, refuse_eagle3, wanted
 from .files import EXPORT_TAG, read_config, weights_sha256
+from .llamacpp import GGUF_FILE, OUTTYPES, TARGET_GGUF_FILE, convert, target_dir
 from .native import load_drafter, save_drafter
 
 FORMATS = ("native", "dspark-hf", "eagle3-hf")
@@ -55,12 +58,15 @@ def export_drafter(
     num_anchors: int | None = None,
     with_target_vocab: bool = False,
     engine: str | None = None,
+    target_gguf: bool = False,
 ) -> ExportResult:
     """Load ``drafter_dir`` (our format or a serving one) and write it to ``out`` in ``fmt``.
 
     ``dtype``: ``bf16`` (serving default; the confidence head stays fp32) or ``fp32`` (native default: as stored).
     ``target``: a Target or a target name/directory; default the one a native export records.
-    ``engine``: ``vllm`` / ``sglang`` / ``deepspec`` / ``all`` (exactly what that engine reads), or None (generic).
+    ``engine``: ``vllm`` / ``sglang`` / ``deepspec`` / ``llamacpp`` / ``all`` (exactly what that engine reads), or
+    None (generic). ``llamacpp`` adds ``draft.gguf`` (llama.cpp's converter), and with ``target_gguf`` the target's
+    own ``target.gguf`` in the same precision.
     """
     src, out = Path(drafter_dir), Path(out)
     if fmt not in FORMATS:
@@ -70,6 +76,8 @@ def export_drafter(
     check_engine(engine)
     if engine is not None and fmt == "native":
         raise InteropError("--engine applies to the serving layouts (dspark-hf, eagle3-hf), not native")
+    if target_gguf and "llamacpp" not in wanted(engine):
+        raise InteropError("--target_gguf writes llama.cpp's GGUF of the target: use it with --engine llamacpp or all")
     if out.resolve() == src.resolve():
         raise InteropError("--out must differ from --drafter")
     cfg = read_config(src)
@@ -79,7 +87,8 @@ def export_drafter(
     if fmt == "native":
         return _native(drafter, target, src, out, dtype, overwrite)
     return export_serving(drafter, target, fmt, out, dtype=dtype or "bf16", overwrite=overwrite,
-                          num_anchors=anchors, with_target_vocab=with_target_vocab, engine=engine)  # fmt: skip
+                          num_anchors=anchors, with_target_vocab=with_target_vocab, engine=engine,
+                          target_gguf=target_gguf)  # fmt: skip
 
 
 def export_serving(
@@ -93,11 +102,13 @@ def export_serving(
     num_anchors: int = DEFAULT_NUM_ANCHORS,
     with_target_vocab: bool = False,
     engine: str | None = None,
+    target_gguf: bool = False,
 ) -> ExportResult:
     """Write an in-memory drafter in a serving layout (``dspark-hf`` or ``eagle3-hf``), exact for ``engine``."""
     check_engine(engine)
     out, tdtype = Path(out), EXPORT_DTYPES[dtype]
     extra: dict[str, Any] = {}
+    finish = None
     if fmt == "dspark-hf":
         notes = check_dspark(drafter)
         notes += refuse_dspark(drafter, HEADS.get(type(drafter.seq_head)), engine)
@@ -112,6 +123,8 @@ def export_serving(
                 f"per-position STS temperatures have no engine config key: written to {CALIBRATION_FILE} "
                 "(read back by load_drafter; SGLang's scalar sts_temperatures is not set)"
             )
+        if "llamacpp" in wanted(engine):
+            finish = _gguf_writer(drafter, target, dtype, int(num_anchors), target_gguf)
     elif fmt == "eagle3-hf":
         notes = check_eagle3(drafter)
         refuse_eagle3(engine)
@@ -121,8 +134,23 @@ def export_serving(
     else:
         raise InteropError(f"{fmt!r} is not a serving layout; choose dspark-hf or eagle3-hf")
     prepare_out(out, overwrite)
-    write_layout(out, config, state, extra)
+    write_layout(out, config, state, extra, finish)
     return ExportResult(out, fmt, dtype, len(state), notes)
+
+
+def _gguf_writer(drafter: Any, target: Any, dtype: str, num_anchors: int, with_target: bool):
+    """``finish`` for :func:`write_layout`: llama.cpp's converter on the generic layout in fp32 (no engine's extra
+    tensors: a draft GGUF with its own embeddings would also use them as its LM head), in ``dtype``."""
+    tdir = target_dir(target)  # before any work: a target the converter cannot read is refused first
+
+    def finish(folder: Path) -> None:
+        with tempfile.TemporaryDirectory(prefix="hf-", dir=folder.parent) as hf:
+            write_hf(Path(hf), dspark_config(drafter, target, torch.float32, num_anchors), dspark_state(drafter))
+            convert(Path(hf), folder / GGUF_FILE, OUTTYPES[dtype], tdir)
+        if with_target:
+            convert(tdir, folder / TARGET_GGUF_FILE, OUTTYPES[dtype])
+
+    return finish
 
 
 def _target_for(src: Path, cfg: dict[str, Any], target: Any) -> Any:

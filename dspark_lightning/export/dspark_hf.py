@@ -69,7 +69,7 @@ def _name(m: Any) -> str:
 
 
 # --- export ----------------------------------------------------------------------------------------------------
-def check_dspark(drafter: Any) -> list[str]:
+def check_dspark(drafter: Any, trained: bool = True) -> list[str]:
     """Raise :class:`InteropError` for a drafter whose math the layout cannot express; return notes otherwise."""
     if not isinstance(drafter, Drafter):
         name = getattr(drafter, "registered_name", type(drafter).__name__)
@@ -108,7 +108,7 @@ def check_dspark(drafter: Any) -> list[str]:
         )
     if drafter.convention != CONVENTION:
         raise InteropError(f"block convention {drafter.convention!r}: the layout's sample_from_anchor is 'shifted'")
-    check_shared_head(drafter)
+    check_shared_head(drafter, trained)
     check_layer_order(drafter.geometry.layer_ids)
     notes = []
     if head is not None and HEADS[type(head)] != "vanilla":

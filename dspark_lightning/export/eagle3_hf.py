@@ -37,7 +37,7 @@ NAMES = NameMap(
 )
 
 
-def check_eagle3(drafter: Any) -> list[str]:
+def check_eagle3(drafter: Any, trained: bool = True) -> list[str]:
     """Raise :class:`InteropError` unless ``drafter`` is our EAGLE-3 with exactly 3 tapped layers."""
     if isinstance(drafter, Drafter):
         raise InteropError(f"a DSpark/DFlash drafter has no place in the {ARCH} layout; use --format dspark-hf")
@@ -55,7 +55,7 @@ def check_eagle3(drafter: Any) -> list[str]:
             f"this drafter taps {len(ids)}: {ids}"
         )
     check_layer_order(drafter.geometry.layer_ids)
-    check_shared_head(drafter)
+    check_shared_head(drafter, trained)
     return []
 
 

@@ -1,6 +1,6 @@
 """Per-engine exports: what each consumer reads beyond the generic layout, and what it would load wrongly.
 
-``export --engine vllm|sglang|deepspec|all`` starts from the generic ``dspark-hf`` / ``eagle3-hf`` export and
+``export --engine vllm|sglang|deepspec|llamacpp|all`` starts from the generic ``dspark-hf`` / ``eagle3-hf`` export and
 applies that engine's rules; ``all`` applies every rule at once (one directory every engine loads, where one
 exists). The rules, and the engine source each was read from, are tabled in docs/serving.md:
 
@@ -11,6 +11,9 @@ exists). The rules, and the engine source each was read from, are tabled in docs
   own convention (the target adds +1: always before PR #25454, since then only when the first id is 1).
 - DeepSpec (``modeling/dspark/qwen3/``): the target's ``embed_tokens`` / ``lm_head`` saved in the checkpoint
   (``from_pretrained`` initialises absent ones at random), the full vocabulary, ``rope_parameters``.
+- llama.cpp (b11434: ``conversion/qwen.py`` ``DSparkModel``, ``src/models/dflash.cpp``): a vanilla Markov head (its
+  converter raises on others), a Markov head at all (``--spec-type draft-dspark`` asserts its weights), a reduced
+  vocabulary as ``d2t``; the GGUF itself is its converter's output (llamacpp.py).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import torch
 
 from .common import InteropError
 
-ENGINES = ("vllm", "sglang", "deepspec", "all")
+ENGINES = ("vllm", "sglang", "deepspec", "llamacpp", "all")
 SGLANG_PR = "sglang PR #25454"
 
 
@@ -30,7 +33,7 @@ def check_engine(engine: str | None) -> None:
         raise InteropError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)} (or none: generic)")
 
 
-def _wanted(engine: str | None) -> tuple[str, ...]:
+def wanted(engine: str | None) -> tuple[str, ...]:
     return () if engine is None else ENGINES[:-1] if engine == "all" else (engine,)
 
 
@@ -38,7 +41,7 @@ def _wanted(engine: str | None) -> tuple[str, ...]:
 def refuse_dspark(drafter: Any, head_type: str | None, engine: str | None) -> list[str]:
     """Raise :class:`InteropError` naming the engine for what it would load wrongly or reject; return notes."""
     notes = []
-    for name in _wanted(engine):
+    for name in wanted(engine):
         notes += _DSPARK_RULES[name](drafter, head_type)
     return notes
 
@@ -85,15 +88,35 @@ def _deepspec_dspark(drafter: Any, head_type: str | None) -> list[str]:
     return []
 
 
-_DSPARK_RULES = {"vllm": _vllm_dspark, "sglang": _sglang_dspark, "deepspec": _deepspec_dspark}
+def _llamacpp_dspark(drafter: Any, head_type: str | None) -> list[str]:
+    if head_type is None:
+        raise InteropError(
+            "llamacpp: markov_rank 0 (a DFlash drafter) is refused: --spec-type draft-dspark asserts the Markov "
+            "weights, and llama.cpp's draft-dflash path (block_size - 1 drafts) is not checked against ours; "
+            "export --engine vllm or deepspec"
+        )
+    if head_type != "vanilla":
+        raise InteropError(
+            f"llamacpp: markov_head_type {head_type!r} is refused: llama.cpp's converter and graph know the vanilla "
+            "Markov head only; train seq_head vanilla or export with --engine sglang"
+        )
+    return []
+
+
+_DSPARK_RULES = {
+    "vllm": _vllm_dspark,
+    "sglang": _sglang_dspark,
+    "deepspec": _deepspec_dspark,
+    "llamacpp": _llamacpp_dspark,
+}
 
 
 def dspark_additions(cfg: dict[str, Any], state: dict[str, torch.Tensor], drafter: Any, engine: str | None) -> None:
     """Write, in place, the config keys and tensors the engine reads beyond the generic layout."""
-    wanted = _wanted(engine)
-    if "vllm" in wanted:
+    names = wanted(engine)
+    if "vllm" in names:
         cfg["dflash_config"] = {**(cfg.get("dflash_config") or {}), "mask_token_id": drafter.mask_token_id}
-    if "deepspec" in wanted:
+    if "deepspec" in names:
         cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": drafter.geometry.rope_theta}
         state["embed_tokens.weight"] = drafter.embed.weight.detach().clone()
         state["lm_head.weight"] = drafter.lm_head.weight.detach().clone()
@@ -120,11 +143,13 @@ def sglang_aux_ids(layer_ids: list[int]) -> tuple[list[int], str | None]:
 def refuse_eagle3(engine: str | None) -> None:
     if engine == "deepspec":
         raise InteropError("deepspec: only --format dspark-hf (Qwen3DSparkModel) is checked against DeepSpec")
+    if engine == "llamacpp":
+        raise InteropError("llamacpp: only --format dspark-hf is converted for llama.cpp here (draft-dspark)")
 
 
 def eagle3_additions(cfg: dict[str, Any], layer_ids: list[int], engine: str | None) -> list[str]:
     """SGLang reads ``eagle_config``; vLLM the top-level ids (already in its convention). Returns notes."""
-    if "sglang" not in _wanted(engine):
+    if "sglang" not in wanted(engine):
         return []
     ids, note = sglang_aux_ids(layer_ids)
     cfg["eagle_config"] = {**cfg.get("eagle_config", {}), "eagle_aux_hidden_state_layer_ids": ids}

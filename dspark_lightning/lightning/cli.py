@@ -31,6 +31,7 @@ from ..atomic import DiskFullError, disk_full_message, is_disk_full  # noqa: E40
 from ..data.cache import CacheError  # noqa: E402
 from ..errors import one_line_error  # noqa: E402
 from ..export import DrafterLoadError  # noqa: E402
+from ..export.plan import check_servable, plan_args  # noqa: E402
 from ..registry import RegistryError  # noqa: E402
 from .callbacks import DrafterExport, TrainingDiverged, calibrate_after_fit, calibrate_args  # noqa: E402,F401
 from .checkpoint_io import AtomicCheckpointIO, checkpoint_problem  # noqa: E402
@@ -76,6 +77,13 @@ class DSparkCLI(LightningCLI):
             "{temperatures: [0.0], prompts_per_domain: 8}: `dspark-lightning calibrate` per temperature, so the "
             "hardware-aware scheduler reads calibrated confidences (docs/inference.md)",
         )
+        parser.add_argument(
+            "--export",
+            type=dict | None,
+            default=None,
+            help="the engines the drafter is trained for, {engines: [llamacpp, vllm], dtype: bf16}: checked before "
+            "any data work, exported for each into <log_dir>/serving/<engine> after fit (docs/serving.md)",
+        )
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -108,6 +116,7 @@ class DSparkCLI(LightningCLI):
         checks.data_args(cfg.get("data"), DSparkDataModule)
         checks.output_dir("--export_dir", cfg.get("export_dir"))
         calibrate_args(cfg.get("calibrate"))  # refused before training, not after it
+        engines, _ = plan_args(cfg.get("export"))
         try:
             super().instantiate_classes()
         except USER_ERRORS:
@@ -115,6 +124,7 @@ class DSparkCLI(LightningCLI):
         except (RuntimeError, TypeError, IndexError) as exc:
             raise checks.UsageError(f"the recipe's model or data cannot be built: {one_line_error(exc)}") from None
         check_built(self.model)
+        check_servable(self.model.drafter, engines)  # the recipe's engines, before any data work
         if self.subcommand == "fit" and locks.is_primary_process():  # the ranks of one run share its folders
             for folder in (cfg.get("trainer", {}).get("default_root_dir"), cfg.get("data", {}).get("work_dir")):
                 if folder and "://" not in str(folder):
@@ -130,7 +140,7 @@ class DSparkCLI(LightningCLI):
         given = [] if given is None else list(given) if isinstance(given, list | tuple) else [given]
         if not any(isinstance(c, DrafterExport) for c in [*given, *callbacks]):
             cfg = self.config.get(str(self.subcommand), self.config)
-            callbacks = [*callbacks, DrafterExport(cfg.get("export_dir"), cfg.get("calibrate"))]
+            callbacks = [*callbacks, DrafterExport(cfg.get("export_dir"), cfg.get("calibrate"), serve=cfg.get("export"))]
 
         plugins = config.get("plugins")
         plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list | tuple) else [plugins]

@@ -100,10 +100,9 @@ def _convert_smollm2(out: Path) -> None:
     tok.save_pretrained(out)
 
 
-def build_tiny_target(out: Path, seed: int = 0, hidden_size: int = 64, num_layers: int = 8) -> None:
-    """Write a tiny random Llama + byte-level ChatML tokenizer as an HF model directory."""
+def _byte_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     core = Tokenizer(models.BPE(vocab={ch: i for i, ch in enumerate(alphabet)}, merges=[]))
@@ -117,6 +116,18 @@ def build_tiny_target(out: Path, seed: int = 0, hidden_size: int = 64, num_layer
         additional_special_tokens=["<mask>"],
     )
     tok.chat_template = CHATML_TEMPLATE
+    return tok
+
+
+def build_tiny_target(
+    out: Path, seed: int = 0, hidden_size: int = 64, num_layers: int = 8, tokenizer_from: Path | None = None
+) -> None:
+    """Write a tiny random Llama as an HF model directory: with a byte-level ChatML tokenizer, or with the tokenizer
+    of the HF directory ``tokenizer_from`` (a real tokenizer, for tools that recognise only known ones: llama.cpp's
+    converter)."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = _byte_tokenizer() if tokenizer_from is None else AutoTokenizer.from_pretrained(tokenizer_from)
     cfg = LlamaConfig(
         vocab_size=len(tok),
         hidden_size=hidden_size,
