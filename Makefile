@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CLI := $(VENV)/bin/dspark-lightning
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup run test test-fast lint long gpu-wheels gpu-check gpu-check-cpu
+.PHONY: setup run test test-fast lint long gpu-wheels gpu-check gpu-check-cpu llamacpp-tools
 
 $(VENV)/.setup-done: pyproject.toml scripts/setup.sh plugins/dspark_example_head/pyproject.toml
 	bash scripts/setup.sh
@@ -16,7 +16,12 @@ setup: $(VENV)/.setup-done
 run: setup
 	$(VENV)/bin/dspark-lightning fit --config recipes/smollm2_dspark.yaml
 
-test: setup
+# llama.cpp's tools from the pinned source, compiled once per CPU into the user cache (~7 min on 2 cores, then cached):
+# the tests load every exported GGUF with llama.cpp's own loader.
+llamacpp-tools: setup
+	$(CLI) llamacpp build
+
+test: setup llamacpp-tools
 	$(PY) -m pytest -q
 
 test-fast: setup

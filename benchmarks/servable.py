@@ -48,7 +48,10 @@ def table(out: Path) -> str:
         tau = [s.get(k, {}).get("tau", float("nan")) for k in ("math", "code", "chat")]
         lines.append(
             f"| {cell} | {r['what']} | {r['steps_per_s']:.2f} | {r.get('anchors_seen') or 0:,} | {tfa:.3f} | "
-            + " | ".join(f"{x:.2f}" for x in a1) + " | " + " | ".join(f"{x:.2f}" for x in tau) + " |"
+            + " | ".join(f"{x:.2f}" for x in a1)
+            + " | "
+            + " | ".join(f"{x:.2f}" for x in tau)
+            + " |"
         )
     text = "\n".join(lines) + "\n"
     (out / "servable.md").write_text(text)

@@ -36,6 +36,7 @@ INFER_COMMANDS = {  # subcommand -> (module, function); none of them imports Lig
     "threshold-sweep": ("dspark_lightning.eval.cli", "run_threshold_sweep"),
     "serve-bench": ("dspark_lightning.eval.cli", "run_serve_bench"),
     "export": ("dspark_lightning.export.cli", "run_export"),
+    "llamacpp": ("dspark_lightning.export.llamacpp", "run_llamacpp"),
     "write-prompts": ("dspark_lightning.data.self_prompts", "run_write_prompts"),  # no recipe: a prompt file
 }
 
@@ -63,7 +64,8 @@ inference and evaluation (no Lightning import):
   calibrate         fit STS confidence temperatures of a drafter
   threshold-sweep   confidence-threshold sweep
   serve-bench       closed-loop concurrency study of schedulers
-  export            write a drafter in a layout vLLM / SGLang serve
+  export            write a drafter in a layout vLLM / SGLang / DeepSpec / llama.cpp serve
+  llamacpp          llama.cpp's pinned source (its GGUF converter) and tools: `llamacpp source|build`
 
 Bad input gives a one-line `dspark-lightning COMMAND: error: ...` and exit code 2.
 The training commands' options follow (LightningCLI):

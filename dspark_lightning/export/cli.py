@@ -4,8 +4,8 @@
     dspark-lightning export --drafter outputs/.../eagle3 --format eagle3-hf --out serving/eagle3 --dtype fp32
 
 ``native`` re-saves our own format; ``dspark-hf`` writes ``Qwen3DSparkModel``; ``eagle3-hf`` writes
-``LlamaForCausalLMEagle3``; ``--engine vllm|sglang|deepspec|llamacpp|all`` makes it exact for that engine (engines.py; llamacpp writes
-llama.cpp's GGUF, llamacpp.py).
+``LlamaForCausalLMEagle3``; ``--engine vllm|sglang|deepspec|llamacpp|all`` makes it exact for that engine
+(engines.py; llamacpp also writes llama.cpp's GGUF, llamacpp.py).
 A drafter a layout or engine cannot represent is refused with the reason (exit code 2).
 """
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -166,8 +166,10 @@ def kept_on_overwrite(name: str) -> bool:
     """Files of a previous export in ``--out`` that an overwrite keeps: not the ones an export writes (weights,
     config, calibration side files, a stale shard index) nor a command's folder lock."""
     own = (CONFIG_FILE, WEIGHTS_FILE, INDEX_FILE, CALIBRATION_FILE, LOCK_FILE)
-    return name not in own and not name.endswith(".gguf") and not (
-        name.startswith("calibration_T") and name.endswith(".json")
+    return (
+        name not in own
+        and not name.endswith(".gguf")
+        and not (name.startswith("calibration_T") and name.endswith(".json"))
     )
 
 

@@ -29,7 +29,14 @@ from .common import (
 )
 from .dspark_hf import HEADS, KEEP_FP32, calibration_doc, check_dspark, dspark_config, dspark_state, is_dspark_config
 from .eagle3_hf import check_eagle3, eagle3_config, eagle3_state
-from .engines import check_engine, dspark_additions, eagle3_additions, refuse_dspark, refuse_eagle3, wanted
+from .engines import (
+    check_engine,
+    dspark_additions,
+    eagle3_additions,
+    gguf_wanted,
+    refuse_dspark,
+    refuse_eagle3,
+)
 from .files import EXPORT_TAG, read_config, weights_sha256
 from .llamacpp import GGUF_FILE, OUTTYPES, TARGET_GGUF_FILE, convert, target_dir
 from .native import load_drafter, save_drafter
@@ -76,7 +83,7 @@ def export_drafter(
     check_engine(engine)
     if engine is not None and fmt == "native":
         raise InteropError("--engine applies to the serving layouts (dspark-hf, eagle3-hf), not native")
-    if target_gguf and "llamacpp" not in wanted(engine):
+    if target_gguf and engine not in ("llamacpp", "all"):
         raise InteropError("--target_gguf writes llama.cpp's GGUF of the target: use it with --engine llamacpp or all")
     if out.resolve() == src.resolve():
         raise InteropError("--out must differ from --drafter")
@@ -123,8 +130,12 @@ def export_serving(
                 f"per-position STS temperatures have no engine config key: written to {CALIBRATION_FILE} "
                 "(read back by load_drafter; SGLang's scalar sts_temperatures is not set)"
             )
-        if "llamacpp" in wanted(engine):
-            finish = _gguf_writer(drafter, target, dtype, int(num_anchors), target_gguf)
+        gguf, why_not = gguf_wanted(drafter, HEADS.get(type(drafter.seq_head)), engine)
+        notes += why_not
+        if gguf:
+            finish = _gguf_writer(
+                drafter, target, dtype, int(num_anchors), target_gguf, strict=engine != "all", notes=notes
+            )
     elif fmt == "eagle3-hf":
         notes = check_eagle3(drafter)
         refuse_eagle3(engine)
@@ -138,17 +149,33 @@ def export_serving(
     return ExportResult(out, fmt, dtype, len(state), notes)
 
 
-def _gguf_writer(drafter: Any, target: Any, dtype: str, num_anchors: int, with_target: bool):
-    """``finish`` for :func:`write_layout`: llama.cpp's converter on the generic layout in fp32 (no engine's extra
-    tensors: a draft GGUF with its own embeddings would also use them as its LM head), in ``dtype``."""
-    tdir = target_dir(target)  # before any work: a target the converter cannot read is refused first
+def _gguf_writer(
+    drafter: Any, target: Any, dtype: str, num_anchors: int, with_target: bool, strict: bool, notes: list[str]
+):
+    """``finish`` for :func:`write_layout`: llama.cpp's converter on the generic layout (no engine's extra tensors: a
+    draft GGUF with its own embeddings would also use them as its LM head), in ``dtype``. Not ``strict`` (``all``):
+    a conversion llama.cpp refuses becomes a note instead of failing the other engines' folder."""
+    try:
+        tdir = target_dir(target)  # before any work: a target the converter cannot read is refused first
+    except InteropError as exc:
+        if strict:
+            raise
+        notes.append(f"no draft.gguf in this all-engines folder: {exc}")
+        return None
 
     def finish(folder: Path) -> None:
-        with tempfile.TemporaryDirectory(prefix="hf-", dir=folder.parent) as hf:
-            write_hf(Path(hf), dspark_config(drafter, target, torch.float32, num_anchors), dspark_state(drafter))
-            convert(Path(hf), folder / GGUF_FILE, OUTTYPES[dtype], tdir)
-        if with_target:
-            convert(tdir, folder / TARGET_GGUF_FILE, OUTTYPES[dtype])
+        try:
+            with tempfile.TemporaryDirectory(prefix="hf-", dir=folder.parent) as hf:
+                write_hf(Path(hf), dspark_config(drafter, target, torch.float32, num_anchors), dspark_state(drafter))
+                convert(Path(hf), folder / GGUF_FILE, OUTTYPES[dtype], tdir, what="the drafter")
+            if with_target:
+                convert(tdir, folder / TARGET_GGUF_FILE, OUTTYPES[dtype], what=f"the target {tdir}")
+        except InteropError as exc:
+            if strict:
+                raise
+            notes.append(f"no draft.gguf in this all-engines folder: {exc}")
+            for f in (GGUF_FILE, TARGET_GGUF_FILE):
+                (folder / f).unlink(missing_ok=True)
 
     return finish
 

@@ -33,8 +33,27 @@ def check_engine(engine: str | None) -> None:
         raise InteropError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)} (or none: generic)")
 
 
+STRICT_IN_ALL = ("vllm", "sglang", "deepspec")  # ``all``: one folder these three load, or a refusal
+
+
 def wanted(engine: str | None) -> tuple[str, ...]:
-    return () if engine is None else ENGINES[:-1] if engine == "all" else (engine,)
+    """The engines whose rules must pass. ``all`` adds llama.cpp's GGUF only where the drafter is compatible
+    (:func:`gguf_wanted`), so it stays the one folder the HF-layout engines load."""
+    return () if engine is None else STRICT_IN_ALL if engine == "all" else (engine,)
+
+
+def gguf_wanted(drafter: Any, head_type: str | None, engine: str | None) -> tuple[bool, list[str]]:
+    """Whether to write llama.cpp's GGUF: always for ``llamacpp`` (its rules ran in :func:`refuse_dspark`), for
+    ``all`` when llama.cpp's rules pass (else a note says why not)."""
+    if engine == "llamacpp":
+        return True, []
+    if engine != "all":
+        return False, []
+    try:
+        _llamacpp_dspark(drafter, head_type)
+    except InteropError as exc:
+        return False, [f"no draft.gguf in this all-engines folder: {exc}"]
+    return True, []
 
 
 # --- dspark-hf --------------------------------------------------------------------------------------------------

@@ -97,8 +97,11 @@ def convert_command(model_dir: Path, out_file: Path, outtype: str, target_dir: P
     return cmd + (["--target-model-dir", str(target_dir)] if target_dir is not None else [])
 
 
-def convert(model_dir: Path, out_file: Path, outtype: str = "f32", target_dir: Path | None = None) -> None:
-    """Run llama.cpp's converter on an HF directory (a drafter with ``target_dir``, or a target); one-line errors."""
+def convert(
+    model_dir: Path, out_file: Path, outtype: str = "f32", target_dir: Path | None = None, what: str | None = None
+) -> None:
+    """Run llama.cpp's converter on an HF directory (a drafter with ``target_dir``, or a target); one-line errors
+    naming ``what`` (default the directory)."""
     source_dir()
     cmd = convert_command(model_dir, out_file, outtype, target_dir)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
@@ -107,7 +110,10 @@ def convert(model_dir: Path, out_file: Path, outtype: str = "f32", target_dir: P
     if r.returncode != 0 or not out_file.is_file():
         lines = [ln for ln in (r.stderr + r.stdout).splitlines() if ln.strip()]
         why = next((ln for ln in reversed(lines) if re.search(r"Error|error:", ln)), lines[-1] if lines else "")
-        raise InteropError(f"llamacpp: llama.cpp's converter ({RELEASE}) refused {model_dir}: {why.strip()}")
+        hint = " (llama.cpp knows only the tokenizers it lists)" if "pre-tokenizer" in why else ""
+        raise InteropError(
+            f"llamacpp: llama.cpp's converter ({RELEASE}) refused {what or model_dir}: {why.strip()}{hint}"
+        )
 
 
 def target_dir(target: Any) -> Path:
@@ -115,7 +121,10 @@ def target_dir(target: Any) -> Path:
     from ..targets import resolve_target_path
 
     name = getattr(target, "name", target)
-    path = Path(resolve_target_path(str(name)))
+    try:
+        path = Path(resolve_target_path(str(name)))
+    except (OSError, KeyError, ValueError):
+        path = Path(str(name))
     if (path / "config.json").is_file():
         return path
     try:
@@ -272,19 +281,13 @@ def gguf_tensors(path: Path) -> dict[str, list[int]]:
     return json.loads(r.stdout)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m dspark_lightning.export.llamacpp``: build the pinned tools for this CPU (cached), print their folder."""
+def run_llamacpp(argv: list[str]) -> None:
+    """``dspark-lightning llamacpp source|build``: fetch and unpack the pinned source, or build its tools for this CPU
+    (cached); prints the folder."""
     import argparse
 
-    ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("--tools", nargs="*", default=list(TOOLS))
+    ap = argparse.ArgumentParser(prog="dspark-lightning llamacpp", description=run_llamacpp.__doc__)
+    ap.add_argument("what", choices=["source", "build"])
+    ap.add_argument("--tools", nargs="*", default=list(TOOLS), help=f"what to build (default: {' '.join(TOOLS)})")
     a = ap.parse_args(argv)
-    try:
-        print(build(tuple(a.tools)))
-    except InteropError as exc:
-        print(f"llama.cpp build: error: {exc}", file=sys.stderr)
-        sys.exit(2)
-
-
-if __name__ == "__main__":
-    main()
+    print(source_dir(download=True) if a.what == "source" else build(tuple(a.tools)))

@@ -140,7 +140,10 @@ class DSparkCLI(LightningCLI):
         given = [] if given is None else list(given) if isinstance(given, list | tuple) else [given]
         if not any(isinstance(c, DrafterExport) for c in [*given, *callbacks]):
             cfg = self.config.get(str(self.subcommand), self.config)
-            callbacks = [*callbacks, DrafterExport(cfg.get("export_dir"), cfg.get("calibrate"), serve=cfg.get("export"))]
+            callbacks = [
+                *callbacks,
+                DrafterExport(cfg.get("export_dir"), cfg.get("calibrate"), serve=cfg.get("export")),
+            ]
 
         plugins = config.get("plugins")
         plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list | tuple) else [plugins]
