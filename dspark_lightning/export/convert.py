@@ -38,7 +38,7 @@ from .engines import (
     refuse_eagle3,
 )
 from .files import EXPORT_TAG, read_config, weights_sha256
-from .llamacpp import GGUF_FILE, OUTTYPES, TARGET_GGUF_FILE, convert, target_dir
+from .llamacpp import GGUF_FILE, OUTTYPES, TARGET_GGUF_FILE, check_target, convert, target_dir
 from .native import load_drafter, save_drafter
 
 FORMATS = ("native", "dspark-hf", "eagle3-hf")
@@ -157,6 +157,7 @@ def _gguf_writer(
     a conversion llama.cpp refuses becomes a note instead of failing the other engines' folder."""
     try:
         tdir = target_dir(target)  # before any work: a target the converter cannot read is refused first
+        check_target(tdir)
     except InteropError as exc:
         if strict:
             raise

@@ -137,6 +137,32 @@ def target_dir(target: Any) -> Path:
         ) from None
 
 
+# HF architectures whose llama.cpp graph (b11434, src/models/) records every layer's input: draft-dspark reads the
+# tapped states there, and aborts on a graph that does not (qwen2, gemma3, phi3, ... at this release).
+LAYER_INPUT_TARGETS = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3moe",
+}
+
+
+def check_target(tdir: Path) -> None:
+    """Refuse a target whose llama.cpp graph does not expose the layer inputs draft-dspark taps."""
+    import json
+
+    try:
+        arch = (json.loads((tdir / "config.json").read_text()).get("architectures") or ["?"])[0]
+    except (OSError, ValueError):
+        arch = "?"
+    if arch not in LAYER_INPUT_TARGETS:
+        known = ", ".join(sorted(LAYER_INPUT_TARGETS))
+        raise InteropError(
+            f"llamacpp: target architecture {arch!r}: llama.cpp {RELEASE}'s draft-dspark reads the tapped layers' "
+            f"inputs, which its graph records for {known} only (it aborts on the others)"
+        )
+
+
 # --- the build ---------------------------------------------------------------------------------------------------
 def cpu_key() -> str:
     """CPU model, flags and compiler: a GGML_NATIVE build runs only where these match."""

@@ -316,9 +316,21 @@ OLD_TARGETS = (
     "setup run test test-fast lint bench bench-decode compare eval-compare bench-compare ablations calibrate "
     "threshold-sweep serve-bench serve-study profile-verify profile-draft bench-regen long long-dflash vocab-coverage "
     "sps-lean bench-speed speed-suite acceptance acceptance-main matrix-data matrix bench-main bench-long gpu-wheels "
-    "gpu-check gpu-check-cpu serve-bench-gate budget-decoded self-chat-prompts budget-cells"
+    "gpu-check gpu-check-cpu serve-bench-gate budget-decoded self-chat-prompts budget-cells llamacpp-tools llamacpp "
+    "servable-cells"
 ).split()
-PRODUCT = {"setup", "run", "test", "test-fast", "lint", "long", "gpu-wheels", "gpu-check", "gpu-check-cpu"}
+PRODUCT = {
+    "setup",
+    "run",
+    "test",
+    "test-fast",
+    "lint",
+    "long",
+    "gpu-wheels",
+    "gpu-check",
+    "gpu-check-cpu",
+    "llamacpp-tools",
+}
 
 
 def _rules(makefile) -> set[str]:

@@ -1,0 +1,72 @@
+"""``export --engine llamacpp`` refuses, in one line and before converting, what llama.cpp b11434 would reject or run
+wrongly (read from its converter ``conversion/qwen.py`` and graph ``src/models/dflash.cpp``); ``all`` adds the GGUF
+only where llama.cpp's rules pass."""
+
+import json
+
+import pytest
+import torch
+
+from dspark_lightning import create
+from dspark_lightning.export import InteropError, export_serving
+from dspark_lightning.export.llamacpp import check_target
+
+
+def drafter(target, head="vanilla"):
+    torch.manual_seed(0)
+    if head is None:
+        return create("drafter", "dflash", target, block_size=3, backbone={"name": "dense", "num_layers": 1})
+    return create("drafter", "dspark", target, block_size=3, backbone={"name": "dense", "num_layers": 1},
+                  seq_head={"name": head, "rank": 8})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "head,match",
+    [
+        ("gated", "llamacpp: markov_head_type 'gated' is refused"),
+        ("rnn", "llamacpp: markov_head_type 'rnn'"),
+        (None, "llamacpp: markov_rank 0 \\(a DFlash drafter\\) is refused"),
+    ],  # fmt: skip
+)
+def test_heads_llamacpp_cannot_run_are_refused_before_any_file(tiny_target, tmp_path, head, match):
+    with pytest.raises(InteropError, match=match) as e:
+        export_serving(drafter(tiny_target, head), tiny_target, "dspark-hf", tmp_path / "out", engine="llamacpp")
+    assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+
+
+def test_moe_and_context_state_are_refused_for_llamacpp(tiny_target, tmp_path):
+    d = create("drafter", "dspark", tiny_target, block_size=3, backbone={"name": "dense", "num_layers": 1,
+               "context_state": True})  # fmt: skip
+    with pytest.raises(InteropError, match="context_state=true"):
+        export_serving(d, tiny_target, "dspark-hf", tmp_path / "out", engine="llamacpp")
+    moe = create("drafter", "dspark", tiny_target, block_size=3, backbone={"name": "moe_swa", "num_layers": 1})
+    with pytest.raises(InteropError, match="moe_swa backbone"):
+        export_serving(moe, tiny_target, "dspark-hf", tmp_path / "out", engine="llamacpp")
+
+
+def test_eagle3_is_not_converted_for_llamacpp(tiny_target, tmp_path):
+    e3 = create("drafter", "eagle3", tiny_target, block_size=3)
+    with pytest.raises(InteropError, match="llamacpp: only --format dspark-hf"):
+        export_serving(e3, tiny_target, "eagle3-hf", tmp_path / "out", engine="llamacpp")
+
+
+@pytest.mark.parametrize("arch,ok", [("LlamaForCausalLM", True), ("Qwen3ForCausalLM", True),
+                                     ("Qwen2ForCausalLM", False), ("Gemma3ForCausalLM", False)])  # fmt: skip
+def test_targets_whose_llamacpp_graph_hides_layer_inputs_are_refused(tmp_path, arch, ok):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch]}))
+    if ok:
+        check_target(tmp_path)
+    else:
+        with pytest.raises(InteropError, match=f"target architecture '{arch}'"):
+            check_target(tmp_path)
+
+
+def test_all_leaves_the_gguf_out_with_a_note_where_llamacpp_cannot_take_it(tiny_target, tmp_path):
+    """tiny-debug's byte-level tokenizer is not one llama.cpp's converter knows: the HF-layout engines still get
+    their folder, and the note says why there is no draft.gguf."""
+    res = export_serving(drafter(tiny_target), tiny_target, "dspark-hf", tmp_path / "all", engine="all")
+    assert (res.path / "config.json").is_file() and not (res.path / "draft.gguf").exists()
+    assert any(n.startswith("no draft.gguf in this all-engines folder: llamacpp:") for n in res.notes), res.notes
+    with pytest.raises(InteropError, match="llamacpp: llama.cpp's converter .* refused the drafter: .*pre-tokenizer"):
+        export_serving(drafter(tiny_target), tiny_target, "dspark-hf", tmp_path / "l", engine="llamacpp")
+    assert not (tmp_path / "l").exists()
