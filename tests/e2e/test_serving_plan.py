@@ -23,7 +23,10 @@ from .conftest import TINY, run_main
             ],
             ["export.engines [llamacpp]", "llamacpp: markov_head_type 'gated'"],
         ),
-        (["--model.seq_head=null", '--export={"engines": ["sglang"]}'], ["sglang: markov_rank 0"]),
+        (
+            ["--model.seq_head=null", "--model.conf_head=null", '--export={"engines": ["sglang"]}'],
+            ["sglang: markov_rank 0"],
+        ),
         (
             ["--model.draft_vocab_size=64", '--export={"engines": ["deepspec"]}'],
             ["deepspec: a reduced draft vocabulary"],

@@ -44,10 +44,14 @@ def test_moe_and_context_state_are_refused_for_llamacpp(tiny_target, tmp_path):
         export_serving(moe, tiny_target, "dspark-hf", tmp_path / "out", engine="llamacpp")
 
 
-def test_eagle3_is_not_converted_for_llamacpp(tiny_target, tmp_path):
-    e3 = create("drafter", "eagle3", tiny_target, block_size=3)
+def test_eagle3_is_not_converted_for_llamacpp(tmp_path):
+    from dspark_lightning import load_target
+
+    three = load_target("tiny-debug", layer_ids=[1, 3, 5])  # an EAGLE-3 the HF-layout engines load
+    e3 = create("drafter", "eagle3", three, block_size=3)
+    export_serving(e3, three, "eagle3-hf", tmp_path / "vllm", engine="vllm")
     with pytest.raises(InteropError, match="llamacpp: only --format dspark-hf"):
-        export_serving(e3, tiny_target, "eagle3-hf", tmp_path / "out", engine="llamacpp")
+        export_serving(e3, three, "eagle3-hf", tmp_path / "out", engine="llamacpp")
 
 
 @pytest.mark.parametrize("arch,ok", [("LlamaForCausalLM", True), ("Qwen3ForCausalLM", True),
