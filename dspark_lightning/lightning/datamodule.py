@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -196,7 +197,12 @@ class DSparkDataModule(L.LightningDataModule):
         Lightning does not prepare data on)."""
         self._checked = True
         if self.features == "cached" and self.cache_url is None:
-            check_caches(self.target, DataPaths(Path(self.work_dir)), self.feature_dtype)
+            paths = DataPaths(Path(self.work_dir))
+            if self._holds_other_data(paths):  # a changed recipe: prepare_data makes its data again, beside it
+                print(f"[dspark-lightning] {self.work_dir} holds the data of another configuration of the recipe "
+                      "(target, layers or data settings changed): preparing it again", flush=True)  # fmt: skip
+            else:
+                check_caches(self.target, paths, self.feature_dtype)
         for extra in self.extra_work_dirs:
             paths = DataPaths(Path(extra))
             if not all(paths.cache(split).is_dir() for split in ("train", "heldout")):
@@ -205,6 +211,14 @@ class DSparkDataModule(L.LightningDataModule):
                     "features_heldout/); run `dspark-lightning prepare` with its recipe first"
                 )
             check_caches(self.target, paths, self.feature_dtype)
+
+    def _holds_other_data(self, paths: DataPaths) -> bool:
+        """Whether the work dir's finished data (``prepared.json``) was made for another fingerprint."""
+        try:
+            done = json.loads(paths.prepared.read_text())
+        except (OSError, ValueError):
+            return False
+        return isinstance(done, dict) and done.get("fingerprint") != self.prepare_job(progress=False).fingerprint
 
     def prepare_data(self) -> None:
         """Reuse a finished ``prepare``; without one, do the work here on a CPU-only machine (local rank 0, as

@@ -88,3 +88,16 @@ def test_plain_trainer_fit_checks_the_engines_too(tiny_target):
     DrafterExport(serve={"engines": ["sglang"]}).setup(
         SimpleNamespace(log_dir="."), SimpleNamespace(drafter=drafter), "fit"
     )
+
+
+def test_a_recipe_whose_taps_changed_prepares_its_data_again(workdir, capsys):
+    """The servable recipes tap other layers than before: a work dir holding the old taps' cache is prepared again
+    (the fingerprint changed) instead of refused as a cache of other layers."""
+    base = ["fit", "--config", TINY, "--trainer.max_steps=1", "--validate_before_fit=false", "--data.features=cached"]
+    code, _, err = run_main(base, capsys)
+    assert code == 0, err[-2000:]
+    code, out, err = run_main([*base, "--data.layer_ids=[1, 3]"], capsys)
+    assert code == 0, err[-2000:]
+    assert "holds the data of another configuration" in out
+    meta = json.loads((workdir / "outputs/tiny_debug/data/features_train/index.json").read_text())["meta"]
+    assert meta["layer_ids"] == [1, 3]
