@@ -7,6 +7,7 @@ llama.cpp's own converter, then on the built-in eval prompts (T = 0, batch 1):
 1. llama.cpp plain greedy (``llama-completion``) against llama.cpp with the drafter (``llama-speculative-simple
    --spec-type draft-dspark``, static block γ): equal text on every prompt, drafts accepted per round;
 2. our ``decode()`` with the same drafter and static γ: accepted drafts per round (τ - 1) beside llama.cpp's;
+   Both on the F32 target (our runtime's weights) and on the shipped Q4_1 GGUF (what CPU users run);
 3. speeds: llama-bench's plain decode and prompt processing of 1 / 2 / 4 / 8 tokens (what verifying a block costs),
    llama.cpp with the drafter at γ = 1..7 with and without ``--spec-draft-p-min`` (its confidence cut), our plain
    and DSpark ``decode()``.
@@ -151,48 +152,52 @@ def main(argv: list[str] | None = None) -> None:
     ids = {d: [target.render_prompt([{"role": "user", "content": p}]) for p in ps] for d, ps in sets.items()}
     texts = {d: [target.tokenizer.decode(x, skip_special_tokens=False) for x in xs] for d, xs in ids.items()}
 
+    ggufs = {"f32": target_gguf, "q4_1": smollm2_gguf_dir() / SMOLLM2_GGUF}  # ours in F32; the one users run
     rows, per_prompt = {}, []
     for dom in sets:
-        print(f"[llamacpp] {dom}: llama.cpp plain / DSpark, ours plain / DSpark ...", flush=True)
-        plain_speeds, spec = [], []
-        equal = 0
-        for i, text in enumerate(texts[dom]):
-            # the speculative loop may overshoot its -n by up to γ tokens: plain decodes past that, and the drafted
-            # text must be a prefix of it (both cut before trailing whitespace)
-            plain_text, ts = llama_plain(target_gguf, text, a.max_new_tokens + a.gamma + 1)
-            s = llama_spec(target_gguf, draft_gguf, text, a.max_new_tokens, a.gamma)
-            same = bool(s["text"]) and plain_text.rstrip().startswith(s["text"])
-            equal += same
-            plain_speeds.append(ts)
-            spec.append(s)
-            counts = {k: s[k] for k in ("n_predict", "n_drafted", "n_accept")}
-            per_prompt.append({"set": dom, "i": i, "equal": same, "plain_chars": len(plain_text), **counts})
+        print(f"[llamacpp] {dom}: ours plain / DSpark ...", flush=True)
         o = ours(target, a.drafter, ids[dom], a.max_new_tokens, a.gamma)
         ours_text = [target.tokenizer.decode(t, skip_special_tokens=True) for t in o["dspark"]["token_ids"]]
-        pred, acc = sum(s["n_predict"] for s in spec), sum(s["n_accept"] for s in spec)
-        rows[dom] = {
-            "prompts": len(texts[dom]),
-            "llama_greedy_equal": f"{equal}/{len(texts[dom])}",
-            "llama_tau": round(pred / (pred - acc), 3),  # tokens per target step: accepted + the bonus token
-            "ours_tau": o["dspark"]["tau"],
-            "llama_plain_tok_s": round(sum(plain_speeds) / len(plain_speeds), 1),
-            "llama_dspark_tok_s": round(sum(s["tok_s"] for s in spec) / len(spec), 1),
-            "ours_plain_tok_s": o["plain"]["tok_s"],
-            "ours_dspark_tok_s": o["dspark"]["tok_s"],
-            "ours_dspark_equals_ours_plain": o["plain"]["token_ids"] == o["dspark"]["token_ids"],
-            "llama_text_equals_ours": sum(prefixed(s["text"], t) for s, t in zip(spec, ours_text, strict=True)),
-        }  # fmt: skip
-        print(json.dumps({dom: rows[dom]}), flush=True)
+        for name, gguf in ggufs.items():
+            print(f"[llamacpp] {dom}: llama.cpp plain / DSpark on the {name} target ...", flush=True)
+            plain_speeds, spec, equal = [], [], 0
+            for i, text in enumerate(texts[dom]):
+                # the speculative loop may overshoot its -n by up to γ tokens: plain decodes past that, and the
+                # drafted text must be a prefix of it (both cut before trailing whitespace)
+                plain_text, ts = llama_plain(gguf, text, a.max_new_tokens + a.gamma + 1)
+                s = llama_spec(gguf, draft_gguf, text, a.max_new_tokens, a.gamma)
+                same = bool(s["text"]) and plain_text.rstrip().startswith(s["text"])
+                equal += same
+                plain_speeds.append(ts)
+                spec.append(s)
+                counts = {k: s[k] for k in ("n_predict", "n_drafted", "n_accept")}
+                per_prompt.append({"target": name, "set": dom, "i": i, "equal": same, **counts})
+            pred, acc = sum(s["n_predict"] for s in spec), sum(s["n_accept"] for s in spec)
+            rows[f"{name}/{dom}"] = {
+                "target": name, "set": dom, "prompts": len(texts[dom]),
+                "llama_greedy_equal": f"{equal}/{len(texts[dom])}",
+                "llama_tau": round(pred / (pred - acc), 3),  # tokens per target step: accepted + the bonus token
+                "ours_tau": o["dspark"]["tau"],
+                "llama_plain_tok_s": round(sum(plain_speeds) / len(plain_speeds), 1),
+                "llama_dspark_tok_s": round(sum(s["tok_s"] for s in spec) / len(spec), 1),
+                "ours_plain_tok_s": o["plain"]["tok_s"],
+                "ours_dspark_tok_s": o["dspark"]["tok_s"],
+                "ours_dspark_equals_ours_plain": o["plain"]["token_ids"] == o["dspark"]["token_ids"],
+                "llama_text_continues_ours": sum(prefixed(s["text"], t) for s, t in zip(spec, ours_text, strict=True)),
+            }  # fmt: skip
+            print(json.dumps(rows[f"{name}/{dom}"]), flush=True)
 
     print("[llamacpp] llama-bench ...", flush=True)
-    bench = {"f32": bench_plain(target_gguf), "q4_1": bench_plain(smollm2_gguf_dir() / SMOLLM2_GGUF)}
+    bench = {name: bench_plain(gguf) for name, gguf in ggufs.items()}
 
-    print("[llamacpp] γ / p-min sweep ...", flush=True)
+    print("[llamacpp] γ / p-min sweep on the q4_1 target ...", flush=True)
     sweep = []
     sub = [t for d in sets for t in texts[d][: a.sweep_per_domain]]
+    plain_sub = [llama_plain(ggufs["q4_1"], t, a.max_new_tokens)[1] for t in sub]
+    sweep.append({"gamma": 0, "p_min": 0.0, "tau": 1.0, "tok_s": round(sum(plain_sub) / len(plain_sub), 1)})
     for gamma in range(1, a.gamma + 1):
         for p_min in (0.0, a.p_min):
-            runs = [llama_spec(target_gguf, draft_gguf, t, a.max_new_tokens, gamma, p_min) for t in sub]
+            runs = [llama_spec(ggufs["q4_1"], draft_gguf, t, a.max_new_tokens, gamma, p_min) for t in sub]
             pred, acc = sum(r["n_predict"] for r in runs), sum(r["n_accept"] for r in runs)
             sweep.append({"gamma": gamma, "p_min": p_min, "tau": round(pred / (pred - acc), 3),
                           "tok_s": round(sum(r["tok_s"] for r in runs) / len(runs), 1)})  # fmt: skip
@@ -211,18 +216,18 @@ def markdown(doc: dict) -> str:
     lines = [
         f"Measured {doc['date']} on {doc['cpu']} ({doc['cores']} cores, {doc['threads']} threads), llama.cpp "
         f"{doc['llama_cpp']}, commit {doc['commit']}; T = 0, batch 1, γ = {doc['gamma']}, {doc['max_new_tokens']} "
-        "new tokens, F32 target GGUF, fp32 draft GGUF.",
+        "new tokens, fp32 draft GGUF; targets: F32 (our runtime's weights) and the shipped Q4_1 GGUF.",
         "",
-        "| set | llama.cpp DSpark = llama.cpp plain | τ llama.cpp | τ ours | llama.cpp plain tok/s "
+        "| target GGUF | set | llama.cpp DSpark = llama.cpp plain | τ llama.cpp | τ ours | llama.cpp plain tok/s "
         "| llama.cpp DSpark tok/s | ours plain tok/s | ours DSpark tok/s |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for dom, r in doc["sets"].items():
+    for r in doc["sets"].values():
         lines.append(
-            f"| {dom} | {r['llama_greedy_equal']} | {r['llama_tau']} | {r['ours_tau']} | {r['llama_plain_tok_s']} | "
-            f"{r['llama_dspark_tok_s']} | {r['ours_plain_tok_s']} | {r['ours_dspark_tok_s']} |"
+            f"| {r['target']} | {r['set']} | {r['llama_greedy_equal']} | {r['llama_tau']} | {r['ours_tau']} | "
+            f"{r['llama_plain_tok_s']} | {r['llama_dspark_tok_s']} | {r['ours_plain_tok_s']} | "
+            f"{r['ours_dspark_tok_s']} |"
         )
-    b = doc["llama_bench"]
     lines += [
         "",
         "llama-bench, tokens/s (pp_k: prompt processing of k tokens, what verifying k - 1 drafts costs; "
@@ -231,11 +236,10 @@ def markdown(doc: dict) -> str:
         "| GGUF | pp1 | pp2 | pp4 | pp8 | tg128 |",
         "|---|---|---|---|---|---|",
     ]
-    for name, r in b.items():
-        lines.append(
-            f"| {name} | " + " | ".join(str(r.get(k, "–")) for k in ("pp1", "pp2", "pp4", "pp8", "tg128")) + " |"
-        )
-    lines += ["", "llama.cpp with the drafter, γ and --spec-draft-p-min (3 prompts per set):", "",
+    for name, r in doc["llama_bench"].items():
+        cells = " | ".join(str(r.get(k, "–")) for k in ("pp1", "pp2", "pp4", "pp8", "tg128"))
+        lines.append(f"| {name} | {cells} |")
+    lines += ["", "llama.cpp on the Q4_1 target with the drafter, by γ and --spec-draft-p-min (γ 0: plain):", "",
               "| γ | p-min | τ | tok/s |", "|---|---|---|---|"]  # fmt: skip
     lines += [f"| {s['gamma']} | {s['p_min']:g} | {s['tau']} | {s['tok_s']} |" for s in doc["sweep"]]
     return "\n".join(lines) + "\n"
