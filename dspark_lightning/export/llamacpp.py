@@ -22,7 +22,6 @@ import shutil
 import subprocess
 import sys
 import tarfile
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -69,9 +68,9 @@ def source_dir(download: bool = False) -> Path:
             f"llamacpp: llama.cpp's converter ({RELEASE}) is not on this machine; fetch its source once with "
             f"`{fetch_command()}` (scripts/setup.sh does)"
         )
-    home().mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix="src.tmp-", dir=home()))
-    try:
+    from ..targets.embedded import build_once
+
+    def unpack(tmp: Path) -> None:
         prefix = f"{SDIST_STEM}/llama.cpp/"
         with tarfile.open(tarball) as tar:
             members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
@@ -80,13 +79,8 @@ def source_dir(download: bool = False) -> Path:
             tar.extractall(tmp, members=[m for m in members if m.name], filter="data")
         if not (tmp / "convert_hf_to_gguf.py").is_file():
             raise LlamaCppUnavailable(f"llamacpp: {tarball} holds no llama.cpp tree (expected {prefix})")
-        if src.exists():  # another process unpacked it meanwhile
-            shutil.rmtree(tmp)
-        else:
-            tmp.rename(src)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    build_once(src, unpack)
     return src
 
 

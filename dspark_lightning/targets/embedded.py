@@ -46,7 +46,7 @@ def embedded_names() -> list[str]:
     return [SMOLLM2, TINY]
 
 
-def _atomic_dir(final: Path, build) -> Path:
+def build_once(final: Path, build) -> Path:
     """Build into a temp dir next to ``final`` and rename it into place (never a half-written cache)."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=final.parent))
@@ -155,7 +155,7 @@ def embedded_path(name: str) -> Path:
         return final
     if name == SMOLLM2:
         smollm2_gguf_dir()  # fail fast with the install hint
-        return _atomic_dir(final, _convert_smollm2)
+        return build_once(final, _convert_smollm2)
     if name == TINY:
-        return _atomic_dir(final, build_tiny_target)
+        return build_once(final, build_tiny_target)
     raise KeyError(name)
