@@ -156,3 +156,22 @@ def test_export_all_includes_the_gguf_and_the_target_gguf(smol_tiny, tmp_path):
     assert "token_embd.weight" not in gguf_tensors(res.path / "draft.gguf")  # the deepspec copies stay out of it
     rep = load_report(res.path / "target.gguf", res.path / "draft.gguf")
     assert rep["returncode"] == 0 and rep["n_drafted"] > 0, rep["log_tail"]
+
+
+def test_fit_end_export_writes_the_gguf_and_says_how_to_serve_it(smol_tiny, tmp_path):
+    """What ``fit`` runs after training for a recipe naming llamacpp: the GGUF beside the native drafter."""
+    from dspark_lightning import create, load_target
+    from dspark_lightning.export import save_drafter
+    from dspark_lightning.export.plan import export_for_engines
+
+    hf, target_gguf = smol_tiny
+    target = load_target(str(hf))
+    drafter = create("drafter", "dspark", target, block_size=3, backbone={"name": "dense", "num_layers": 1},
+                     seq_head={"name": "vanilla", "rank": 16})  # fmt: skip
+    native = save_drafter(drafter, tmp_path / "version_0" / "drafter", target)
+    lines: list[str] = []
+    done = export_for_engines(native, "dspark-hf", ["llamacpp", "vllm"], "bf16", lines.append)
+    assert set(done) == {"llamacpp", "vllm"}
+    gguf = tmp_path / "version_0" / "serving" / "llamacpp" / "draft.gguf"
+    assert gguf.is_file() and any("--spec-type draft-dspark" in line for line in lines)
+    check_llamacpp_load(drafter, gguf, target_gguf)
