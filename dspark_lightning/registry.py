@@ -41,6 +41,7 @@ KINDS = ("backbone", "seq_head", "conf_head", "drafter", "scheduler", "verifier"
 BUILTINS = (  # the modules whose import registers the built-in components (see the module docstring)
     "dspark_lightning.drafters",
     "dspark_lightning.data.sources",
+    "dspark_lightning.data.corpora",
     "dspark_lightning.data.fixed_text",
     "dspark_lightning.infer.schedulers",
     "dspark_lightning.infer.verify",

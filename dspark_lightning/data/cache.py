@@ -453,6 +453,17 @@ class FeatureCache(Dataset):
     def __len__(self) -> int:
         return len(self._entries)
 
+    def sample_ids(self) -> list[str]:
+        """Every sample's id, read from the members' headers only (no tensors)."""
+        out = []
+        for k, offset, _ in self._entries:
+            with open(self._shards[k], "rb") as f:
+                f.seek(offset)
+                n = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(n))
+            out.append(json.loads(header.get("__metadata__", {}).get("sample", "{}")).get("id", ""))
+        return out
+
     @property
     def num_tokens(self) -> int:
         return int(self.index["totals"]["tokens"])

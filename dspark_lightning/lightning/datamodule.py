@@ -11,14 +11,16 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
-from torch.utils.data import ConcatDataset, DataLoader
+from torch.utils.data import ConcatDataset, DataLoader, Subset
 
 from ..data.anchors import AnchorCollator
 from ..data.cache import CacheError, FeatureCache
+from ..data.curate import Curation, needs_tokenizer, repeat_index
 from ..data.features import resolve_feature_dtype
+from ..data.mixture import curated_mixture, mixture
 from ..data.prepare import DataPaths, PrepareJob, RegenConfig, check_caches, expected_meta, open_split, tokenized_split
 from ..data.regenerate import load_conversations
-from ..data.sources import build_source, mixture
+from ..data.sources import build_source
 from ..data.stream import ShardStream
 from ..data.vocab import response_token_counts
 from ..devices import decode_bf16_faster, dtype_name, resolve_device, resolve_dtype
@@ -56,6 +58,10 @@ class DSparkDataModule(L.LightningDataModule):
         max_anchors: anchors sampled per sequence (the paper: up to 512).
         num_workers: DataLoader workers.
         seed: seed of regeneration sampling and anchor sampling.
+        curation: mixture-wide checks of the training prompts: decontamination against held-out sets and public
+            benchmarks, exact and near de-duplication (:class:`~dspark_lightning.data.curate.Curation`; null = none).
+            Per-source filters (``language``, ``min_tokens``, ``max_tokens``, ``sample``, ``weight``) sit in each
+            ``sources`` entry.
         extra_work_dirs: other prepared work dirs (``dspark-lightning prepare`` of another recipe with the same
             target, layers and feature dtype) whose cached splits are trained and validated on with this one, e.g.
             regenerated data plus fixed text (docs/matrix.md). They are read, never prepared: a missing or
@@ -85,6 +91,7 @@ class DSparkDataModule(L.LightningDataModule):
         num_workers: int = 0,
         seed: int = 42,
         extra_work_dirs: list[str] | None = None,
+        curation: Curation | None = None,
     ) -> None:
         super().__init__()
         if features not in ("cached", "online"):
@@ -93,6 +100,8 @@ class DSparkDataModule(L.LightningDataModule):
         resolve_dtype(target_dtype, "cpu")  # a typo fails here, not after the prompts are loaded
         if streaming and features != "cached":
             raise ValueError("data.streaming reads a feature cache: it needs data.features: cached")
+        if streaming and any(isinstance(s, dict) and "weight" in s for s in sources or []):
+            raise ValueError("a source weight repeats samples of the map-style reader: it needs data.streaming: false")
         if cache_url is not None and not streaming:
             raise ValueError("data.cache_url is read by the streaming reader: set data.streaming: true")
         self.target_name, self.layer_ids, self.system_prompt = target, layer_ids, system_prompt
@@ -100,6 +109,7 @@ class DSparkDataModule(L.LightningDataModule):
         for spec in self.sources:  # unknown source names / arguments fail here, before any expensive work
             build_source(spec)
         self.heldout_fraction, self.split_seed, self.work_dir = heldout_fraction, split_seed, work_dir
+        self.curation = curation
         self.regen = regen or RegenConfig()
         self.max_length, self.min_supervised = max_length, min_supervised
         self.features, self.feature_dtype, self.target_dtype = features, feature_dtype, target_dtype
@@ -172,6 +182,8 @@ class DSparkDataModule(L.LightningDataModule):
             seed=self.seed,
             progress=progress,
             load_regen_target=load_regen if regen.dtype is not None else None,
+            curation=self.curation,
+            load_tokenizer=self._tokenizer,
         )
 
     def _resolved_regen(self, kind: str) -> RegenConfig:
@@ -189,7 +201,16 @@ class DSparkDataModule(L.LightningDataModule):
             "min_supervised": self.min_supervised,
             "features": self.features,
             "feature_dtype": self.feature_dtype,
+            "curation": self.curation,
         }
+
+    def _tokenizer(self) -> Any:
+        """The target's tokenizer where a source filters by length in tokens (else ``None``: no target is loaded)."""
+        return self.target.tokenizer if needs_tokenizer(self.sources) else None
+
+    def _mixture(self, split: str) -> list:
+        return mixture(self.sources, split, self.heldout_fraction, self.split_seed, curation=self.curation,
+                       tokenizer=self._tokenizer())  # fmt: skip
 
     def check(self) -> None:
         """Cheap start-up validation of existing caches (sizes and member counts; ``verify`` hashes the shards). Runs
@@ -249,11 +270,26 @@ class DSparkDataModule(L.LightningDataModule):
 
     def _open(self, split: str):
         own = open_split(self.target, self.sources, self.work_dir, split, **self._split_kwargs())
+        if split == "train":
+            own = self._weighted(own)
         if not self.extra_work_dirs:
             return own
         meta = expected_meta(self.target, self.feature_dtype)
         extra = [FeatureCache(DataPaths(Path(d)).cache(split), expect=meta) for d in self.extra_work_dirs]
         return ConcatDataset([own, *extra])
+
+    def _weighted(self, dataset: Any) -> Any:
+        """The training set with each source's ``weight`` applied: a sample of a weight-w source appears floor(w)
+        times, plus once more for a fixed fraction frac(w) of them (chosen by id hash), so an epoch sees the mixture
+        in those proportions."""
+        if not any(isinstance(s, dict) and "weight" in s for s in self.sources):
+            return dataset
+        weights = curated_mixture(self.sources, self.curation, self._tokenizer(), self.split_seed).weights
+        ids = dataset.sample_ids() if isinstance(dataset, FeatureCache) else [r["id"] for r in dataset]
+        index = repeat_index(ids, weights, self.seed)
+        print(f"[dspark-lightning] source weights: {len(ids)} training conversations -> {len(index)} per epoch",
+              flush=True)  # fmt: skip
+        return Subset(dataset, index)
 
     def _stream(self, split: str) -> ShardStream:
         """This rank's share of a split's shards; training streams are shuffled and cut even across ranks."""
@@ -274,7 +310,7 @@ class DSparkDataModule(L.LightningDataModule):
 
     def token_counts(self, split: str = "train"):
         """Occurrences (V,) of each target token in the split's regenerated responses (supervised tokens only)."""
-        ids = {p.id for p in mixture(self.sources, split, self.heldout_fraction, self.split_seed)}
+        ids = {p.id for p in self._mixture(split)}
         tgt = self.target
         rows = tokenized_split(tgt, DataPaths(Path(self.work_dir)), split, ids, self.max_length, self.min_supervised)
         for extra in self.extra_work_dirs:  # every conversation an extra work dir prepared for this split

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from dspark_lightning.data import sources
-from dspark_lightning.data.sources import LICENSES, PromptRecord, license_of, mixture, split_of
+from dspark_lightning.data.mixture import mixture
+from dspark_lightning.data.sources import LICENSES, PromptRecord, license_of, split_of
 from dspark_lightning.registry import create, names
 
 BUILTIN = {"gsm_symbolic": "math", "humaneval": "code", "mtbench": "chat", "sharegpt": "chat", "python_stdlib": "code",

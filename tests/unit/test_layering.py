@@ -54,6 +54,7 @@ ALLOWED = {
         {
             "drafters",
             "data/sources.py",
+            "data/corpora.py",
             "data/fixed_text.py",
             "infer/schedulers.py",
             "infer/verify.py",

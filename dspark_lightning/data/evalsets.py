@@ -1,0 +1,63 @@
+"""Evaluation and calibration prompts per domain: what `eval` decodes, what `calibrate` fits on, and so what no
+training mixture may contain (:mod:`dspark_lightning.data.curate` checks training prompts against them).
+
+The recipes train on GSM-Symbolic problems generated with another seed (seed 1; older recipes: items 0-79 of seed 42),
+HumanEval problems 0-79 and the MT-Bench train split (heldout_fraction 0.1, split seed 42), or (the recipes that
+decontaminate) on none of these. The evaluation sets are GSM-Symbolic items 80+ of seed 42 (maths), HumanEval 80+
+(code) and MT-Bench's held-out split (chat); the calibration pools start at item 120 and at FastChat's dummy
+conversations.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from .sources import PromptRecord, build_source, split_of
+
+EVAL_SETS = {
+    "math": {"source": {"name": "gsm_symbolic"}, "skip": 80},
+    "code": {"source": {"name": "humaneval"}, "skip": 80},
+    "chat": {"source": {"name": "mtbench"}, "heldout_fraction": 0.1},
+}
+CALIBRATION_PROMPTS = {  # held out from every recipe and from `eval`'s first prompts
+    "math": {"source": {"name": "gsm_symbolic"}, "skip": 120},
+    "code": {"source": {"name": "humaneval"}, "skip": 120},
+    "chat": {"source": {"name": "sharegpt"}, "skip": 0},
+}
+
+
+def _records(spec: dict, n: int) -> list[PromptRecord]:
+    if "skip" in spec:
+        src = dict(spec["source"], limit=spec["skip"] + n)
+        return list(itertools.islice(build_source(src), spec["skip"], spec["skip"] + n))
+    held = (r for r in build_source(spec["source"]) if split_of(r.id, spec["heldout_fraction"]) == "heldout")
+    return list(itertools.islice(held, n))
+
+
+def eval_prompts(domain: str, n: int) -> list[PromptRecord]:
+    """The first ``n`` evaluation prompts of ``domain`` (math, code or chat)."""
+    if domain not in EVAL_SETS:
+        raise ValueError(f"unknown domain {domain!r}; choose from {', '.join(EVAL_SETS)}")
+    recs = _records(EVAL_SETS[domain], n)
+    if len(recs) < n:
+        raise ValueError(f"domain {domain!r} has only {len(recs)} evaluation prompts, asked for {n}")
+    return recs
+
+
+def calibration_records(domain: str, n: int) -> list[PromptRecord]:
+    """``n`` prompts of ``domain``'s STS calibration pool (disjoint from training and from `eval`'s sets)."""
+    if domain not in CALIBRATION_PROMPTS:
+        raise ValueError(f"unknown domain {domain!r}; choose from {', '.join(CALIBRATION_PROMPTS)}")
+    recs = _records(CALIBRATION_PROMPTS[domain], n)
+    if len(recs) < n:
+        raise ValueError(f"the {domain} calibration pool has only {len(recs)} prompts, asked for {n}")
+    return recs
+
+
+def held_out_texts(per_domain: int = 200) -> dict[str, list[str]]:
+    """Every user turn of the first ``per_domain`` evaluation and calibration prompts of each domain, by set name."""
+    out: dict[str, list[str]] = {}
+    for kind, sets in (("eval", EVAL_SETS), ("calibration", CALIBRATION_PROMPTS)):
+        for dom, spec in sets.items():
+            out[f"{kind}:{dom}"] = [t for r in _records(spec, per_domain) for t in r.turns]
+    return out
