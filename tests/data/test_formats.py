@@ -117,7 +117,17 @@ def test_prepare_reads_each_format_and_reports_malformed_and_contaminated_rows(t
     contaminated = {"id": "leak", "conversations": [{"from": "human", "value": _mtbench_question()}]}
     share.write_text(json.dumps([*SHAREGPT, contaminated]))
     chat.write_text("\n".join(json.dumps(r) for r in OPENAI) + "\n")
-    sources = [{"name": "conversations", "path": str(share)}, {"name": "conversations", "path": str(chat)}]
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(ALPACA), tmp_path / "alpaca.parquet")
+    (tmp_path / "turns.jsonl").write_text(json.dumps({"turns": ["Tell me a joke.", "Another one?"], "id": "j"}) + "\n")
+    datasets.Dataset.from_list([{"q": "Why is the sky blue?"}]).save_to_disk(str(tmp_path / "hf"))
+    sources = [{"name": "conversations", "path": str(share)}, {"name": "conversations", "path": str(chat)},
+               {"name": "conversations", "path": str(tmp_path / "alpaca.parquet")},
+               {"name": "conversations", "path": str(tmp_path / "turns.jsonl")},
+               {"name": "conversations", "path": str(tmp_path / "hf"), "fields": {"prompt": "q"}}]  # fmt: skip
     work = tmp_path / "work"
     regen = {**REGEN, "max_turns": None}
     args = ["prepare", "--config", TINY, f"--data.work_dir={work}", f"--data.sources={json.dumps(sources)}",
@@ -134,7 +144,15 @@ def test_prepare_reads_each_format_and_reports_malformed_and_contaminated_rows(t
         ln for split in ("train", "heldout") for ln in (work / f"responses_{split}.jsonl").read_text().splitlines()
     ]
     rows = {r["id"]: r for r in map(json.loads, lines)}
-    assert set(rows) == {"share/a", "share/b", *{i for i in rows if i.startswith("chat/")}} and len(rows) == 4
+    asked = [r.turns[0] for r in mixture(sources, "all", 0.5, curation=Curation())]  # what prepare regenerated
+    firsts = {i: next(m["content"] for m in r["turns"] if m["role"] == "user") for i, r in rows.items()}
+    assert set(firsts.values()) <= set(asked) and len(firsts) >= len(asked) - 2  # the tiny target may answer nothing
+    assert sorted(asked) == sorted(["Name three rivers in Europe.", "Hi, who are you?\n\nAnswer briefly.",
+        "What is a prime number?", "Write a haiku about rain.", "Translate to French.\n\nGood morning",
+        "List the planets of the solar system.", "Tell me a joke.", "Why is the sky blue?"])  # fmt: skip
+    assert {"share/a", "share/b", "turns/j"} <= set(rows) and "alpaca: 2 of 3 rows kept; 1 malformed" in out
+    j = rows["turns/j"]["turns"]
+    assert [m["content"] for m in j if m["role"] == "user"] == ["Tell me a joke.", "Another one?"]
     a = rows["share/a"]["turns"]
     assert a[0] == {"role": "system", "content": "You are terse."}
     assert [m["content"] for m in a if m["role"] == "user"] == ["Name three rivers in Europe.", "Which is the longest?"]
@@ -229,7 +247,7 @@ def test_eval_sets_do_not_enter_the_recipes_that_decontaminate():
     import yaml
 
     root = Path(__file__).resolve().parents[2]
-    for name in ("smollm2_dspark.yaml",):
+    for name in ("smollm2_dspark.yaml", "smollm2_dspark_long.yaml"):
         data = yaml.safe_load((root / "recipes" / name).read_text())["data"]
         assert data["curation"]["decontaminate"] == ["eval", "benchmarks"]
         assert not {s["name"] for s in data["sources"]} & {"humaneval", "mtbench", "gsm_symbolic"}
