@@ -36,8 +36,8 @@ from dspark_lightning.export import llamacpp  # noqa: E402
 from dspark_lightning.targets import load_target, resolve_target_path  # noqa: E402
 
 SOURCES = [
-    {"name": "sharegpt_v3", "domains": ["chat"], "language": "en", "sample": 40, "seed": 5},
-    {"name": "sharegpt_v3", "domains": ["code"], "language": "en", "sample": 24, "seed": 5},
+    {"name": "sharegpt_v3", "domains": ["chat"], "language": "en", "max_tokens": 192, "sample": 40, "seed": 5},
+    {"name": "sharegpt_v3", "domains": ["code"], "language": "en", "max_tokens": 192, "sample": 24, "seed": 5},
 ]
 
 
@@ -50,7 +50,7 @@ def _free_port() -> int:
 def serve(gguf: Path, slots: int, ctx: int, threads: int) -> tuple[subprocess.Popen, str, Path]:
     """Start llama-server on the loopback; returns (process, base URL, log file) once /health answers."""
     port = _free_port()
-    logf = gguf.parent / f"llama-server-np{slots}.log"
+    logf = ROOT / "outputs" / "regen_server" / f"llama-server-np{slots}.log"
     cmd = [str(llamacpp.tool(llamacpp.SERVER)), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port),
            "-t", str(threads), "-np", str(slots), "-c", str(ctx * slots), "--jinja", "--no-webui"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=open(logf, "w"), stderr=subprocess.STDOUT)
@@ -80,11 +80,12 @@ def main(argv: list[str] | None = None) -> None:
     work.mkdir(parents=True, exist_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     llamacpp.build((llamacpp.SERVER,))
-    gguf = work / f"target-{a.gguf_type}.gguf"
+    gguf = ROOT / "outputs" / "llamacpp" / f"target-{a.gguf_type}.gguf"  # shared with benchmarks/llamacpp.py
+    gguf.parent.mkdir(parents=True, exist_ok=True)
     if not gguf.is_file():
         llamacpp.convert(Path(resolve_target_path(a.target)), gguf, a.gguf_type)
-    prompts = mixture(SOURCES, "all", 0.0)
     target = load_target(a.target)
+    prompts = mixture(SOURCES, "all", 0.0, tokenizer=target.tokenizer)
     kw = {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": a.max_new_tokens, "max_turns": 1, "progress": True}
     rows: list[dict] = []
 
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     run(f"dspark (ours, concurrency 32, {regen_dtype or 'fp32'})", ours, engine="dspark", concurrency=32, on=run_with)
     mine = {r["id"]: r["turns"][1]["content"] for r in map(json.loads, ours.read_text().splitlines())}
     for c in a.concurrency:
-        proc, url, logf = serve(gguf, c, 2048, os.cpu_count() or 2)
+        proc, url, logf = serve(gguf, c, 4096, os.cpu_count() or 2)
         try:
             path = work / f"server-c{c}.jsonl"
             srv = ServerConfig(url, "target", timeout_s=600, retries=2)

@@ -3,7 +3,8 @@
 vLLM, SGLang and llama.cpp's ``llama-server`` all serve ``POST {base_url}/chat/completions``. Each conversation is
 one worker's: its user turns are sent in order with the server's own earlier answers as history, so up to
 ``concurrency`` conversations are in flight. A request that fails to connect, times out or gets a 5xx / 429 answer is
-retried ``retries`` times with exponential back-off; a 4xx answer fails at once with the server's message.
+retried ``retries`` times with exponential back-off; a 4xx answer fails at once with the server's message, except a
+conversation longer than the server's context, which is dropped and counted like one longer than the target's.
 
 The server must serve the target with its chat template; its answers may still differ from the target's own greedy
 text where two tokens are near-tied (another kernel, another precision). That changes only which responses the drafter
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 import urllib.error
@@ -28,6 +30,14 @@ from .. import checks
 
 class ServerError(RuntimeError):
     """The server refused a request or stayed unreachable after every retry (the message says which and why)."""
+
+
+class PromptTooLong(ServerError):
+    """The server refused a request because the conversation does not fit its context (that conversation only)."""
+
+
+# how vLLM, SGLang and llama-server word a request longer than their context
+_TOO_LONG = re.compile(r"context (size|length|window)|maximum context|too long|exceeds? the", re.I)
 
 
 @dataclass
@@ -71,6 +81,8 @@ def chat_completion(server: ServerConfig, body: dict[str, Any]) -> dict[str, Any
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:300].decode("utf-8", "replace").strip()
             last = f"HTTP {exc.code}: {detail}"
+            if exc.code == 400 and _TOO_LONG.search(detail):
+                raise PromptTooLong(f"{server.url}: {last}") from None
             if exc.code < 500 and exc.code != 429:
                 raise ServerError(f"{server.url} refused the request ({last})") from None
         except (urllib.error.URLError, TimeoutError, ConnectionError, json.JSONDecodeError) as exc:
@@ -109,7 +121,13 @@ class ServerRegenerator:
                 messages = self.target.chat.messages(conv.history[i])
             if not budget:
                 return tokens
-            out = chat_completion(self.server, self._body(messages, budget, seed))
+            try:
+                out = chat_completion(self.server, self._body(messages, budget, seed))
+            except PromptTooLong:  # this conversation does not fit the server's context: dropped and counted
+                with self.lock:
+                    conv.too_long += 1
+                    conv.alive.discard(i)
+                return tokens
             try:
                 choice = out["choices"][0]
                 text = (choice["message"].get("content") or "").strip()

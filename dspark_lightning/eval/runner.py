@@ -70,11 +70,12 @@ def jsonl_dataset(spec: str, n: int) -> Dataset:
 
 def responses_datasets(path: str | Path, n: int) -> list[Dataset]:
     """Sets from a responses JSONL (a recipe's ``<work_dir>/responses_heldout.jsonl``): the first user turns of the
-    first ``n`` records of each source, in file order (``python_stdlib/complete`` apart from the rest of
-    ``python_stdlib``); each set's domain is its first record's."""
+    first ``n`` records of each source, in file order. A source's prompt forms are apart
+    (``python_stdlib/complete``, ``algorithms/instruct``), and a source whose records span domains gives one set per
+    domain (``sharegpt_v3:code``)."""
     from ..data.sources import _turn_texts
 
-    sets: dict[str, Dataset] = {}
+    recs: list[tuple[str, str, str]] = []  # (base name, domain, first user turn)
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -87,12 +88,20 @@ def responses_datasets(path: str | Path, n: int) -> list[Dataset]:
                 first = _turn_texts(rec.get("turns"))[0]
             except ValueError as exc:  # json.JSONDecodeError is a ValueError
                 raise ValueError(f"{path}:{lineno}: not a responses record: {exc}") from None
-            name = rid.rsplit("/", 1)[0] if rid.startswith("python_stdlib/complete") else str(source)
-            ds = sets.setdefault(name, Dataset(name, str(rec.get("domain") or "chat"), []))
-            if len(ds.prompts) < n:
-                ds.prompts.append(first)
-    if not sets:
+            parts = rid.split("/")
+            base = "/".join(parts[:2]) if len(parts) > 2 and parts[1] in ("complete", "instruct") else str(source)
+            recs.append((base, str(rec.get("domain") or "chat"), first))
+    if not recs:
         raise ValueError(f"{path} holds no records")
+    domains: dict[str, set[str]] = {}
+    for base, dom, _ in recs:
+        domains.setdefault(base, set()).add(dom)
+    sets: dict[str, Dataset] = {}
+    for base, dom, first in recs:
+        name = f"{base}:{dom}" if len(domains[base]) > 1 else base
+        ds = sets.setdefault(name, Dataset(name, dom, []))
+        if len(ds.prompts) < n:
+            ds.prompts.append(first)
     return list(sets.values())
 
 

@@ -268,3 +268,19 @@ def test_a_source_weight_repeats_its_cached_samples_in_training(tmp_path):
     seen = [heavy.datasets["train"][i]["id"] for i in range(len(heavy.datasets["train"]))]
     assert sorted(seen) == sorted([i for i in ids if i.startswith("gsm")] * 3 + [i for i in ids if i.startswith("hum")])
     assert plain.datasets["train"].sample_ids() == ids
+
+
+def test_held_out_responses_split_into_sets_by_source_form_and_domain(tmp_path):
+    from dspark_lightning.eval.runner import responses_datasets
+
+    rows = [("sharegpt_v3/a_0", "sharegpt_v3", "code", "fix my loop"), ("sharegpt_v3/b_0", "sharegpt_v3", "chat", "hi"),
+            ("algorithms/complete/x.f", "algorithms", "code", "complete f"),
+            ("algorithms/instruct/x.f", "algorithms", "code", "write f"),
+            ("reasoning_gym/gcd/seed3/0", "reasoning_gym", "math", "gcd?")]  # fmt: skip
+    p = tmp_path / "responses_heldout.jsonl"
+    p.write_text("".join(json.dumps({"id": i, "source": s, "domain": d, "turns": [{"role": "user", "content": t},
+                 {"role": "assistant", "content": "."}]}) + "\n" for i, s, d, t in rows))  # fmt: skip
+    sets = {d.name: (d.domain, d.prompts) for d in responses_datasets(p, 5)}
+    assert sets == {"sharegpt_v3:code": ("code", ["fix my loop"]), "sharegpt_v3:chat": ("chat", ["hi"]),
+                    "algorithms/complete": ("code", ["complete f"]), "algorithms/instruct": ("code", ["write f"]),
+                    "reasoning_gym": ("math", ["gcd?"])}  # fmt: skip

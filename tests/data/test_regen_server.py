@@ -38,6 +38,9 @@ class _Server:
                     fail = len(server.requests) <= server.fail_first
                 if fail:
                     return self._send(503, {"error": "busy"})
+                if "LONG" in body["messages"][-1]["content"]:  # llama-server's wording
+                    return self._send(400, {"error": {"message": "request (9000 tokens) exceeds the available "
+                                                                 "context size (4096 tokens)"}})  # fmt: skip
                 if body["model"] != "tiny":
                     return self._send(404, {"error": {"message": f"model {body['model']} not found"}})
                 ids = server.target.render_prompt(body["messages"])
@@ -105,6 +108,9 @@ def test_retries_then_one_line_errors(target, tmp_path):
         srv = ServerConfig(flaky.url, "tiny", timeout_s=30, retries=2)
         stats = regenerate(target, PROMPTS[:1], tmp_path / "a.jsonl", engine="openai", server=srv, **kw)
         assert stats["written"] == 1 and len(flaky.requests) == 3  # two 503s, then the answer
+        long = [*PROMPTS[:2], PromptRecord("s/long", "chat", "test", ["LONG " * 50])]
+        stats = regenerate(target, long, tmp_path / "long.jsonl", engine="openai", server=srv, **kw)
+        assert stats["written"] == 2 and stats["dropped_empty"] == 1  # that conversation only: counted, not fatal
         with pytest.raises(ServerError, match=r"refused the request \(HTTP 404: .*model nope not found"):
             regenerate(target, PROMPTS[:1], tmp_path / "b.jsonl", engine="openai",
                        server=ServerConfig(flaky.url, "nope", retries=3), **kw)  # fmt: skip
