@@ -34,24 +34,23 @@ def _records(spec: dict, n: int) -> list[PromptRecord]:
     return list(itertools.islice(held, n))
 
 
+def _first(sets: dict[str, dict], what: str, domain: str, n: int) -> list[PromptRecord]:
+    if domain not in sets:
+        raise ValueError(f"unknown domain {domain!r}; choose from {', '.join(sets)}")
+    recs = _records(sets[domain], n)
+    if len(recs) < n:
+        raise ValueError(f"the {domain} {what} has only {len(recs)} prompts, asked for {n}")
+    return recs
+
+
 def eval_prompts(domain: str, n: int) -> list[PromptRecord]:
     """The first ``n`` evaluation prompts of ``domain`` (math, code or chat)."""
-    if domain not in EVAL_SETS:
-        raise ValueError(f"unknown domain {domain!r}; choose from {', '.join(EVAL_SETS)}")
-    recs = _records(EVAL_SETS[domain], n)
-    if len(recs) < n:
-        raise ValueError(f"domain {domain!r} has only {len(recs)} evaluation prompts, asked for {n}")
-    return recs
+    return _first(EVAL_SETS, "evaluation set", domain, n)
 
 
 def calibration_records(domain: str, n: int) -> list[PromptRecord]:
     """``n`` prompts of ``domain``'s STS calibration pool (disjoint from training and from `eval`'s sets)."""
-    if domain not in CALIBRATION_PROMPTS:
-        raise ValueError(f"unknown domain {domain!r}; choose from {', '.join(CALIBRATION_PROMPTS)}")
-    recs = _records(CALIBRATION_PROMPTS[domain], n)
-    if len(recs) < n:
-        raise ValueError(f"the {domain} calibration pool has only {len(recs)} prompts, asked for {n}")
-    return recs
+    return _first(CALIBRATION_PROMPTS, "calibration pool", domain, n)
 
 
 def held_out_texts(per_domain: int = 200) -> dict[str, list[str]]:
