@@ -14,18 +14,20 @@ mkdir -p "$OUT" "$DOCS"
 SRC2X='[{"name":"reasoning_gym","per_task":12,"seed":3},{"name":"algorithms","form":"both","sample":220},'
 SRC2X+='{"name":"sharegpt_v3","domains":["code"],"language":"en","min_tokens":6,"max_tokens":192,"sample":140},'
 SRC2X+='{"name":"sharegpt_v3","domains":["chat"],"language":"en","min_tokens":6,"max_tokens":192,"sample":320}]'
+M7=(--trainer.max_time '{minutes: 7}' --model.optim.time_budget_s 420)  # as measured (the recipe now trains 6.5)
 latest() { ls -td outputs/smollm2_dspark/tb/version_*/drafter | head -1; }
 probe() {  # drafter, name, extra args
   $PY benchmarks/acceptance_probe.py --drafter "$1" --gammas 7 --temperatures 0 --out "$OUT/probe_$2" "${@:3}"
   cp "$OUT/probe_$2/acceptance.json" "$DOCS/$2.json"
 }
 /usr/bin/time -v -o "$OUT/prepare_1x.time" $CLI prepare --config recipes/smollm2_dspark.yaml --data.work_dir "$OUT/data"
-/usr/bin/time -v -o "$OUT/fit_1x_7m.time" $CLI fit --config recipes/smollm2_dspark.yaml --data.work_dir "$OUT/data"
+/usr/bin/time -v -o "$OUT/fit_1x_7m.time" $CLI fit --config recipes/smollm2_dspark.yaml --data.work_dir "$OUT/data" "${M7[@]}"
 D=$(latest)
 probe "$D" 1x_7m_eval --prompts_per_domain 10
 probe "$D" 1x_7m_heldout --prompts "$OUT/data/responses_heldout.jsonl" --prompts_per_domain 6
 $CLI prepare --config recipes/smollm2_dspark.yaml --data.work_dir "$OUT/data2x" --data.sources="$SRC2X"
-$CLI fit --config recipes/smollm2_dspark.yaml --data.work_dir "$OUT/data2x" --data.sources="$SRC2X" --export '{engines: []}'
+$CLI fit --config recipes/smollm2_dspark.yaml --data.work_dir "$OUT/data2x" --data.sources="$SRC2X" --export '{engines: []}' \
+  "${M7[@]}"
 probe "$(latest)" 2x_7m_eval --prompts_per_domain 10
 $CLI fit --config recipes/smollm2_dspark.yaml --data.work_dir "$OUT/data" --trainer.max_time '{minutes: 14}' \
   --model.optim.time_budget_s 840 --export '{engines: []}'
