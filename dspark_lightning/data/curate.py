@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .sources import SOURCE_OPTIONS, split_options
+from .sources import SOURCE_OPTIONS, _unit_interval, split_options
 
 log = logging.getLogger(__name__)
 
@@ -297,8 +297,7 @@ def repeat_index(ids: list[str], weights: dict[str, float], seed: int) -> list[i
     for i, sid in enumerate(ids):
         w = weights.get(sid, 1.0)
         whole, frac = int(w), w - int(w)
-        unit = int.from_bytes(hashlib.sha256(f"weight:{seed}:{sid}".encode()).digest()[:8], "big") / 2**64
-        out += [i] * (whole + (unit < frac))
+        out += [i] * (whole + (_unit_interval("weight", seed, sid) < frac))
     if not out:
         raise ValueError("the source weights leave no training sample (every weight < 1 and no sample drawn)")
     return out
