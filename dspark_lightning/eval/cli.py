@@ -125,7 +125,7 @@ def bench_parser() -> ArgumentParser:
     p = ArgumentParser(prog="dspark-lightning bench", description="Side-by-side throughput on the same target.",
                        exit_on_error=False)  # fmt: skip
     _common(p, 64, 0, "scheduler(s) for every drafter; several: one row per drafter and scheduler", many=True)
-    p.set_defaults(scheduler=["hardware_aware"], prompts_per_domain=3)
+    p.set_defaults(scheduler=["auto"], prompts_per_domain=3)
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     p.add_argument("--repeats", type=int, default=2, help="alternating repeats per cell (order reversed each time)")
@@ -171,7 +171,7 @@ def _scheduler(a, name: str | None = None):
     name = a.scheduler if name is None else name
     if name == "static" and getattr(a, "gamma", None) is not None:
         return {"name": "static", "gamma": a.gamma}
-    if a.sps and "hardware_aware" in name:
+    if a.sps and (name == "auto" or "hardware_aware" in name):
         from ..infer import SPSTable
 
         return {"name": name, "sps": SPSTable.load(a.sps)}

@@ -3,8 +3,8 @@
 ``verify``: one verification step as ``decode()`` runs it (forward over B new tokens after a cached context, LM
 head over the B positions, fp32 softmax, rollback) for B in ``tokens``, per verifier: ``hf`` (the HF forward
 through :class:`~.verify.HFVerifier`: ragged cache, dense mask), ``lean-linear`` (:class:`~.lean.LeanVerifier` with
-``F.linear`` products; only where packing applies) and ``lean`` (MKL-packed products on a CPU with MKL, the
-default there). Rounds interleave the variants (every B, every variant, then again, reversed) so machine drift hits
+``F.linear`` products; on a CPU) and ``lean`` (the matrix kernels chosen on this machine, :mod:`.kernels`; the
+default). Rounds interleave the variants (every B, every variant, then again, reversed) so machine drift hits
 all alike; medians and the ratio to the smallest B, then a torch-profiler breakdown (self time per op) of the
 default verifier at B = 1 and 8.
 
@@ -69,18 +69,10 @@ def _verifiers(target) -> dict[str, Any]:
 
     out = {"hf": HFVerifier(target)}
     if lean_unsupported(target, "padded") is None:
-        if _packs(target):
-            out["lean-linear"] = LeanVerifier(target, pack=False)
+        if _device(target).type == "cpu":
+            out["lean-linear"] = LeanVerifier(target, kernels="linear")
         out["lean"] = LeanVerifier(target)
     return out
-
-
-def _packs(target) -> bool:
-    """Whether the lean verifier packs its products here (CPU, fp32, MKL): only then is ``lean-linear`` different."""
-    from .lean import mkl_packed_available
-
-    p = next(target.model.parameters())
-    return p.device.type == "cpu" and p.dtype == torch.float32 and mkl_packed_available()
 
 
 def _verify_step(v, toks: torch.Tensor, context: int):
@@ -141,8 +133,13 @@ def verify_breakdown(
          **{f"{n}_vs_B1": round(med[(n, B)] / med[(n, tokens[0])], 2) for n in variants}}
         for B in tokens
     ]  # fmt: skip
-    info = _info(target, device, context=context, rounds=rounds, variants=list(variants), breakdown_of=default)
-    return {"info": info, "rows": rows, "breakdown": ops}
+    from . import roofline as rf
+
+    nbytes, bw = rf.step_bytes(target), rf.memory_bandwidth(device=device)
+    roof = rf.roofline_rows({B: med[(default, B)] / 1e3 for B in tokens}, nbytes, bw, context)
+    info = _info(target, device, context=context, rounds=rounds, variants=list(variants), breakdown_of=default,
+                 bandwidth_gb_s=round(bw / 1e9, 2), weight_mb=round(nbytes.weights / 1e6, 1))  # fmt: skip
+    return {"info": info, "rows": rows, "roofline": roof, "breakdown": ops}
 
 
 def verify_markdown(doc: dict) -> str:
@@ -155,6 +152,11 @@ def verify_markdown(doc: dict) -> str:
     for row in doc["rows"]:
         lines.append(f"| {row['B']} | " + " | ".join(f"{row[f'{n}_ms']:.1f}" for n in variants) + " | "
                      + " | ".join(f"{row[f'{n}_vs_B1']:.2f}" for n in variants) + " |")  # fmt: skip
+    if doc.get("roofline"):
+        lines += ["", f"Roofline of the {info['breakdown_of']} verifier: {info['weight_mb']} MB of weights a step plus the "
+                  f"KV of {info['context']} tokens, read bandwidth measured {info['bandwidth_gb_s']} GB/s:", "",
+                  "| B | bytes read MB | memory-bound floor ms | step ms | step / floor |", "|---|---|---|---|---|"]
+        lines += [f"| {r['B']} | {r['mb']} | {r['floor_ms']} | {r['ms']} | {r['x_floor']} |" for r in doc["roofline"]]
     for B, ops in doc["breakdown"].items():
         lines += ["", f"Self time per step, {info['breakdown_of']} verifier, B = {B}:", "",
                   "| op | ms / step | calls / step |", "|---|---|---|"]  # fmt: skip

@@ -33,8 +33,12 @@ def make_engine(target, drafter, params: SamplingParams, *, scheduler: Any = "st
         verifier=verifier,
         acceptance=acceptance,
     )
-    if temps is None and getattr(drafter, "conf_head", None) is not None and hasattr(engine.scheduler, "bind"):
+    if (temps is None and params.temperature > 0 and getattr(drafter, "conf_head", None) is not None
+            and hasattr(engine.scheduler, "bind")):  # fmt: skip
         # docs/algorithm.md §5: the hardware-aware schedulers read absolute confidences; raw heads are overconfident
+        # at T > 0. At T = 0 greedy drafts survive more often than the head's training law says, and the draft gate
+        # bounds what a misjudged budget costs: raw confidences are the documented default there
+        # (docs/inference.md, "Calibration")
         warnings.warn(
             f"{type(engine.scheduler).__name__} is driven by uncalibrated confidences (no STS file for "
             f"T = {params.temperature:g}{'' if calibrated else ', or calibrated=False'}); run `dspark-lightning "

@@ -89,8 +89,9 @@ def decode_parser() -> ArgumentParser:
     p.add_argument(
         "--scheduler",
         type=str,
-        default="hardware_aware",
-        help="static | threshold | hardware_aware | async_hardware_aware",
+        default="auto",
+        help="auto (the hardware-aware scheduler this machine's SPS curve calls for) | static | threshold | "
+        "hardware_aware | async_hardware_aware",
     )
     p.add_argument("--gamma", type=int | None, default=None, help="static: drafts verified per round")
     p.add_argument("--threshold", type=float, default=0.5, help="threshold: survival threshold")
@@ -251,14 +252,27 @@ def run_profile(argv: list[str]) -> None:
     table = profile_sps(
         target, max_tokens=a.max_tokens, context_len=a.context_len, repeats=a.repeats, verifier=a.verifier
     )
+    roof = roofline_of(table, target, a.context_len)
     path = table.save(a.out or default_path(target, a.context_len))
     print(f"[dspark-lightning] SPS table -> {path}")
     for b, raw, s in zip(table.tokens, table.raw_sps, table.sps, strict=True):
         print(f"  B={b:4d}  {1000 / raw:8.2f} ms  SPS {raw:8.2f} (smoothed {s:8.2f})")
+    print(roof)
     if a.plot:
         from ..plots import plot_sps
 
         print(f"[dspark-lightning] plot -> {plot_sps(table, a.plot)}")
+
+
+def roofline_of(table, target, context_len: int) -> str:
+    """The measured steps against the memory-bound floor (:mod:`.roofline`), for the B a decoding step reaches."""
+    from . import roofline as rf
+
+    dev = next(target.model.parameters()).device
+    nbytes, bw = rf.step_bytes(target), rf.memory_bandwidth(device=dev)
+    times = {b: 1.0 / raw for b, raw in zip(table.tokens, table.raw_sps, strict=True) if b <= 16 or b in (32, 64)}
+    table.meta["roofline"] = {"bandwidth_gb_s": round(bw / 1e9, 2), "weight_mb": round(nbytes.weights / 1e6, 1)}
+    return rf.roofline_text(rf.roofline_rows(times, nbytes, bw, context_len), nbytes, bw, context_len)
 
 
 def check_breakdown_args(a) -> None:

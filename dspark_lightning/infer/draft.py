@@ -28,6 +28,8 @@ import torch
 
 from ..drafters.backbones import per_layer_masks
 from ..registry import create, register
+from . import kernels as kernel_tables
+from .kernels import Linear
 from .kvcache import KVLayer, RaggedCache
 from .sampling import SamplingParams, probs, sample
 
@@ -70,6 +72,16 @@ class Stopwatch:
             now = time.perf_counter()
             self.timing[name] = self.timing.get(name, 0.0) + now - self._t
             self._t = now
+
+
+def _head_product(drafter, weight: torch.Tensor) -> Linear | None:
+    """The draft LM head through this CPU's fastest kernel for its shape (:mod:`.kernels`); None (``draft_logits``'
+    ``F.linear``) on a GPU or for a head with a bias."""
+    if weight.device.type != "cpu" or getattr(drafter.lm_head, "bias", None) is not None:
+        return None
+    key = kernel_tables.shape_key(weight)
+    table = kernel_tables.for_weights({key}, lambda: {key: [(weight, None)]}, weight.device, weight.dtype)
+    return None if table is None else Linear(weight, None, table)
 
 
 def to_target_vocab(drafter, q: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -154,6 +166,7 @@ class BlockProposer:
                 raise ValueError(f"conf_temperatures must be {self.block_size} positive numbers, got {temps.tolist()}")
             self.temps = temps
         self.head_w = drafter.draft_head_weight().to(self.dtype)  # (N or V, d), gathered once
+        self.head = _head_product(drafter, self.head_w)
         self.vocab = drafter.draft_vocab  # (N,) target ids of the draft vocabulary, or None
         self.state: dict[int, torch.Tensor] | None = {} if getattr(bb, "context_state", False) else None
         self.clock = Stopwatch()  # clock.enable() -> per-component times (profile --breakdown draft)
@@ -237,7 +250,7 @@ class BlockProposer:
         h = d.backbone(x, grid.scatter(pos, 0), ctx_kv, per_layer_masks(d.backbone, mask))
         h = grid.gather(h)  # (R, γ, d)
         self.clock.lap("backbone")
-        base = d.draft_logits(h, self.head_w)  # (R, γ, N) U_k over the draft vocabulary
+        base = self.head(h) if self.head is not None else d.draft_logits(h, self.head_w)  # (R, γ, N) U_k
         self.clock.lap("lm_head")
         return self._sequential(h, base, anchors, params, generator, teacher_tokens)
 

@@ -83,7 +83,12 @@ def profile_draft_cost(target, drafter, max_batch: int, progress: bool = False) 
     if batches[-1] < max_batch <= BATCHES[-1]:
         batches.append(max_batch)
     seconds = []
-    for R in [1, *batches]:  # the first R = 1 is a warm-up
+    sizes = [1, *batches]
+    if progress:
+        from tqdm.auto import tqdm
+
+        sizes = tqdm(sizes, desc="profiling the drafter's cost per round", unit="batch size")
+    for R in sizes:  # the first R = 1 is a warm-up
         engine = make_engine(target, drafter, SamplingParams(0.0), scheduler="static", stop_token_ids=[])
         engine.add([prompt] * R, ROUNDS + 1)
         start = engine.time_s["draft"]
@@ -112,8 +117,8 @@ def load_or_profile_draft_cost(target, drafter, max_batch: int, progress: bool =
         if d["batches"][-1] >= min(max_batch, BATCHES[-1]):
             return DraftCost(d["batches"], d["seconds"], d.get("meta", {}))
     if progress:
-        print(f"[dspark-lightning] profiling the drafter's cost per round (once; cached in {path})")
-    cost = profile_draft_cost(target, drafter, max_batch)
+        print(f"[dspark-lightning] profiling the drafter's cost per round (once, before decoding; cached in {path})")
+    cost = profile_draft_cost(target, drafter, max_batch, progress=progress)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(cost.to_dict(), indent=1) + "\n")

@@ -1,14 +1,12 @@
 """A lean target forward for decoding: the ``lean`` verifier (Llama / Qwen2 / Qwen3 / Mistral families).
 
-Why it exists: on a CPU the HF forward of a small target is dominated by per-op overhead, not by
-its matrix products (docs/inference.md, "Verification cost"). For SmolLM2-135M the products of one
-1-token forward take ~8 ms at this machine's cache bandwidth, the HF forward 30-35 ms; and a
-forward over 8 new tokens costs ~2x a 1-token one, mostly from kernel choice (``F.linear`` on a
-row-major weight) and from the cache being concatenated every step. This verifier computes the
-same function with:
+Why it exists: on a CPU the HF forward of a small target is dominated by per-op overhead and by the kernel its
+products go through, not by the bytes of weights it must read (``dspark-lightning profile --breakdown verify``
+shows both). This verifier computes the same function with:
 
 - **fused projections**: one [q; k; v] and one [gate; up] product per layer (3 products instead of 7);
-- **MKL-packed weights on CPU** (:class:`Linear`): 1.4-1.8x faster products for 2-16 rows than ``F.linear``;
+- **matrix kernels chosen on the machine** (:mod:`.kernels`): each product goes through the path this CPU runs
+  fastest for its shape and row count, measured once and cached;
 - **a preallocated KV cache written in place**: one row per request, positions contiguous, rollback
   is moving a length pointer (rejected drafts are always the newest entries);
 - **no dense mask** where none is needed (one request: a 1-token query sees the whole row; a block
@@ -23,10 +21,14 @@ each request owns one cache row. Unsupported architectures raise :class:`NotImpl
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
 from ..registry import register
+from . import kernels as kernel_tables
+from .kernels import KernelTable, Linear
 from .verify import SegmentOutput
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
@@ -60,57 +62,18 @@ def lean_unsupported(target, layout: str = "padded") -> str | None:
     return None
 
 
-PACK_ROWS = 8  # MKL packs weights for this many input rows (one request's anchor + 7 drafts)
-PACK_MIN = 4  # fewer rows run faster unpadded through F.linear
-
-
-def mkl_packed_available() -> bool:
-    try:
-        w = torch.zeros(4, 4)
-        torch.ops.mkl._mkl_linear(torch.zeros(1, 4), torch.ops.mkl._mkl_reorder_linear_weight(w, 1), w, None, 1)
-        return True
-    except (AttributeError, RuntimeError):
-        return False
-
-
-class Linear:
-    """y = x W^T (+ b) with the fastest kernel this device has for a few rows.
-
-    On CPUs with MKL the weight is also packed once (``cblas_sgemm_pack``) for blocks of exactly ``PACK_ROWS``
-    rows, the only row count MKL's packed path serves: 4-8 rows are zero-padded to 8. On SmolLM2's shapes a
-    block of 8 costs ~1.35x one row, against ~2x with ``F.linear``; padding 2 rows, or running 16-32 rows as
-    blocks of 8, loses to ``F.linear`` (profile in docs/inference.md). Other row counts use ``F.linear``; so do
-    GPUs and non-fp32 weights.
-    """
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> None:
-        self.weight, self.bias = weight, bias
-        self.packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, PACK_ROWS) if pack else None
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x2 = x.reshape(-1, shape[-1])
-        M = x2.shape[0]
-        if self.packed is None or not PACK_MIN <= M <= PACK_ROWS:
-            return F.linear(x, self.weight, self.bias)
-        if M < PACK_ROWS:
-            x2 = torch.cat([x2, x2.new_zeros(PACK_ROWS - M, shape[-1])])
-        y = torch.ops.mkl._mkl_linear(x2, self.packed, self.weight, self.bias, PACK_ROWS)
-        return y[:M].view(*shape[:-1], -1)
-
-
 class _Layer:
     """One decoder layer's weights, rearranged for the fused products."""
 
-    def __init__(self, layer, pack: bool) -> None:
+    def __init__(self, layer) -> None:
         att, mlp = layer.self_attn, layer.mlp
         cat = torch.cat
         b = [getattr(p, "bias", None) for p in (att.q_proj, att.k_proj, att.v_proj)]
         qkv = cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight])  # ((H+2Hkv)Dh, d)
-        self.qkv = Linear(qkv, None if b[0] is None else cat(b), pack)
-        self.o = Linear(att.o_proj.weight, att.o_proj.bias, pack)
-        self.gu = Linear(cat([mlp.gate_proj.weight, mlp.up_proj.weight]), None, pack)  # (2F, d)
-        self.down = Linear(mlp.down_proj.weight, None, pack)
+        self.qkv = Linear(qkv, None if b[0] is None else cat(b))
+        self.o = Linear(att.o_proj.weight, att.o_proj.bias)
+        self.gu = Linear(cat([mlp.gate_proj.weight, mlp.up_proj.weight]), None)  # (2F, d)
+        self.down = Linear(mlp.down_proj.weight, None)
         self.ln_in = (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
         self.ln_post = (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
         qn, kn = getattr(att, "q_norm", None), getattr(att, "k_norm", None)
@@ -144,23 +107,38 @@ class LeanVerifier:
         target: the frozen target (Llama-family HF model).
         layout: must be ``padded``.
         capacity: initial cache length per request (grows by doubling as needed).
-        pack: MKL-packed weights (None: on a CPU with MKL and an fp32 target).
+        kernels: ``auto`` (this machine's kernel table, measured once per CPU, thread count and dtype and cached;
+            :mod:`.kernels`), a :class:`~dspark_lightning.infer.kernels.KernelTable`, or ``linear``
+            (``F.linear`` everywhere).
+        progress: show the one-time kernel timing.
     """
 
-    def __init__(self, target, layout: str = "padded", capacity: int = 256, pack: bool | None = None) -> None:
+    def __init__(self, target, layout: str = "padded", capacity: int = 256,
+                 kernels: str | KernelTable = "auto", progress: bool = True) -> None:  # fmt: skip
         why = lean_unsupported(target, layout)
         if why is not None:
             raise NotImplementedError(f"the lean verifier cannot run target {target.name!r}: {why}; use verifier='hf'")
         self.target = target
         self.layout = layout
         self.fp32_attention = False  # see attention(); set by infer.generation for regeneration
+        self.progress = progress
         p = next(target.model.parameters())
         self.device, self.dtype = p.device, p.dtype
         cfg = target.model.config
         dec = target.decoder
-        if pack is None:
-            pack = self.device.type == "cpu" and self.dtype == torch.float32 and mkl_packed_available()
-        self.layers = [_Layer(layer, pack) for layer in dec.layers]
+        table = self._kernel_table(kernels)
+        prepared = _PREPARED.setdefault(target, {})
+        key = "linear" if table is None else id(table)
+        if key not in prepared:  # fused and re-laid-out weights: made once per target and kernel table
+            prepared.clear()
+            layers = [_Layer(layer) for layer in dec.layers]
+            head = Linear(target.lm_head.weight, getattr(target.lm_head, "bias", None))
+            if table is not None:
+                for m in [m for L in layers for m in (L.qkv, L.o, L.gu, L.down)] + [head]:
+                    m.use(table)
+            prepared[key] = (layers, head)
+        self.layers, self.head = prepared[key]
+        self.kernels = table
         self.embed = dec.embed_tokens
         self.final = (dec.norm.weight, dec.norm.variance_epsilon)
         self.rotary = dec.rotary_emb
@@ -170,7 +148,6 @@ class LeanVerifier:
         for i, lid in enumerate(g.layer_ids):
             self.tap.setdefault(lid, []).append(i)
         self.n_taps = len(g.layer_ids)
-        self.head = Linear(target.lm_head.weight, getattr(target.lm_head, "bias", None), pack)
         self.max_pos = getattr(cfg, "max_position_embeddings", None)
         self.rows: dict[int, int] = {}  # request id -> cache row
         self.lens = torch.zeros(0, dtype=torch.long, device=self.device)  # committed length per row
@@ -179,6 +156,19 @@ class LeanVerifier:
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self._alloc(0, capacity)
+
+    def linears(self) -> list[Linear]:
+        return [m for L in self.layers for m in (L.qkv, L.o, L.gu, L.down)] + [self.head]
+
+    def _kernel_table(self, kernels: str | KernelTable) -> KernelTable | None:
+        if isinstance(kernels, KernelTable):
+            return kernels
+        if kernels == "linear":
+            return None
+        if kernels != "auto":
+            raise ValueError(f"kernels must be 'auto', 'linear' or a KernelTable, got {kernels!r}")
+        return kernel_tables.for_weights(_shape_keys(self.target), lambda: _weights_by_shape(self.target),
+                                         self.device, self.dtype, progress=self.progress)  # fmt: skip
 
     # --- cache -----------------------------------------------------------------------------
     def _alloc(self, rows: int, cap: int) -> None:
@@ -324,7 +314,7 @@ class LeanVerifier:
         return rms_norm(x, self.final), torch.cat(taps, dim=-1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Target logits (..., V): the LM head (packed on CPU), then the model's own post-processing (scales, soft
+        """Target logits (..., V): the LM head, then the model's own post-processing (scales, soft
         caps), exactly as :meth:`Target.logits <dspark_lightning.targets.Target.logits>`."""
         return self.target.finish_logits(self.head(hidden))
 
@@ -354,6 +344,29 @@ class LeanVerifier:
                 hidden[chunk[0] : chunk[-1] + 1, :P] = h
                 context[chunk[0] : chunk[-1] + 1, :P] = c
         return SegmentOutput(hidden=hidden, context=context)
+
+
+_PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {kernel table id: (layers, head)}
+
+
+def _weights_by_shape(target) -> dict[str, list[tuple[torch.Tensor, None]]]:
+    """The lean forward's products grouped by weight shape, as it runs them (fused [q; k; v] and [gate; up]); biases
+    are left out of the timing."""
+    by_shape: dict[str, list] = {}
+    for layer in target.decoder.layers:
+        att, mlp = layer.self_attn, layer.mlp
+        for w in (torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]), att.o_proj.weight,
+                  torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), mlp.down_proj.weight):  # fmt: skip
+            by_shape.setdefault(kernel_tables.shape_key(w), []).append((w.detach(), None))
+    head = target.lm_head.weight
+    by_shape.setdefault(kernel_tables.shape_key(head), []).append((head.detach(), None))
+    return by_shape
+
+
+def _shape_keys(target) -> set[str]:
+    g, d = target.geometry, target.geometry.hidden_size
+    q, kv, f = g.num_heads * g.head_dim, g.num_kv_heads * g.head_dim, g.intermediate_size
+    return {f"{q + 2 * kv}x{d}", f"{d}x{q}", f"{2 * f}x{d}", f"{d}x{f}", kernel_tables.shape_key(target.lm_head.weight)}
 
 
 def _contiguous(idx: list[int]) -> list[list[int]]:

@@ -374,6 +374,36 @@ class AsyncHardwareAwareScheduler(_SPSScheduler):
         return admit(req, K, R)
 
 
+@register("scheduler", "auto")
+class AutoScheduler(_SPSScheduler):
+    """The default: the admission rule this machine's measured SPS curve calls for.
+
+    Where the step-time curve is smooth, Algorithm 1 (as :class:`HardwareAwareScheduler`; its early break is exact
+    there). Where it has a step at B = 1 (one draft costs far more than each further one), Algorithm 1 stops before
+    blocks that pay, so the budget comes from the global search over the whole ranked pool (the search of
+    :class:`AsyncHardwareAwareScheduler`, on this step's own confidences) and the top candidates are admitted.
+    Decided once per scheduler from the table (``mode``); the draft gate, timing model and drafting cost are those of
+    the other hardware-aware schedulers, with the same arguments.
+    """
+
+    mode: str | None = None  # "prefix" (Algorithm 1) or "global", set on the first call
+
+    def __call__(self, conf: torch.Tensor) -> torch.Tensor:
+        conf = conf.detach().cpu()
+        if self.mode is None:
+            if self.sps is None:
+                raise RuntimeError("AutoScheduler has no SPS table: pass sps=... or call bind(target)")
+            self.mode = "global" if step_in_curve(self.sps) is not None else "prefix"
+        R, g = conf.shape
+        sps = self._table(R)
+        if self.mode == "prefix":
+            return prefix_schedule(conf, sps)
+        a = survival(conf)
+        values, req = ranked_pool(a)
+        K = max(0, min(global_capacity(a, sps), R * g, len(values), sps.max_tokens - R))
+        return admit(req, K, R)
+
+
 def build_scheduler(spec: Any) -> Any:
     """A scheduler from a name, ``{"name": ..., **kwargs}``, or an object (returned as is)."""
     if isinstance(spec, str):

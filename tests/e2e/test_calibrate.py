@@ -94,6 +94,9 @@ def test_hardware_aware_warns_on_uncalibrated_confidences(drafter_dir):
     kw = {"max_new_tokens": 4, "temperature": 1.0, "scheduler": {"name": "hardware_aware", "sps": sps}}
     with pytest.warns(UserWarning, match="uncalibrated confidences"):
         decode(target, load_drafter(drafter_dir, target), ["hi"], **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # T = 0: the raw head is the documented default, no warning
+        decode(target, load_drafter(drafter_dir, target), ["hi"], **{**kw, "temperature": 0.0})
     _save(drafter_dir, [1.5, 1.5, 1.5])
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # calibrated: no warning at all

@@ -13,12 +13,12 @@ def close(a, b, what):
     assert err <= 1e-5 * scale, (what, err, scale)
 
 
-@pytest.mark.parametrize("pack", [False, True])
-def test_lean_matches_hf_through_rounds_rollbacks_and_removals(varied_target, pack):
+@pytest.mark.parametrize("kernels", ["linear", "auto"])
+def test_lean_matches_hf_through_rounds_rollbacks_and_removals(varied_target, kernels):
     V = varied_target.geometry.vocab_size
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, V, (n,), generator=g).tolist() for n in (5, 9, 5, 7)]
-    hf, lean = HFVerifier(varied_target), LeanVerifier(varied_target, capacity=8, pack=pack)  # capacity 8: grows
+    hf, lean = HFVerifier(varied_target), LeanVerifier(varied_target, capacity=8, kernels=kernels)  # capacity 8: grows
     ids = [10, 11, 12, 13]
     a, b = hf.prefill(ids, prompts), lean.prefill(ids, prompts)
     close(b.hidden, a.hidden, "prefill hidden")

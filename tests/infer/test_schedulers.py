@@ -238,3 +238,30 @@ def test_a_step_in_the_sps_curve_is_named():
         warnings.simplefilter("error")
         sched(conf)  # once per scheduler
         HardwareAwareScheduler(smooth)(conf)
+
+
+def test_auto_scheduler_runs_what_the_measured_curve_calls_for():
+    """``auto`` (decode()'s default) runs Algorithm 1 on a smooth curve and the asynchronous global search on a curve
+    with a step at B = 1, where Algorithm 1 would stop before a block that pays; it never warns about the step."""
+    import warnings
+
+    from dspark_lightning.infer import HardwareAwareScheduler
+    from dspark_lightning.infer.schedulers import AutoScheduler
+
+    step = SPSTable.from_points({1: 26.4, 2: 15.8, 8: 15.8, 9: 14.0, 16: 12.0})
+    smooth = SPSTable.from_points({1: 33.3, 2: 30.1, 3: 27.3, 4: 21.0, 8: 17.2, 16: 10.7})
+    conf = torch.tensor([[0.6, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        on_smooth, on_step = AutoScheduler(smooth, skip_draft=False), AutoScheduler(step, skip_draft=False)
+        assert on_smooth(conf).tolist() == HardwareAwareScheduler(smooth)(conf).tolist()
+        assert on_smooth.mode == "prefix"
+        picked = on_step(conf)
+    assert on_step.mode == "global"
+    assert picked.tolist() == [7]  # the global search on this step's confidences (no lag)
+    lagged = AsyncHardwareAwareScheduler(step, skip_draft=False)
+    assert [lagged(conf).tolist() for _ in range(3)] == [[0], [0], [7]]  # the async one, before and after its lag
+    assert HardwareAwareScheduler(step)(conf).tolist() == [0]  # what the step costs Algorithm 1 here
+    assert "auto" in names("scheduler")
+    with pytest.raises(RuntimeError, match="no SPS table"):
+        AutoScheduler()(conf)

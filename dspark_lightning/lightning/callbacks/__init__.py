@@ -5,6 +5,7 @@ of each the Trainer lacks, so a plain ``Trainer.fit(module, datamodule)`` trains
 - :class:`DraftVocabulary`: picks the reduced draft vocabulary from the training responses (setup).
 - :class:`DivergenceGuard`: stops at a non-finite loss or gradient before it reaches the weights.
 - :class:`MoELogging`: logs the expert loads of MoE backbones.
+- :class:`BudgetProgressBar`: the training bar, counting against a time limit when that is the budget.
 - :class:`FitStats`: writes fit_stats.json (wall time, throughput, peak RSS, the last validation).
 - :class:`DrafterExport`: exports the drafter after fit (and STS-calibrates it on request).
 """
@@ -16,9 +17,11 @@ from .draft_vocab import DraftVocabulary
 from .export import DrafterExport, calibrate_after_fit, calibrate_args, full_drafter_state
 from .fit_stats import FIT_STATS, FitStats, validate_if_stale
 from .moe import MoELogging
+from .progress import BudgetProgressBar
 
 __all__ = [
     "FIT_STATS",
+    "BudgetProgressBar",
     "DivergenceGuard",
     "DraftVocabulary",
     "DrafterExport",
