@@ -13,7 +13,10 @@ of the drafter's LM-head shape is faster than fp32 (CPUs with AVX512-BF16 or AMX
 from __future__ import annotations
 
 import functools
+import platform
+import re
 import time
+from pathlib import Path
 
 import torch
 
@@ -109,3 +112,20 @@ def _median_time(x: torch.Tensor, w: torch.Tensor, reps: int) -> float:
         if i >= 2:  # warm-up
             times.append(time.perf_counter() - t0)
     return sorted(times)[len(times) // 2]
+
+
+def device_tag(device: torch.device) -> str:
+    """A filesystem-safe description of the device this table is valid for."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = platform.processor() or platform.machine()
+        try:
+            for line in Path("/proc/cpuinfo").read_text().splitlines():
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1]
+                    break
+        except OSError:
+            pass
+        name = f"{name}-{torch.get_num_threads()}t"
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", f"{device.type}-{name}").strip("_")

@@ -135,10 +135,11 @@ def verify_breakdown(
     ]  # fmt: skip
     from . import roofline as rf
 
-    nbytes, bw = rf.step_bytes(target), rf.memory_bandwidth(device=device)
-    roof = rf.roofline_rows({B: med[(default, B)] / 1e3 for B in tokens}, nbytes, bw, context)
+    nbytes, machine = rf.step_bytes(target), rf.Machine.measure(device, next(target.model.parameters()).dtype)
+    roof = rf.roofline_rows({B: med[(default, B)] / 1e3 for B in tokens}, nbytes, machine, context)
     info = _info(target, device, context=context, rounds=rounds, variants=list(variants), breakdown_of=default,
-                 bandwidth_gb_s=round(bw / 1e9, 2), weight_mb=round(nbytes.weights / 1e6, 1))  # fmt: skip
+                 bandwidth_gb_s=round(machine.bandwidth / 1e9, 2), gflop_s=round(machine.flops / 1e9, 1),
+                 weight_mb=round(nbytes.weights / 1e6, 1))  # fmt: skip
     return {"info": info, "rows": rows, "roofline": roof, "breakdown": ops}
 
 
@@ -153,10 +154,13 @@ def verify_markdown(doc: dict) -> str:
         lines.append(f"| {row['B']} | " + " | ".join(f"{row[f'{n}_ms']:.1f}" for n in variants) + " | "
                      + " | ".join(f"{row[f'{n}_vs_B1']:.2f}" for n in variants) + " |")  # fmt: skip
     if doc.get("roofline"):
-        lines += ["", f"Roofline of the {info['breakdown_of']} verifier: {info['weight_mb']} MB of weights a step plus the "
-                  f"KV of {info['context']} tokens, read bandwidth measured {info['bandwidth_gb_s']} GB/s:", "",
-                  "| B | bytes read MB | memory-bound floor ms | step ms | step / floor |", "|---|---|---|---|---|"]
-        lines += [f"| {r['B']} | {r['mb']} | {r['floor_ms']} | {r['ms']} | {r['x_floor']} |" for r in doc["roofline"]]
+        lines += ["", f"Roofline of the {info['breakdown_of']} verifier: {info['weight_mb']} MB of weights a step plus "
+                  f"the KV of {info['context']} tokens; measured here: read bandwidth {info['bandwidth_gb_s']} GB/s, "
+                  f"matrix products {info['gflop_s']} GFLOP/s:", "",
+                  "| B | MB read | GFLOP | memory floor ms | compute floor ms | step ms | step / floor |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [f"| {r['B']} | {r['mb']} | {r['gflop']} | {r['memory_ms']} | {r['compute_ms']} | {r['ms']} | "
+                  f"{r['x_floor']} |" for r in doc["roofline"]]  # fmt: skip
     for B, ops in doc["breakdown"].items():
         lines += ["", f"Self time per step, {info['breakdown_of']} verifier, B = {B}:", "",
                   "| op | ms / step | calls / step |", "|---|---|---|"]  # fmt: skip

@@ -269,10 +269,14 @@ def roofline_of(table, target, context_len: int) -> str:
     from . import roofline as rf
 
     dev = next(target.model.parameters()).device
-    nbytes, bw = rf.step_bytes(target), rf.memory_bandwidth(device=dev)
+    nbytes, machine = rf.step_bytes(target), rf.Machine.measure(dev, next(target.model.parameters()).dtype)
     times = {b: 1.0 / raw for b, raw in zip(table.tokens, table.raw_sps, strict=True) if b <= 16 or b in (32, 64)}
-    table.meta["roofline"] = {"bandwidth_gb_s": round(bw / 1e9, 2), "weight_mb": round(nbytes.weights / 1e6, 1)}
-    return rf.roofline_text(rf.roofline_rows(times, nbytes, bw, context_len), nbytes, bw, context_len)
+    table.meta["roofline"] = {
+        "bandwidth_gb_s": round(machine.bandwidth / 1e9, 2),
+        "gflop_s": round(machine.flops / 1e9, 1),
+        "weight_mb": round(nbytes.weights / 1e6, 1),
+    }
+    return rf.roofline_text(rf.roofline_rows(times, nbytes, machine, context_len), nbytes, machine, context_len)
 
 
 def check_breakdown_args(a) -> None:
@@ -302,7 +306,10 @@ def run_breakdown(a) -> None:
     from . import breakdown as bd
 
     check_breakdown_args(a)
-    target = load_target_checked(a.target, dtype=a.dtype, device=a.device)
+    from ..export import recorded_target_args
+
+    recorded = recorded_target_args(a.drafter) if a.drafter is not None else {}  # the layers it was trained on
+    target = load_target_checked(a.target, dtype=a.dtype, device=a.device, **recorded)
     if a.breakdown == "verify":
         checks.fits_positions(target, a.context_len + max(a.tokens), "--context_len + --tokens")
         doc = bd.verify_breakdown(target, context=a.context_len, tokens=tuple(a.tokens), rounds=a.rounds or 9)

@@ -20,11 +20,15 @@ import torch
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
 ROUNDS = 4  # timed rounds per batch size (after one warm-up decode)
+# what a drafted round costs beyond its verification forward: drafting (with the context-cache update), scheduling
+# and the acceptance test over γ positions (a plain round's acceptance is one draw: counting all of it is conservative)
+OVERHEAD = ("draft", "schedule", "accept")
 
 
 @dataclass
 class DraftCost:
-    """Seconds of drafting per round (proposal + context-cache update) at profiled batch sizes."""
+    """Seconds a drafted round costs beyond its verification (proposal, context-cache update, scheduling,
+    acceptance) at profiled batch sizes."""
 
     batches: list[int]
     seconds: list[float]
@@ -63,8 +67,8 @@ def drafter_key(drafter) -> str | None:
 def cost_path(target, key: str) -> Path:
     from .sps import default_path
 
-    sps = default_path(target, 0)
-    return sps.parent / "draft_cost" / f"{key}-{sps.stem.removesuffix('-ctx0')}.json"
+    sps = default_path(target, 0)  # v2: drafting, scheduling and acceptance (v1 files held drafting alone)
+    return sps.parent / "draft_cost" / f"{key}-{sps.stem.removesuffix('-ctx0')}-v2.json"
 
 
 _MEMO: dict[tuple, DraftCost] = {}  # in-memory drafters: profiled once per process
@@ -72,8 +76,9 @@ _MEMO: dict[tuple, DraftCost] = {}  # in-memory drafters: profiled once per proc
 
 @torch.no_grad()
 def profile_draft_cost(target, drafter, max_batch: int, progress: bool = False) -> DraftCost:
-    """Drafting seconds per round at 1, 2, 4, ... up to ``max_batch`` requests (static γ, greedy, synthetic
-    prompts of 64 tokens): the engine's own drafting clock divided by its rounds."""
+    """Seconds a drafted round costs beyond its verification forward (``OVERHEAD``), at 1, 2, 4, ... up to
+    ``max_batch`` requests (static γ, greedy, synthetic prompts of 64 tokens): the engine's own clocks divided by its
+    rounds."""
     from .build import make_engine
     from .sampling import SamplingParams
 
@@ -91,13 +96,13 @@ def profile_draft_cost(target, drafter, max_batch: int, progress: bool = False) 
     for R in sizes:  # the first R = 1 is a warm-up
         engine = make_engine(target, drafter, SamplingParams(0.0), scheduler="static", stop_token_ids=[])
         engine.add([prompt] * R, ROUNDS + 1)
-        start = engine.time_s["draft"]
+        start = sum(engine.time_s[k] for k in OVERHEAD)
         rounds = 0
         while engine.active and rounds < ROUNDS:
             engine.step()
             rounds += 1
         engine.settle_timings()  # on a GPU the drafting intervals are read off the device's timeline
-        seconds.append((engine.time_s["draft"] - start) / max(rounds, 1))
+        seconds.append((sum(engine.time_s[k] for k in OVERHEAD) - start) / max(rounds, 1))
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "threads": torch.get_num_threads(), "rounds": ROUNDS}
     return DraftCost(batches=batches, seconds=seconds[1:], meta=meta)
 

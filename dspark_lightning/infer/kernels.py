@@ -230,8 +230,8 @@ def measure(
 
 
 def table_path(device: torch.device, dtype: torch.dtype) -> Path:
+    from ..devices import device_tag
     from ..targets import cache_root
-    from .sps import device_tag
 
     return cache_root() / "kernels" / f"{device_tag(device)}-{str(dtype).removeprefix('torch.')}-v{VERSION}.json"
 

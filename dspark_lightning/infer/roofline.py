@@ -1,10 +1,11 @@
-"""The memory-bound floor of a verification step, and how close a measured step comes to it.
+"""The floor of a verification step on this machine, and how close a measured step comes to it.
 
-At batch 1 a small target's step is memory-bound: every weight is read once per forward whatever the number of
-new tokens B (a few rows of compute per weight byte), plus the KV cache of the context. The floor is those bytes over
-this machine's read bandwidth; a measured step time over the floor says how much of the step is something else
-(kernels that do not stream at full bandwidth, per-op overhead, attention). ``dspark-lightning profile`` prints it
-for every B it times.
+A step over B new tokens must read every weight once (plus the KV cache of its context) and compute
+2 · B · (weights) flops (plus attention). Its floor is the larger of the two times on this machine: bytes over the
+measured read bandwidth (the memory roof, binding at B = 1 for any model that does not fit in cache) and flops over
+the measured matrix-product throughput (the compute roof, which B raises; on a CPU with few cores it binds within a
+few tokens). A measured step over its floor says how much of the step is something else (kernels that do not stream
+at full bandwidth, per-op overhead, attention). ``dspark-lightning profile`` prints it for every B it times.
 """
 
 from __future__ import annotations
@@ -32,15 +33,35 @@ def memory_bandwidth(nbytes: int = BANDWIDTH_BYTES, repeats: int = 7, device: to
     return nbytes / best
 
 
+def matmul_flops(n: int = 1024, repeats: int = 5, device: torch.device | None = None,
+                 dtype: torch.dtype = torch.float32) -> float:  # fmt: skip
+    """Matrix-product throughput in flop/s: the best of ``repeats`` n x n x n products (the compute roof)."""
+    device = device or torch.device("cpu")
+    a = torch.randn(n, n, device=device).to(dtype)
+    best = float("inf")
+    for _ in range(repeats + 1):
+        _sync(device)
+        t0 = time.perf_counter()
+        a @ a
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
 @dataclass
 class StepBytes:
     """Bytes a verification step must read: the weights (once per step) and the KV cache (per cached token)."""
 
     weights: int
     kv_per_token: int
+    params: int = 0  # weights in elements: 2 flops per element and new token
+    attn_per_pair: int = 0  # attention flops per (new token, cached token) pair
 
     def at(self, context: int, new: int) -> int:
         return self.weights + self.kv_per_token * (context + new)
+
+    def flops(self, context: int, new: int) -> int:
+        return 2 * self.params * new + self.attn_per_pair * new * (context + new)
 
 
 def step_bytes(target) -> StepBytes:
@@ -54,28 +75,48 @@ def step_bytes(target) -> StepBytes:
     weights = sum(p.numel() * p.element_size() for p in params.values())
     g = target.geometry
     kv = 2 * g.num_layers * g.num_kv_heads * g.head_dim * head.element_size()
-    return StepBytes(weights=weights, kv_per_token=kv)
+    attn = 4 * g.num_layers * g.num_heads * g.head_dim  # q·k and p·v, 2 flops each
+    return StepBytes(weights=weights, kv_per_token=kv, params=sum(p.numel() for p in params.values()),
+                     attn_per_pair=attn)  # fmt: skip
 
 
-def roofline_rows(times_s: dict[int, float], nbytes: StepBytes, bandwidth: float, context: int) -> list[dict]:
-    """Per B: bytes read, the floor (bytes / bandwidth), the measured time and measured / floor."""
+@dataclass
+class Machine:
+    """This machine's two roofs: read bandwidth (bytes/s) and matrix-product throughput (flop/s)."""
+
+    bandwidth: float
+    flops: float
+
+    @classmethod
+    def measure(cls, device: torch.device | None = None, dtype: torch.dtype = torch.float32) -> Machine:
+        return cls(bandwidth=memory_bandwidth(device=device), flops=matmul_flops(device=device, dtype=dtype))
+
+
+def roofline_rows(times_s: dict[int, float], nbytes: StepBytes, machine: Machine, context: int) -> list[dict]:
+    """Per B: bytes read and flops, the memory and compute floors, the floor (the larger), the measured time and
+    measured / floor."""
     rows = []
     for B, t in sorted(times_s.items()):
-        b = nbytes.at(context, B)
-        floor = b / bandwidth
-        rows.append({"B": B, "mb": round(b / 1e6, 1), "floor_ms": round(floor * 1e3, 2),
+        mem = nbytes.at(context, B) / machine.bandwidth
+        comp = nbytes.flops(context, B) / machine.flops
+        floor = max(mem, comp)
+        rows.append({"B": B, "mb": round(nbytes.at(context, B) / 1e6, 1),
+                     "gflop": round(nbytes.flops(context, B) / 1e9, 2),
+                     "memory_ms": round(mem * 1e3, 2), "compute_ms": round(comp * 1e3, 2),
+                     "floor_ms": round(floor * 1e3, 2), "bound": "memory" if mem >= comp else "compute",
                      "ms": round(t * 1e3, 2), "x_floor": round(t / floor, 2)})  # fmt: skip
     return rows
 
 
-def roofline_text(rows: list[dict], nbytes: StepBytes, bandwidth: float, context: int) -> str:
+def roofline_text(rows: list[dict], nbytes: StepBytes, machine: Machine, context: int) -> str:
     lines = [f"roofline: {nbytes.weights / 1e6:.1f} MB of weights a step + {nbytes.kv_per_token * context / 1e6:.1f} "
-             f"MB of KV ({context} cached tokens); read bandwidth measured {bandwidth / 1e9:.1f} GB/s",
-             "     B   bytes MB   floor ms   step ms   x floor   vs B=1"]  # fmt: skip
+             f"MB of KV ({context} cached tokens); measured here: read bandwidth {machine.bandwidth / 1e9:.1f} GB/s, "
+             f"matrix products {machine.flops / 1e9:.0f} GFLOP/s",
+             "     B   memory ms   compute ms   floor ms   step ms   x floor   vs B=1"]  # fmt: skip
     base = rows[0]["ms"] if rows else 1.0
     for r in rows:
-        lines.append(f"  {r['B']:4d}   {r['mb']:8.1f}   {r['floor_ms']:8.2f}   {r['ms']:7.2f}   {r['x_floor']:7.2f}"
-                     f"   {r['ms'] / base:6.2f}")  # fmt: skip
+        lines.append(f"  {r['B']:4d}   {r['memory_ms']:9.2f}   {r['compute_ms']:10.2f}   {r['floor_ms']:8.2f}   "
+                     f"{r['ms']:7.2f}   {r['x_floor']:7.2f}   {r['ms'] / base:6.2f}")  # fmt: skip
     return "\n".join(lines)
 
 

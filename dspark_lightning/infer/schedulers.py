@@ -136,7 +136,7 @@ class DraftGate:
     """
 
     def __init__(
-        self, probe: int = 8, max_probe: int = 64, window: int = 16, warmup: int = 4, max_age: int = 64
+        self, probe: int = 8, max_probe: int = 64, window: int = 16, warmup: int = 2, max_age: int = 64
     ) -> None:
         if min(probe, max_probe, window, max_age) < 1 or warmup < 0:
             raise ValueError("probe, max_probe, window and max_age must be >= 1 and warmup >= 0")

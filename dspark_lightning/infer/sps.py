@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import platform
 import re
 import threading
 import time
@@ -23,6 +22,7 @@ from typing import Any
 import torch
 
 from ..atomic import atomic_write
+from ..devices import device_tag  # noqa: F401 - re-exported: the tag tables are keyed by
 
 DEFAULT_GRID = (*range(1, 17), 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
@@ -108,23 +108,6 @@ class SPSTable:
         return cls(tokens=b, sps=s, raw_sps=s, meta=meta)
 
 
-def device_tag(device: torch.device) -> str:
-    """A filesystem-safe description of the device this table is valid for."""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-    else:
-        name = platform.processor() or platform.machine()
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1]
-                    break
-        except OSError:
-            pass
-        name = f"{name}-{torch.get_num_threads()}t"
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", f"{device.type}-{name}").strip("_")
-
-
 def default_path(target, context_len: int) -> Path:
     from ..targets import cache_root
 
@@ -133,7 +116,10 @@ def default_path(target, context_len: int) -> Path:
     dtype = str(dev.dtype).split(".")[-1]
     from .lean import lean_unsupported
 
-    impl = "lean" if lean_unsupported(target) is None else "hf"  # the verifier decode() picks by default
+    from .kernels import VERSION
+
+    # the verifier decode() picks by default; the lean one's steps depend on the kernel choice, so its version too
+    impl = f"lean-k{VERSION}" if lean_unsupported(target) is None else "hf"
     return cache_root() / "sps" / f"{name}-{device_tag(dev.device)}-{dtype}-{impl}-ctx{context_len}.json"
 
 

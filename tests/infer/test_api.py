@@ -24,7 +24,7 @@ def test_result_fields(tiny_target):
     res = decode(tiny_target, make_drafter(tiny_target, block_size=3), ["a", "bb"], max_new_tokens=5)
     assert [len(t) for t in res.token_ids] == [5, 5] and res.finish_reasons == ["length", "length"]
     assert len(res.texts) == 2 and res.stats.prompts == 2 and res.stats.generated_tokens == 10
-    assert set(res.stats.time_s) == {"prefill", "draft", "schedule", "verify", "accept", "total"}
+    assert set(res.stats.time_s) == {"prefill", "draft", "schedule", "verify", "accept", "total", "setup"}
     assert len(res.stats.survival) == 3 and res.requests[0]["output_tokens"] == 5
     streamed = {}
     decode(

@@ -75,6 +75,7 @@ def test_output_law_with_reduced_vocab(toy_target, name, T, top_k, top_p):
     d = make_drafter(toy_target, name, block_size=3, draft_vocab_size=len(SUBSET))
     d.set_draft_vocab(torch.tensor(SUBSET))
     res = decode(toy_target, d, [PROMPT] * N, max_new_tokens=4, stop_token_ids=[], temperature=T, top_k=top_k,
+                 scheduler="static",
                  top_p=top_p, seed=7)  # fmt: skip
     out = torch.tensor(res.token_ids)
     assert res.stats.acceptance_rate > 0  # drafts do get accepted

@@ -125,8 +125,13 @@ def test_step_bytes_and_roofline_arithmetic(tiny_target):
     assert nb.weights == 4 * (layers + tiny_target.lm_head.weight.numel())
     g = tiny_target.geometry
     assert nb.kv_per_token == 2 * g.num_layers * g.num_kv_heads * g.head_dim * 4
-    rows = rf.roofline_rows({1: 0.002, 8: 0.004}, rf.StepBytes(weights=10**6, kv_per_token=100), 1e9, context=10)
-    assert rows[0]["floor_ms"] == pytest.approx(1.0011, abs=1e-2) and rows[0]["x_floor"] == pytest.approx(2.0, abs=0.01)
-    assert rows[1]["mb"] == pytest.approx(1.0018, abs=0.01) and rows[1]["x_floor"] == pytest.approx(4.0, abs=0.02)
-    assert "x floor" in rf.roofline_text(rows, rf.StepBytes(10**6, 100), 1e9, 10)
-    assert rf.memory_bandwidth(nbytes=1 << 20, repeats=1) > 0
+    assert nb.params * 4 == nb.weights
+    sb = rf.StepBytes(weights=10**6, kv_per_token=100, params=10**6 // 4, attn_per_pair=0)
+    machine = rf.Machine(bandwidth=1e9, flops=1e9)  # 1 ms per MB; 1 ms per MFLOP
+    rows = rf.roofline_rows({1: 0.002, 8: 0.004}, sb, machine, context=10)
+    assert rows[0]["bound"] == "memory" and rows[0]["floor_ms"] == pytest.approx(1.0011, abs=1e-2)
+    assert rows[0]["x_floor"] == pytest.approx(2.0, abs=0.01)
+    assert rows[1]["bound"] == "compute" and rows[1]["compute_ms"] == pytest.approx(4.0)  # 2 * 250k * 8 flops
+    assert rows[1]["x_floor"] == pytest.approx(1.0)
+    assert "x floor" in rf.roofline_text(rows, sb, machine, 10)
+    assert rf.memory_bandwidth(nbytes=1 << 20, repeats=1) > 0 and rf.matmul_flops(n=64, repeats=1) > 0
