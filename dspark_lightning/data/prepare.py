@@ -37,7 +37,7 @@ from .cache import FeatureCache, cache_meta, describe_estimate, merge_caches, wr
 from .curate import needs_tokenizer
 from .features import extract_features, tokenize_conversations
 from .mixture import curated_mixture, mixture
-from .regenerate import load_conversations, regenerate
+from .regenerate import generation_settings, load_conversations, regenerate, same_settings
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "heldout")
@@ -342,12 +342,13 @@ class PrepareJob:
         part = rd / f"responses_{split}.jsonl"
         if not mine:
             return
-        self._seed_from_merged(split, part, {p.id: p for p in mine})
         _log(f"rank {rank}/{world}: {split} responses ({len(mine)} prompts, {target.name}) -> {part}")
         t0 = time.perf_counter()
         if self.regen.dtype is not None:
             target = self._regen_target()
         extra = {} if self.regen.dtype is None else {"regen_dtype": self.regen.dtype}
+        cfg = generation_settings(target, seed=self.seed, extra_settings=extra, **self.regen.settings())
+        self._seed_from_merged(split, part, {p.id: p for p in mine}, cfg)
         st = regenerate(target, mine, part, seed=self.seed, progress=self.progress, extra_settings=extra,
                         **self.regen.settings())  # fmt: skip
         if st["written"]:  # a fully resumed stage keeps the statistics of the run that did the work
@@ -355,14 +356,15 @@ class PrepareJob:
         fixed = f" ({st['fixed']} of them fixed text, not decoded)" if st.get("fixed") else ""
         _log(f"  {st['written']} written{fixed}, {st['skipped']} reused from the file")
 
-    def _seed_from_merged(self, split: str, part: Path, prompts: dict[str, Any]) -> None:
+    def _seed_from_merged(self, split: str, part: Path, prompts: dict[str, Any], cfg: dict[str, Any]) -> None:
         """Start a new rank file from an earlier merged JSONL (an older layout, or a recipe that changed elsewhere),
-        so responses already paid for are kept, but only for prompts whose text is unchanged; :func:`regenerate`
-        still checks they were made with these settings."""
+        so responses already paid for are kept: those whose prompt text is unchanged and that were generated with
+        these settings (``cfg``, :func:`~.regenerate.generation_settings`); the others are generated again."""
         merged = self.paths.responses(split)
         if part.exists() or not merged.is_file() or not merged.stat().st_size:
             return
-        rows = [r for r in load_conversations(merged) if r["id"] in prompts and _same_prompt(r, prompts[r["id"]])]
+        rows = [r for r in load_conversations(merged)
+                if r["id"] in prompts and _same_prompt(r, prompts[r["id"]]) and same_settings(r, cfg)]  # fmt: skip
         if rows:
             write_atomic(part, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 

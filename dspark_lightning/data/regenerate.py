@@ -350,6 +350,41 @@ def _prepare_resume(path: Path, cfg: dict[str, Any]) -> set[str]:
     return {row["id"] for _, row in rows}
 
 
+def generation_settings(
+    target: Any,
+    *,
+    temperature: float = 0.2,
+    top_p: float = 0.9,
+    top_k: int | None = None,
+    max_new_tokens: int = 256,
+    seed: int = 42,
+    max_turns: int | None = None,
+    engine: str = "dspark",
+    server: Any = None,
+    extra_settings: dict[str, Any] | None = None,
+    **_: Any,  # batch_size, concurrency, progress: how the rows are made, not what they are
+) -> dict[str, Any]:
+    """What a response row depends on, recorded in its ``gen`` and compared on resume."""
+    return {
+        "temperature": float(temperature),
+        "top_p": float(top_p),
+        "top_k": top_k,
+        "max_new_tokens": max_new_tokens,
+        "seed": seed,
+        "max_turns": max_turns,
+        "engine": engine,
+        **({"server": {"base_url": server.base_url, "model": server.model}} if server is not None else {}),
+        "target": target.name,
+        "chat": target.chat.to_dict(),
+        **(extra_settings or {}),
+    }
+
+
+def same_settings(row: dict[str, Any], cfg: dict[str, Any]) -> bool:
+    gen = row.get("gen", {})
+    return all(gen.get(k) == v for k, v in cfg.items())
+
+
 def regenerate(
     target: Any,
     prompts: Iterable[PromptRecord],
@@ -401,19 +436,9 @@ def regenerate(
     if limit is not None and max_new_tokens >= limit:
         raise checks.UsageError(f"regenerate: max_new_tokens={max_new_tokens} leaves no room for a prompt in the "
                                 f"{limit} positions of the target {target.name!r}; use less than {limit}")  # fmt: skip
-    cfg = {
-        "temperature": float(temperature),
-        "top_p": float(top_p),
-        "top_k": top_k,
-        "max_new_tokens": max_new_tokens,
-        "seed": seed,
-        "max_turns": max_turns,
-        "engine": engine,
-        **({"server": {"base_url": server.base_url, "model": server.model}} if server is not None else {}),
-        "target": target.name,
-        "chat": target.chat.to_dict(),
-        **(extra_settings or {}),  # recorded in every row and checked on resume, like the settings above
-    }
+    cfg = generation_settings(target, temperature=temperature, top_p=top_p, top_k=top_k,
+                              max_new_tokens=max_new_tokens, seed=seed, max_turns=max_turns, engine=engine,
+                              server=server, extra_settings=extra_settings)  # fmt: skip
     path = Path(out_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     done = _prepare_resume(path, cfg)

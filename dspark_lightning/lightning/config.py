@@ -3,8 +3,10 @@ train NaN weights (or nothing), before the target is loaded."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
@@ -17,6 +19,25 @@ TRUE_PRECISIONS = {
     "16-true": torch.float16,
     "bf16-true": torch.bfloat16,
 }
+
+
+C = TypeVar("C")
+
+
+def as_config(value: Any, cls: type[C], name: str) -> C:
+    """An option section given from Python or YAML: None (the defaults), an instance of ``cls``, or a dict of its
+    fields (an unknown key is named with the keys that exist)."""
+    if value is None:
+        return cls()
+    if isinstance(value, cls):
+        return value
+    if isinstance(value, dict):
+        fields = [f.name for f in dataclasses.fields(cls)]
+        unknown = [k for k in value if k not in fields]
+        if unknown:
+            raise ValueError(f"{name}: unknown key(s) {unknown}; the keys are {fields}")
+        return cls(**value)
+    raise TypeError(f"{name} must be a {cls.__name__} or a dict of its fields, got {type(value).__name__}")
 
 
 @dataclass
@@ -63,8 +84,8 @@ class OptimConfig:
     fused: bool | None = None
     """AdamW's fused kernel (one pass per parameter instead of a dozen foreach passes): null = on where torch has it
     for the parameters (CPU and CUDA tensors, not FSDP2's DTensors) and the precision is not ``*-mixed`` (Lightning's
-    AMP plugin cannot clip a fused optimizer's gradients); on a 2-core CPU the step of a lone 49152 x 256
-    table takes 24 ms fused against 75 ms, but a whole training step is no faster (docs/matrix.md, "Fused AdamW")"""
+    AMP plugin cannot clip a fused optimizer's gradients); on a CPU it speeds up the optimizer step of a large
+    table, but not a whole training step (docs/matrix.md, "Fused AdamW")"""
     time_budget_s: float | None = None
     """schedule progress by wall-clock time as well: max(step / max_steps, elapsed / time_budget_s) (a fixed-time
     run, e.g. the experiment matrix; pair it with trainer.max_time)"""

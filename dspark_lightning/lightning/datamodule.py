@@ -25,6 +25,7 @@ from ..data.stream import ShardStream
 from ..data.vocab import response_token_counts
 from ..devices import decode_bf16_faster, dtype_name, resolve_device, resolve_dtype
 from ..targets import ChatFormat, load_target
+from .config import as_config
 
 DEFAULT_SOURCES = [{"name": "gsm_symbolic", "limit": 64}, {"name": "humaneval", "limit": 64}, {"name": "mtbench"}]
 
@@ -109,8 +110,8 @@ class DSparkDataModule(L.LightningDataModule):
         for spec in self.sources:  # unknown source names / arguments fail here, before any expensive work
             build_source(spec)
         self.heldout_fraction, self.split_seed, self.work_dir = heldout_fraction, split_seed, work_dir
-        self.curation = curation
-        self.regen = regen or RegenConfig()
+        self.curation = None if curation is None else as_config(curation, Curation, "data.curation")
+        self.regen = as_config(regen, RegenConfig, "data.regen")
         self.max_length, self.min_supervised = max_length, min_supervised
         self.features, self.feature_dtype, self.target_dtype = features, feature_dtype, target_dtype
         self.streaming, self.cache_url, self.shuffle_buffer = streaming, cache_url, shuffle_buffer

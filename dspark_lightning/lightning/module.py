@@ -25,8 +25,17 @@ from ..losses import ProjectedLogits, dspark_loss, position_weights, supervision
 from ..modules import moe_aux_loss
 from ..targets import ChatFormat, Target, TargetGeometry, load_target
 from .callbacks import TrainingDiverged, default_callbacks, full_drafter_state
-from .config import TRUE_PRECISIONS, LossConfig, OptimConfig, check_hparams, check_phase_anchors, check_precision
+from .config import (
+    TRUE_PRECISIONS,
+    LossConfig,
+    OptimConfig,
+    as_config,
+    check_hparams,
+    check_phase_anchors,
+    check_precision,
+)
 from .metrics import PositionAcceptance, acceptance_table
+from .pairing import check_pairing
 from .schedule import Phase, check_curriculum, lr_factor, phase_at, subsample_anchors
 
 __all__ = ["TRUE_PRECISIONS", "DSparkModule", "LossConfig", "OptimConfig", "TrainingDiverged", "check_hparams",
@@ -84,8 +93,8 @@ class DSparkModule(L.LightningModule):
         warm_start: WarmStart | None = None,
     ) -> None:
         super().__init__()
-        self.loss_cfg = loss or LossConfig()
-        self.optim_cfg = optim or OptimConfig()
+        self.loss_cfg = as_config(loss, LossConfig, "model.loss")
+        self.optim_cfg = as_config(optim, OptimConfig, "model.optim")
         check_hparams(self.loss_cfg, self.optim_cfg, block_size)
         self.curriculum = [p if isinstance(p, Phase) else Phase(**p) for p in curriculum or []]
         check_curriculum(self.curriculum, block_size)
@@ -96,7 +105,7 @@ class DSparkModule(L.LightningModule):
                                      conf_head=conf_head, mask_token_id=mask_token_id,
                                      draft_vocab_size=draft_vocab_size)  # fmt: skip
         if warm_start is not None:
-            ws = warm_start if isinstance(warm_start, WarmStart) else WarmStart(**warm_start)
+            ws = as_config(warm_start, WarmStart, "model.warm_start")
             copied = warm_start_fn(self.drafter, tgt, ws)
             print(f"[dspark-lightning] warm start: drafter layers from target layers {copied}", flush=True)
         self.block_size = block_size
@@ -119,10 +128,15 @@ class DSparkModule(L.LightningModule):
         }
 
     def setup(self, stage: str) -> None:
-        """Check the precision against the target's dtype and the curriculum against the loader's anchors (the draft
-        vocabulary is chosen by the :class:`~.callbacks.DraftVocabulary` callback, which runs just before)."""
+        """Check the precision against the target's dtype, the curriculum against the loader's anchors, and this
+        module's target features against the datamodule's (:func:`~.pairing.check_pairing`: every route to training
+        passes here). The draft vocabulary is chosen by the :class:`~.callbacks.DraftVocabulary` callback, which runs
+        just before."""
+        dm = getattr(self.trainer, "datamodule", None)
+        if dm is not None and hasattr(dm, "target_name"):  # a DSparkDataModule: its target describes the features
+            check_pairing(self.target, dm.target)
         check_precision(str(self.trainer.precision), self.target.lm_head.weight.dtype)
-        check_phase_anchors(self.curriculum, getattr(getattr(self.trainer, "datamodule", None), "max_anchors", None))
+        check_phase_anchors(self.curriculum, getattr(dm, "max_anchors", None))
 
     def configure_callbacks(self) -> list[L.Callback]:
         """The default callbacks (:func:`~.callbacks.default_callbacks`) of each kind the Trainer has none of: a plain
