@@ -250,7 +250,10 @@ def load_calibrations(drafter_dir, weights_sha256: str) -> dict[float, list[floa
             doc = json.loads(f.read_text())
         except (OSError, UnicodeDecodeError, ValueError) as exc:
             raise ValueError(f"calibration file {f} is not readable JSON ({exc}); recalibrate or remove it") from None
-        if not isinstance(doc, dict) or doc.get("weights_sha256") != weights_sha256:
+        if not isinstance(doc, dict):
+            raise ValueError(f"calibration file {f} is not a JSON object (it holds a {type(doc).__name__}); "
+                             "recalibrate or remove it")  # fmt: skip
+        if doc.get("weights_sha256") != weights_sha256:
             warnings.warn(f"{f} was fitted for other weights; ignoring it", stacklevel=2)
             continue
         temps, sampling = doc.get("temperatures"), doc.get("sampling_temperature")

@@ -235,8 +235,9 @@ def drafter_config(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(geometry, dict) or not isinstance(geometry.get("vocab_size"), int):
         raise UsageError(f"drafter config {p / 'config.json'}: geometry has no integer vocab_size")
     block_size(f"drafter config {p / 'config.json'}: block_size", cfg["block_size"])
-    vocab = geometry.get("draft_vocab_size") or geometry["vocab_size"]
-    token_id(f"drafter config {p / 'config.json'}: mask_token_id", cfg.get("mask_token_id"), vocab)
+    # the mask token is an input (embedded by the target's embedding): any token of the target's vocabulary, whatever
+    # the drafter's output vocabulary
+    token_id(f"drafter config {p / 'config.json'}: mask_token_id", cfg.get("mask_token_id"), geometry["vocab_size"])
     input_file("drafter weights", p / "model.safetensors")
     return cfg
 
@@ -280,8 +281,8 @@ def _get(section: Any, key: str, default: Any = None) -> Any:
 
 def data_args(data: Any, datamodule: Any = None) -> None:
     """A recipe's ``data:`` section (``fit``, ``prepare``): sizes and fractions in range before the target answers a
-    single prompt (a negative batch size used to fail only after regeneration, or loop). ``datamodule``: the class
-    the section builds (``DSparkDataModule``: passed in by the Lightning commands, as this leaf imports no layer
+    single prompt (a negative batch size would otherwise fail only after regeneration, or loop). ``datamodule``: the
+    class the section builds (``DSparkDataModule``: passed in by the Lightning commands, as this leaf imports no layer
     above it), whose non-optional arguments must not be null."""
     if datamodule is not None:
         not_null("data", data, datamodule)
@@ -339,8 +340,8 @@ def _int_or_fraction(name: str, value: Any, low: int, fraction_low_open: bool) -
 
 def trainer_args(trainer: Any) -> None:
     """A recipe's ``trainer:`` options that Lightning divides by or loops on, in range before anything is built
-    (``val_check_interval: 0`` or ``accumulate_grad_batches: 0`` used to fail deep in the loop, ``max_steps: 0``
-    to train nothing and export an untrained drafter)."""
+    (``val_check_interval: 0`` or ``accumulate_grad_batches: 0`` would otherwise fail deep in the loop, and
+    ``max_steps: 0`` train nothing and export an untrained drafter)."""
     if trainer is None:
         return
     for key, low in (("accumulate_grad_batches", 1), ("log_every_n_steps", 1), ("check_val_every_n_epoch", 1),
@@ -393,7 +394,7 @@ def _dataclass_of(hint: Any) -> Any:
 
 def not_null(prefix: str, section: Any, cls: Any) -> None:
     """Keys of ``cls`` (its ``__init__`` or dataclass fields) typed without ``None`` must not be given ``null``
-    (``model.block_size: null`` used to reach the drafter as None); nested dataclasses (``data.regen``) and
+    (``model.block_size: null`` would otherwise reach the drafter as None); nested dataclasses (``data.regen``) and
     ``class_path`` components (``model.backbone.init_args``) are followed."""
     import importlib
     import inspect

@@ -21,6 +21,7 @@ import os
 import stat
 import sys
 from argparse import ArgumentError
+from typing import Any
 
 from . import checks
 from .errors import one_line_error
@@ -248,6 +249,47 @@ def recipe_source(value: str) -> None:
     except OSError as exc:
         raise checks.UsageError(f"--config {p} cannot be read ({exc.strerror})") from None
     yaml_structure(f"recipe {p}", text)
+    init_args_keys(f"recipe {p}", text)
+
+
+def init_args_keys(what: str, text: str) -> None:
+    """Every ``init_args`` of a ``class_path`` names parameters that class takes: a typo is named with the keys that
+    exist (jsonargparse would list every type of the union it tried instead)."""
+    import importlib
+    import inspect
+
+    import yaml
+
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return  # the real parser names the line
+
+    def walk(node: Any, where: str) -> None:
+        if isinstance(node, list):
+            for i, x in enumerate(node):
+                walk(x, f"{where}[{i}]")
+            return
+        if not isinstance(node, dict):
+            return
+        cls_path, init = node.get("class_path"), node.get("init_args")
+        if isinstance(cls_path, str) and isinstance(init, dict) and "." in cls_path:
+            module, _, name = cls_path.rpartition(".")
+            try:
+                cls = getattr(importlib.import_module(module), name)
+                params = inspect.signature(cls).parameters
+            except (ImportError, AttributeError, TypeError, ValueError):
+                cls = params = None  # an unknown class: jsonargparse names it
+            if params is not None and not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+                unknown = [k for k in init if k not in params]
+                if unknown:
+                    names, takes = ", ".join(map(repr, unknown)), ", ".join(params)
+                    raise checks.UsageError(f"{what}: {where}.init_args: {cls_path} has no parameter {names}; "
+                                            f"it takes {takes}")  # fmt: skip
+        for k, v in node.items():
+            walk(v, f"{where}.{k}" if where else str(k))
+
+    walk(doc, "")
 
 
 def config_args(argv: list[str]) -> None:

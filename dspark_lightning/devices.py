@@ -1,13 +1,14 @@
 """Device and dtype arguments, parsed one way everywhere (CLI flags, recipes, Python calls).
 
 ``device``: ``"auto"``/None (CUDA when available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``, a torch.device.
-``dtype``: ``"auto"``/None (bf16 on CUDA, fp32 on CPU, where bf16 products were ~10x slower when measured),
+``dtype``: ``"auto"``/None (bf16 on CUDA, fp32 on CPU, where bf16 products are often emulated and slower),
 ``"bf16"``/``"bfloat16"``, ``"fp16"``/``"float16"``/``"half"``, ``"fp32"``/``"float32"``, or a torch.dtype.
 The sampling law, acceptance test and residual are always computed in fp32 or wider whatever these are.
 
 A drafter's precision never affects losslessness, only its speed, so ``drafter_dtype="auto"`` picks what is
 fastest where it runs (:func:`resolve_drafter_dtype`): bf16 on CUDA; on a CPU, bf16 only when a measured product
-of the drafter's LM-head shape is faster than fp32 (CPUs with AVX512-BF16 or AMX: ~5x; without: ~10x slower).
+of the drafter's LM-head shape is faster than fp32 (CPUs with native bf16 matrix instructions: faster; without:
+several times slower).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise ValueError(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N)") from exc
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r} is not supported (use auto, cpu, cuda or cuda:N)")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} requested but CUDA is not available on this machine")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
@@ -90,8 +93,8 @@ def resolve_drafter_dtype(dtype, device: torch.device, default: torch.dtype, wid
 
 @functools.lru_cache(maxsize=16)
 def cpu_bf16_faster(width: int, rows: int, reps: int = 9, m: int = 8) -> bool:
-    """Whether a bf16 product (m, width) x (width, rows) runs in < BF16_MARGIN x the fp32 time on this CPU (~50 ms
-    at m = 8: a drafting round's shape; training passes a larger ``m``)."""
+    """Whether a bf16 product (m, width) x (width, rows) runs in < BF16_MARGIN x the fp32 time on this CPU (m = 8: a
+    drafting round's shape; training passes a larger ``m``). A few repetitions of one product, once per shape."""
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(rows, width, generator=gen)
     x = torch.randn(m, width, generator=gen)

@@ -305,6 +305,10 @@ def _calibrate(a) -> None:
         prompts = calibration_prompts(a.domains, a.prompts_per_domain)
         ro = rollouts(target, drafter, prompts, temperature=a.temperature, max_new_tokens=a.max_new_tokens,
                       seed=a.seed, batch_size=a.batch_size, progress=True)  # fmt: skip
+    width, g = int(ro.z.shape[1]), getattr(drafter, "block_size", None)
+    if g is not None and width != g:
+        raise ValueError(f"the rollouts hold {width} confidences per round, drafter {a.drafter} drafts blocks of {g}: "
+                         "they were recorded with another drafter; record them with this one")  # fmt: skip
     held_ids = heldout_prompts(a.prompts_per_domain, len(a.domains), a.heldout_fraction)
     held = torch.isin(ro.prompt, torch.tensor(held_ids, dtype=torch.long))
     if bool(held.all()):

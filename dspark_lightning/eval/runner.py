@@ -90,7 +90,11 @@ def responses_datasets(path: str | Path, n: int) -> list[Dataset]:
                 raise ValueError(f"{path}:{lineno}: not a responses record: {exc}") from None
             parts = rid.split("/")
             base = "/".join(parts[:2]) if len(parts) > 2 and parts[1] in ("complete", "instruct") else str(source)
-            recs.append((base, str(rec.get("domain") or "chat"), first))
+            dom = str(rec.get("domain") or "chat")
+            if dom not in ("math", "code", "chat"):  # the macro average is over these: another would enter it as a set
+                raise ValueError(f"{path}:{lineno}: domain {dom!r} is not one of math, code, chat (the domains the "
+                                 "metrics average over); fix the record's domain")  # fmt: skip
+            recs.append((base, dom, first))
     if not recs:
         raise ValueError(f"{path} holds no records")
     domains: dict[str, set[str]] = {}

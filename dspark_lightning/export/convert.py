@@ -37,7 +37,7 @@ from .engines import (
     refuse_dspark,
     refuse_eagle3,
 )
-from .files import EXPORT_TAG, read_config, weights_sha256
+from .files import EXPORT_TAG, artifact_entry, read_config, weights_sha256
 from .llamacpp import GGUF_FILE, OUTTYPES, TARGET_GGUF_FILE, check_target, convert, target_dir
 from .native import load_drafter, save_drafter
 
@@ -54,6 +54,7 @@ class ExportResult:
     notes: list[str] = field(default_factory=list)
 
 
+@artifact_entry("drafter")
 def export_drafter(
     drafter_dir: str | Path,
     fmt: str,
@@ -98,6 +99,7 @@ def export_drafter(
                           target_gguf=target_gguf)  # fmt: skip
 
 
+@artifact_entry("drafter")
 def export_serving(
     drafter: Any,
     target: Any,

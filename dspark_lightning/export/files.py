@@ -3,10 +3,12 @@ temp-folder tag of an export in progress, and placing a loaded drafter next to i
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -40,11 +42,21 @@ def config_sha256(cfg: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+WEIGHT_LIMIT = 1e6  # no trained drafter weight comes near; beyond it activations overflow to inf within a layer or two
+
+
 def check_finite(state: dict[str, torch.Tensor], where: str, error: type[Exception] = DrafterLoadError) -> None:
-    """Refuse NaN / inf weights (a diverged run) naming the first such tensor: they decode nothing useful."""
+    """Refuse weights that cannot decode, naming the first such tensor: NaN / inf (a diverged run) or finite values
+    beyond ±``WEIGHT_LIMIT`` (a damaged or rescaled file), whose products overflow to inf and NaN laws."""
     for name, t in state.items():
-        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        if not t.is_floating_point() or not t.numel():
+            continue
+        if not bool(torch.isfinite(t).all()):
             raise error(f"{where}: tensor {name!r} has non-finite values (NaN or inf); did training diverge?")
+        peak = float(t.detach().abs().max())
+        if peak > WEIGHT_LIMIT:
+            raise error(f"{where}: tensor {name!r} holds values up to {peak:.3g}, beyond ±{WEIGHT_LIMIT:g}: "
+                        "these weights overflow when decoding (a damaged or rescaled file; re-export it)")  # fmt: skip
 
 
 def read_config(path: str | Path) -> dict[str, Any]:
@@ -71,6 +83,36 @@ def is_serving_config(cfg: dict[str, Any]) -> bool:
 
 def one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+# raised by our own checks with a message that names the problem (ValueError covers DrafterLoadError, InteropError
+# and UsageError), or by the system (files, memory, Ctrl-C): passed through unchanged
+_OWN = (ValueError, OSError, NotImplementedError, KeyboardInterrupt, MemoryError, RecursionError)
+
+
+def artifact_entry(what: str) -> Callable[[F], F]:
+    """For every entry point that reads a drafter's files (loaders, exporters): a failure that is not one of our
+    own checks (a library's error on a damaged or inconsistent file: a safetensors header, a tensor of the wrong
+    shape, a config value of the wrong type) becomes one :class:`DrafterLoadError` naming the artifact, since the
+    files, not the program, are what the user can fix."""
+
+    def wrap(fn: F) -> F:
+        @functools.wraps(fn)
+        def entry(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except _OWN:
+                raise
+            except Exception as exc:  # noqa: BLE001 - see the docstring: any other failure comes from the files
+                src = args[0] if args else next(iter(kwargs.values()), "?")
+                src = getattr(src, "source_dir", src) if not isinstance(src, str | Path) else src
+                raise DrafterLoadError(f"{what} {src} cannot be used ({type(exc).__name__}: {one_line(exc)[:300]})"
+                                       ) from None  # fmt: skip
+
+        return entry  # type: ignore[return-value]
+
+    return wrap
 
 
 def place_drafter(drafter: Any, target: Any, device=None, dtype=None) -> Any:

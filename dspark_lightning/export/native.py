@@ -33,6 +33,7 @@ from .files import (
     FORMAT_VERSION,
     OWN_FILES,
     DrafterLoadError,
+    artifact_entry,
     check_finite,
     config_sha256,
     is_serving_config,
@@ -149,6 +150,7 @@ def check_chat_format(cfg: dict[str, Any], target: Any, where: str) -> None:
         )
 
 
+@artifact_entry("drafter")
 def load_drafter(
     path: str | Path,
     target: Any = None,

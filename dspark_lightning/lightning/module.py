@@ -137,6 +137,12 @@ class DSparkModule(L.LightningModule):
             check_pairing(self.target, dm.target)
         check_precision(str(self.trainer.precision), self.target.lm_head.weight.dtype)
         check_phase_anchors(self.curriculum, getattr(dm, "max_anchors", None))
+        clip = getattr(self.trainer, "gradient_clip_val", None)
+        if self.optim_cfg.fused is True and "mixed" in str(self.trainer.precision) and clip:
+            raise ValueError(f"model.optim.fused: true cannot run with trainer.precision {self.trainer.precision} "
+                             f"and trainer.gradient_clip_val {clip}: Lightning's mixed-precision plugin cannot clip a "
+                             "fused optimizer's gradients; set model.optim.fused: null (the default picks) or false, "
+                             "or drop the clipping")  # fmt: skip
 
     def configure_callbacks(self) -> list[L.Callback]:
         """The default callbacks (:func:`~.callbacks.default_callbacks`) of each kind the Trainer has none of: a plain

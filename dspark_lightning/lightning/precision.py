@@ -1,11 +1,10 @@
 """Training precision that picks the faster of bf16 autocast and fp32 on the machine it runs on.
 
-On CUDA bf16 autocast is always the faster. On a CPU it depends on the chip: with AVX512-BF16 / AMX (the AMD EPYC
-these docs were measured on) a training step in bf16 autocast ran 1.47x the steps per second of fp32
-(docs/matrix.md, "Training in bf16 on this CPU"); on CPUs without bf16 units bf16 products are emulated and can be
-several times slower. :class:`FastestPrecision` measures it once at start-up (:func:`~dspark_lightning.devices.
-cpu_bf16_faster` on a training-sized product) and becomes bf16 autocast (fp32 weights and optimizer state, like
-``bf16-mixed``) or plain fp32 (like ``32-true``)::
+On CUDA bf16 autocast is always the faster. On a CPU it depends on the chip: with native bf16 matrix instructions a
+training step in bf16 autocast runs more steps per second than fp32 (docs/matrix.md, "Training in bf16 on this CPU");
+on CPUs without bf16 units bf16 products are emulated and can be several times slower. :class:`FastestPrecision`
+measures it once at start-up (:func:`~dspark_lightning.devices.cpu_bf16_faster` on a training-sized product) and
+becomes bf16 autocast (fp32 weights and optimizer state, like ``bf16-mixed``) or plain fp32 (like ``32-true``)::
 
     trainer:
       precision: null   # the plugin decides
@@ -19,11 +18,10 @@ from __future__ import annotations
 import contextlib
 import logging
 
-import torch
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
-from ..devices import cpu_bf16_faster
+from ..devices import cpu_bf16_faster, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +32,7 @@ class FastestPrecision(MixedPrecision):
     accordingly, so everything that reads ``trainer.precision`` sees what runs."""
 
     def __init__(self, width: int = 576, vocab: int = 8192, rows: int = 512, device: str | None = None) -> None:
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        device = resolve_device(device).type  # auto / cpu / cuda; another device is refused in one line
         self.bf16 = device != "cpu" or cpu_bf16_faster(width, vocab, m=rows)
         super().__init__("bf16-mixed", device)
         self.precision = "bf16-mixed" if self.bf16 else "32-true"

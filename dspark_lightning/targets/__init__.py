@@ -75,6 +75,10 @@ def load_target(
 
     if isinstance(target, Target):
         return target
+    if layer_ids is not None and (
+        not isinstance(layer_ids, list | tuple) or any(isinstance(i, bool) or not isinstance(i, int) for i in layer_ids)
+    ):
+        raise ValueError(f"layer_ids must be a list of layer numbers (integers), got {layer_ids!r}")
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     chat = chat or ChatFormat()

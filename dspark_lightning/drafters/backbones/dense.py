@@ -38,6 +38,9 @@ class DenseBackbone(InjectedBackbone):
         self.hparams = capture_args(locals())
         g = geometry
         self._build_common(g, context_state)
+        if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(sliding_window, int)
+                                           or sliding_window < 1):  # fmt: skip
+            raise ValueError(f"sliding_window must be an integer >= 1 or null (full context), got {sliding_window!r}")
         self.sliding_window = sliding_window
         self.layer_windows = [sliding_window] * num_layers
         mlp = lambda: SwiGLU(g.hidden_size, g.intermediate_size)  # noqa: E731
