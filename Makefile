@@ -1,6 +1,7 @@
 # Fresh machine: `make run` (set up + train the embedded default) or `make test` (set up + test suite).
-# Product targets here; the experiments behind docs/ (each writes into docs/data/ or docs/img/) are in
-# benchmarks/Makefile, included below and run from here too (`make compare`); benchmarks/README.md lists them.
+# Product targets here; the experiments behind docs/results.md (each writes into benchmarks/results/data/ or
+# benchmarks/results/img/) are in benchmarks/Makefile, included below and run from here too (`make compare`);
+# benchmarks/README.md lists them.
 VENV := .venv
 PY := $(VENV)/bin/python
 CLI := $(VENV)/bin/dspark-lightning
@@ -30,7 +31,7 @@ test-fast: setup
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
-# The long recipe (README, docs/results.md), timed (peak RSS, wall clock) into its time.log.
+# The long recipe (docs/results.md), timed (peak RSS, wall clock) into its time.log.
 long: setup
 	mkdir -p outputs/smollm2_dspark_long
 	/usr/bin/time -v -o outputs/smollm2_dspark_long/time.log $(VENV)/bin/dspark-lightning fit --config recipes/smollm2_dspark_long.yaml

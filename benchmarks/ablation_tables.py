@@ -1,6 +1,7 @@
-"""Tables (JSON + Markdown) and a plot for the small-budget ablations (benchmarks/ablations.queue, docs/results.md).
+"""Tables (JSON + Markdown) and a plot for the small-budget ablations (benchmarks/ablations.queue;
+benchmarks/results/results_log.md §5.5).
 
-    python benchmarks/ablation_tables.py --out docs/data/ablations
+    python benchmarks/ablation_tables.py --out benchmarks/results/data/ablations
 
 Reads each variant's held-out validation at the end of training (outputs/ablations/<variant>/csv: the
 teacher-forced expected τ̂ = 1 + Σ_k Π_{i<=k} c*_i at T = 1, per domain, c* = Σ min(p_target, q_draft))
@@ -101,7 +102,7 @@ def plot(tables: dict, path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", default="outputs/ablations")
-    ap.add_argument("--out", default="docs/data/ablations")
+    ap.add_argument("--out", default="benchmarks/results/data/ablations")
     a = ap.parse_args()
     root, out = Path(a.runs), Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

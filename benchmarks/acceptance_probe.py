@@ -7,7 +7,8 @@ drafter itself achieves: τ, α and the conditional acceptance A_k. A loop over
 
 (one run per γ and T, each into <out>/runs/T<T>_g<γ>/) that gathers the drafter's rows into one table:
 
-    python benchmarks/acceptance_probe.py --drafter DIR --out docs/data/acceptance_probe      (make acceptance)
+    python benchmarks/acceptance_probe.py --drafter DIR --out benchmarks/results/data/acceptance_probe
+        # make acceptance: the long drafter into benchmarks/results/data/acceptance_long
     python benchmarks/acceptance_probe.py --drafter DIR --prompts WORK_DIR/responses_heldout.jsonl --out DIR
 
 Writes <out>/acceptance.json (run info, one row per T x set x γ) and <out>/acceptance.md.

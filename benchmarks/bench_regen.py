@@ -1,6 +1,6 @@
 """Regeneration throughput: our engine (continuous batching) against HF ``generate`` on the same prompts.
 
-    python benchmarks/bench_regen.py --out docs/data/regen_bench          # (make bench-regen)
+    python benchmarks/bench_regen.py --out benchmarks/results/data/regen_bench          # (make bench-regen)
 
 Both engines answer the same prompts (first user turn, the recipe's sampling settings) into fresh
 JSONL files; the table gives generated tokens, wall time and tokens/s, and checks that the dspark
@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("--hf_batch", type=int, default=24)
     ap.add_argument("--temperature", type=float, default=0.2)
     ap.add_argument("--dtypes", nargs="+", default=["fp32"], help="target precisions for our engine (fp32, bf16)")
-    ap.add_argument("--out", default="docs/data/regen_bench")
+    ap.add_argument("--out", default="benchmarks/results/data/regen_bench")
     a = ap.parse_args()
     target = load_target(a.target)
     sources = [{"name": "gsm_symbolic", "limit": a.prompts // 2}, {"name": "sharegpt", "limit": a.prompts // 2}]

@@ -1,4 +1,4 @@
-"""Render docs/benchmarks.md tables from a finished `fit` run directory.
+"""Render benchmarks/results/benchmarks.md tables from a finished `fit` run directory.
 
     python benchmarks/bench_report.py outputs/smollm2_dspark [--time-log outputs/smollm2_dspark/time.log]
 

@@ -1,6 +1,7 @@
 """Position-1 check: can a two-parameter Platt fit σ(z/T + b) beat STS's one temperature on held-out rounds?
 
-    python benchmarks/calibration_platt.py docs/data/calibration_t1/rollouts.pt --prompts_per_domain 32 --domains 3
+    python benchmarks/calibration_platt.py benchmarks/results/data/calibration_t1/rollouts.pt \
+        --prompts_per_domain 32 --domains 3
 
 Same fit/held-out split as ``dspark-lightning calibrate`` (every other prompt per domain held out). Prints held-out
 ECE, the fitted (T, b), and the spread (std) of the calibrated scores: a fit that squashes every score towards the

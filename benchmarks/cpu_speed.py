@@ -1,6 +1,6 @@
 """Does the runtime hold its numbers on this CPU? Kernels, roofline, and default decode() against plain, per domain.
 
-    .venv/bin/python benchmarks/cpu_speed.py --drafter DIR --out docs/data/cpu_speed     (make cpu-speed)
+    .venv/bin/python benchmarks/cpu_speed.py --drafter DIR --out benchmarks/results/data/cpu_speed     (make cpu-speed)
 
 Writes ``<out>/<cpu>.json`` and ``.md``: the CPU (model, threads), the matrix kernels this machine chose (per shape
 and row count), the verification step per B with its memory-bound floor (lean verifier, 512 cached tokens), and
@@ -152,14 +152,14 @@ def markdown(doc: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--drafter", required=True)
-    ap.add_argument("--out", default=str(ROOT / "docs/data/cpu_speed"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/data/cpu_speed"))
     ap.add_argument("--prompts_per_domain", type=int, default=10)
     ap.add_argument("--max_new_tokens", type=int, default=128)
     ap.add_argument("--domains", nargs="+", default=["math", "code", "chat"])
     a = ap.parse_args(argv)
     from dspark_lightning import load_drafter, load_target
     from dspark_lightning.export import recorded_target_args
-    from dspark_lightning.infer.breakdown import verify_breakdown
+    from dspark_lightning.profiling.breakdown import verify_breakdown
 
     target = load_target("smollm2-135m-instruct", **recorded_target_args(a.drafter))
     drafter = load_drafter(a.drafter, target, dtype="auto")

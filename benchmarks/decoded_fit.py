@@ -1,4 +1,4 @@
-"""Decoded acceptance against training budget (docs/matrix.md, "Decoded acceptance against budget"; issue 18).
+"""Decoded acceptance against training budget (benchmarks/results/matrix.md, "Decoded acceptance against budget").
 
 The matrix's budget fit reads teacher-forced agreement on the training sources' held-out split, which the eval
 prompts do not follow for code and chat. This fits what the bars are stated in: the decoded A_1 and τ of drafters
@@ -6,9 +6,10 @@ trained for several budgets, on the built-in eval prompts (static γ = 7, T = 0,
 blocks seen), and extrapolates the anchors (and training minutes at the cells' measured rate) each bar needs.
 
     python benchmarks/matrix.py --cells benchmarks/budget_cells.yaml --only best_bf16 --minutes 3 6 12 \
-        --out docs/data/budget
-    python benchmarks/decoded_fit.py --cells docs/data/budget --name best_bf16 --out docs/data/budget_decoded \
-        --point long=634000:docs/data/acceptance_long/acceptance.json
+        --out benchmarks/results/data/budget
+    python benchmarks/decoded_fit.py --cells benchmarks/results/data/budget --name best_bf16 \
+        --out benchmarks/results/data/budget_decoded \
+        --point long=634000:benchmarks/results/data/acceptance_long/acceptance.json
 
 Each cell's drafter is probed with benchmarks/acceptance_probe.py into <out>/probe/<cell>/ unless that folder holds
 a finished probe (acceptance probes are deterministic, so they may share the machine; the cells may not).

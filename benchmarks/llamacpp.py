@@ -12,7 +12,8 @@ llama.cpp's own converter, then on the built-in eval prompts (T = 0, batch 1):
    llama.cpp with the drafter at γ = 1..7 with and without ``--spec-draft-p-min`` (its confidence cut), our plain
    and DSpark ``decode()``.
 
-    python benchmarks/llamacpp.py --drafter outputs/smollm2_dspark/tb/version_0/drafter --out docs/data/llamacpp
+    python benchmarks/llamacpp.py --drafter outputs/smollm2_dspark/tb/version_0/drafter \
+        --out benchmarks/results/data/llamacpp
 
 Run alone on the machine. Writes <out>/llamacpp.json and llamacpp.md.
 """
@@ -125,7 +126,7 @@ def prefixed(a: str, b: str) -> bool:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--drafter", default=str(ROOT / "outputs/smollm2_dspark/tb/version_0/drafter"))
-    ap.add_argument("--out", default=str(ROOT / "docs/data/llamacpp"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/data/llamacpp"))
     ap.add_argument("--prompts_per_domain", type=int, default=10)
     ap.add_argument("--sweep_per_domain", type=int, default=3, help="prompts per set for the γ / p-min sweep")
     ap.add_argument("--max_new_tokens", type=int, default=128)

@@ -1,4 +1,4 @@
-"""The experiment matrix of issue 18 (docs/matrix.md): fixed wall-clock training cells on shared prepared data.
+"""The experiment matrix (benchmarks/results/matrix.md): fixed wall-clock training cells on shared prepared data.
 
 Each cell is the base recipe plus the cell's overrides (a nested dict merged into the YAML), trained for a fixed
 wall-clock budget (trainer.max_time with the LR schedule read against the same budget), then validated once on the
@@ -6,8 +6,9 @@ held-out split. Reported per cell: TF-A_1..4 at T = 0 (teacher-forced argmax agr
 greedy τ̂, steps/s, anchors seen, wall and CPU minutes. Run alone on the machine (two cores).
 
     dspark-lightning prepare --config recipes/matrix/base.yaml         # once: the shared data
-    python benchmarks/matrix.py --cells benchmarks/matrix_cells.yaml --minutes 6 --out docs/data/matrix [--only a b]
-    python benchmarks/matrix.py --report docs/data/matrix                  # the table and the budget plot only
+    python benchmarks/matrix.py --cells benchmarks/matrix_cells.yaml --minutes 6 --out benchmarks/results/data/matrix \
+        [--only a b]
+    python benchmarks/matrix.py --report benchmarks/results/data/matrix     # the table and the budget plot only
 """
 
 from __future__ import annotations
@@ -177,7 +178,7 @@ def main() -> None:
     ap.add_argument("--cells", default=str(ROOT / "benchmarks/matrix_cells.yaml"))
     ap.add_argument("--minutes", type=float, nargs="+", default=[6.0])
     ap.add_argument("--only", nargs="*", default=None, help="cell names to run (default: all)")
-    ap.add_argument("--out", default=str(ROOT / "docs/data/matrix"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/data/matrix"))
     ap.add_argument("--report", action="store_true", help="only rebuild the table and plot from --out")
     a = ap.parse_args()
     out = Path(a.out)

@@ -1,6 +1,6 @@
 """Held-out τ̂ against the optimizer step of a `fit` run (every logger version, so resumed runs join up).
 
-python benchmarks/plot_tau_curve.py outputs/smollm2_dspark_long --out docs/img/tau_curve_long.png
+python benchmarks/plot_tau_curve.py outputs/smollm2_dspark_long --out benchmarks/results/img/tau_curve_long.png
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# make run's recipe on real, decontaminated data (docs/data.md, "What real prompts buy at make run's budget"):
+# make run's recipe on real, decontaminated data (docs/results.md; docs/data.md, "What real prompts buy at make run's budget"):
 # the recipe's data at 7 and 14 training minutes, twice the data at 7, each decoded on the eval sets (static γ = 7,
 # T = 0, batch 1, 10 prompts per set) and the 7-minute drafter on the held-out split of its own sources.
-# Run alone on the machine (~75 minutes on 2 cores). Outputs: outputs/real_data/, docs/data/real_data/.
+# Run alone on the machine (~75 minutes on 2 cores). Outputs: outputs/real_data/, benchmarks/results/data/real_data/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1
 PY=.venv/bin/python
 CLI=.venv/bin/dspark-lightning
 OUT=outputs/real_data
-DOCS=docs/data/real_data
+DOCS=benchmarks/results/data/real_data
 mkdir -p "$OUT" "$DOCS"
 SRC2X='[{"name":"reasoning_gym","per_task":12,"seed":3},{"name":"algorithms","form":"both","sample":220},'
 SRC2X+='{"name":"sharegpt_v3","domains":["code"],"language":"en","min_tokens":6,"max_tokens":192,"sample":140},'

@@ -6,7 +6,7 @@ and regenerates the same prompts (the make-run mixture's first chat and code req
 (``engine: openai``). Reports conversations and generated tokens per second, and how many responses are the same
 text as our engine's (greedy text may differ at near-ties: another kernel and precision). Run alone on the machine.
 
-    python benchmarks/regen_server.py --out docs/data/regen_server          (make regen-server)
+    python benchmarks/regen_server.py --out benchmarks/results/data/regen_server          (make regen-server)
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max_new_tokens", type=int, default=96)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--gguf_type", default="f32", help="the served target's GGUF type (f32 = the target's weights)")
-    ap.add_argument("--out", default=str(ROOT / "docs/data/regen_server"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/data/regen_server"))
     a = ap.parse_args(argv)
     out = Path(a.out)
     work = ROOT / "outputs" / "regen_server"

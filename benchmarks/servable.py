@@ -4,8 +4,8 @@ Each cell of benchmarks/servable_cells.yaml is recipes/smollm2_dspark.yaml with 
 same wall budget (benchmarks/matrix.py, data included on first use), then decoded on the built-in eval prompts
 (benchmarks/acceptance_probe.py: static γ = 7, T = 0, batch 1, 10 prompts per set). Run alone on the machine.
 
-    python benchmarks/servable.py --minutes 7 --out docs/data/servable          (make servable-cells)
-    python benchmarks/servable.py --report --out docs/data/servable              (the table only)
+    python benchmarks/servable.py --minutes 7 --out benchmarks/results/data/servable          (make servable-cells)
+    python benchmarks/servable.py --report --out benchmarks/results/data/servable              (the table only)
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--minutes", type=float, default=7.0)
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument("--prompts_per_domain", type=int, default=10)
-    ap.add_argument("--out", default=str(ROOT / "docs/data/servable"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/data/servable"))
     ap.add_argument("--report", action="store_true")
     a = ap.parse_args(argv)
     out = Path(a.out)

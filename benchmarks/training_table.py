@@ -1,6 +1,7 @@
-"""Training budget and held-out τ̂ of finished `fit` runs, as a Markdown table (docs/results.md).
+"""Training budget and held-out τ̂ of finished `fit` runs, as a Markdown table (benchmarks/results/results_log.md §5.2).
 
-    python benchmarks/training_table.py outputs/compare/{dspark,dflash,eagle3,mtp1} --out docs/data/compare_training
+    python benchmarks/training_table.py outputs/compare/{dspark,dflash,eagle3,mtp1} \
+        --out benchmarks/results/data/compare_training
 
 For each run directory (a recipe's default_root_dir): optimizer steps, tokens seen, training wall time, whole-command
 wall time and peak RSS (from time.log, if present), trainable parameters, and the teacher-forced held-out τ̂ at T = 1

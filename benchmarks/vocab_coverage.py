@@ -1,6 +1,7 @@
 """Draft-vocabulary coverage table: how much of the target's output a top-N vocabulary covers.
 
-    python benchmarks/vocab_coverage.py --work_dir outputs/smollm2_dspark_long/data --out docs/data/vocab_coverage
+    python benchmarks/vocab_coverage.py --work_dir outputs/smollm2_dspark_long/data \
+        --out benchmarks/results/data/vocab_coverage
 
 For N in --sizes, the vocabulary is the N most frequent response tokens of the training conversations
 (as ``fit`` picks it, stop tokens forced in). Columns: the share of training and held-out response
@@ -30,7 +31,7 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384, 32768])
     ap.add_argument("--mass_sequences", type=int, default=64, help="held-out conversations for the probability mass")
     ap.add_argument("--max_length", type=int, default=768)
-    ap.add_argument("--out", default="docs/data/vocab_coverage")
+    ap.add_argument("--out", default="benchmarks/results/data/vocab_coverage")
     a = ap.parse_args()
     target = load_target(a.target)
     V = target.geometry.vocab_size

@@ -28,7 +28,7 @@ def test_a_fifo_inside_a_drafter_folder_is_refused_before_any_read(tmp_path):
 
 
 def test_the_sps_table_is_replaced_whole_and_leaves_no_temp_file(tmp_path):
-    table = SPSTable.load(REPO / "docs/data/sps_smollm2_cpu_lean.json")
+    table = SPSTable.load(REPO / "benchmarks/results/data/sps_smollm2_cpu_lean.json")
     out = tmp_path / "sps.json"
     out.write_text("old")
     table.save(out)
