@@ -8,6 +8,16 @@ import torch  # noqa: E402
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.gpu`` tests need a CUDA device: without one they are skipped (CPU CI stays green)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def tiny_target():
     from dspark_lightning import load_target

@@ -129,7 +129,7 @@ class PythonSource(_Shuffled):
 @functools.lru_cache(maxsize=4)
 def _stdlib_functions(min_lines: int, max_lines: int) -> tuple[tuple[str, str, str], ...]:
     """(id, header with docstring, whole source) of every documented public stdlib function of that length (parsed
-    once per process: ≈ 5 s)."""
+    once per process: parsing the standard library is slow)."""
     out, seen = [], set()
     for path in _stdlib_files():
         parsed = _parse(path)

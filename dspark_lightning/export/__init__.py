@@ -9,7 +9,7 @@
 - cli.py: the ``dspark-lightning export`` command.
 
 Imports neither Lightning nor the training stack, nor the runtime (``infer/`` imports this package, not the other
-way round). ``dspark_lightning.interop`` is the deprecated old name of the serving half.
+way round).
 """
 
 from __future__ import annotations

@@ -184,7 +184,7 @@ def built(tools: tuple[str, ...] = TOOLS) -> bool:
 
 
 def build(tools: tuple[str, ...] = TOOLS, jobs: int | None = None, log=None) -> Path:
-    """Compile llama.cpp's ``tools`` from the pinned source (once per CPU; ~4 min on 2 cores the first time) and
+    """Compile llama.cpp's ``tools`` from the pinned source (once per CPU, minutes the first time, then cached) and
     return their folder. Progress goes to ``log`` (stderr by default); a failed build names its log file."""
     from ..locks import folder_lock
 

@@ -249,8 +249,8 @@ def newest_readable(found: list[Path]) -> Path:
 
 
 def check_checkpoint_file(path: str | None) -> None:
-    """An explicit ``--ckpt_path`` file must be a torch checkpoint (a zip archive): a garbage file used to fail
-    deep inside ``torch.load`` after the model was built and validated."""
+    """An explicit ``--ckpt_path`` file must be a torch checkpoint (a zip archive), checked up front: a garbage file
+    would otherwise fail deep inside ``torch.load`` after the model was built and validated."""
     if path is None or str(path) in ("last", "best", "hpc") or "://" in str(path):
         return
     checks.path_length("--ckpt_path", path)  # before is_file(): an over-long name makes stat() itself fail

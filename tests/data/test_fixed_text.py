@@ -1,4 +1,4 @@
-"""Fixed text (issue 18 item 8): sources that carry their responses, a jsonl file of whole conversations, prepare
+"""Fixed text: sources that carry their responses, a jsonl file of whole conversations, prepare
 writing them without decoding, and training on several prepared work dirs (``data.extra_work_dirs``)."""
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def test_torn_last_line_is_dropped_on_resume_with_a_warning(target, tmp_path, ta
 
 def test_duplicate_ids_from_a_race_are_deduplicated_on_resume(target, tmp_path):
     """Two writers appended the same ids: the first complete line of each id is kept, with one warning, and the
-    folder works again (the reader used to fail forever with "id ... already on line 1")."""
+    folder works again (a reader that refused duplicates would fail forever with "id ... already on line 1")."""
     out = tmp_path / "gen.jsonl"
     regenerate(target, _prompts(3), out, **FAST)
     lines = out.read_text().splitlines(keepends=True)

@@ -1,4 +1,4 @@
-"""Chat prompts the target writes itself (issue 18 item 8): the requests, the cleaning of a written reply, the file
+"""Chat prompts the target writes itself: the requests, the cleaning of a written reply, the file
 `write-prompts` leaves (readable by the jsonl source, resumable) and the shipped `self_chat` source."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The bad-input table of issue 14, shared by ``tests/e2e/test_fuzz.py`` and ``scripts/fuzz_report.py``.
+"""The bad-input table, shared by ``tests/e2e/test_fuzz.py`` and ``scripts/fuzz_report.py``.
 
 Every case is an argv for ``dspark-lightning`` run from a scratch workspace (:func:`make_workspace`) that holds a tiny
 exported drafter, corrupted copies of it under ``bad/`` and a few good and bad input files. Each must end with exit

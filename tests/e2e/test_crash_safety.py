@@ -1,4 +1,4 @@
-"""Crash safety (issue 14): `fit` killed with SIGKILL after the feature stage and mid-training resumes with
+"""Crash safety: `fit` killed with SIGKILL after the feature stage and mid-training resumes with
 `--ckpt_path last` from the checkpoint's step and exports a finite drafter; divergence stops `fit` with exit 2;
 stale caches and orphans of killed writes are handled."""
 

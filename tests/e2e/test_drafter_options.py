@@ -1,4 +1,4 @@
-"""Issue 18's recipe options end to end on tiny_debug: the draft-vocabulary loss, a curriculum, WSD, the argmax CE,
+"""Recipe options end to end on tiny_debug: the draft-vocabulary loss, a curriculum, WSD, the argmax CE,
 the context state and the warm start train, log the T = 0 metrics, export, reload and decode losslessly."""
 
 import csv

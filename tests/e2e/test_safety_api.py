@@ -1,4 +1,4 @@
-"""Issue 20, items 4-6 at the Python API, by class: every argument of ``decode()``, the schedulers, the SPS table,
+"""Bad arguments at the Python API, by class: every argument of ``decode()``, the schedulers, the SPS table,
 ``regenerate()`` and the recipe checks, given values of the wrong type or out of range (a seeded draw of each
 argument's bad values, all of them with ``DSPARK_FUZZ_N=0``), raise one-line ``ValueError``s before any work
 starts (no prefill), never another exception, a hang or a silent result. ``api_cases()`` is also run by
@@ -135,9 +135,9 @@ def test_the_api_refuses_in_one_line_before_work(case, tiny_target, tmp_path):
     assert not (tmp_path / "r.jsonl").exists()
 
 
-def test_the_api_table_is_large():
+def test_the_api_case_ids_are_unique():
     cases = api_cases()
-    assert len(cases) >= 100 and len({c[1] for c in cases}) == len(cases)
+    assert len({c[1] for c in cases}) == len(cases)
 
 
 def test_recipe_checks_refuse_every_bad_trainer_value():

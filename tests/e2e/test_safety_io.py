@@ -1,4 +1,4 @@
-"""Issue 20, item 5, the cases the generated classes reach only in part: a real closed pipe on stdout, Ctrl-C in the
+"""The cases the generated classes reach only in part: a real closed pipe on stdout, Ctrl-C in the
 middle of training, regeneration bounded by the target's positions, a read-only output folder."""
 
 from __future__ import annotations

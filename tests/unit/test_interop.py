@@ -371,16 +371,3 @@ def test_eagle3_export_computes_the_public_eagle3_layer(varied_target, batch, tm
     ours = d(context, ids, anchors, valid).logits[:, :, 0]  # step 0 of anchor a reads position a - 1
     for b, a in valid.nonzero().tolist():
         torch.testing.assert_close(ours[b, a], ref[b, anchors[b, a] - 1], rtol=1e-4, atol=1e-4)
-
-
-def test_the_deprecated_interop_names_are_the_export_packages():
-    """``dspark_lightning.interop`` is an alias of export/: the same functions and the same module objects."""
-    from dspark_lightning.interop.common import TARGET_ONLY_KEYS as old_keys
-    from dspark_lightning.interop.convert import export_drafter as old_export
-
-    import dspark_lightning.export as export
-    import dspark_lightning.interop as interop
-
-    assert old_export is export.export_drafter and interop.export_serving is export.export_serving
-    assert old_keys is TARGET_ONLY_KEYS and interop.InteropError is InteropError
-    assert interop.dspark_hf is export.dspark_hf and interop.run_export is export.run_export

@@ -97,25 +97,23 @@ def test_a_hanging_plugin_is_skipped_and_reported(monkeypatch):
 
 
 def test_proposers_come_from_the_registry_by_the_drafter_class_name():
-    """One registry: a drafter class names its proposer (``proposer_name``); the deprecated ``register_proposer``
-    registers through it too, and a subclass inherits its base's proposer."""
+    """One registry: a drafter class names its proposer (``proposer_name``), a factory registered with
+    ``register("proposer", name)`` builds it, and a subclass inherits its base's proposer."""
     from dspark_lightning.drafters import ChainDrafter, Drafter
-    from dspark_lightning.infer import make_proposer, register_proposer
+    from dspark_lightning.infer import make_proposer
 
     assert registry.get("proposer", Drafter.proposer_name).__name__ == "block_proposer"
     assert registry.get("proposer", ChainDrafter.proposer_name).__name__ == "chain_proposer"
 
     class Toy:
-        pass
+        proposer_name = "_test_toy"
 
     class SubToy(Toy):
         pass
 
-    with pytest.warns(DeprecationWarning, match="register_proposer is deprecated"):
-
-        @register_proposer(Toy, name="_test_toy")
-        def toy_proposer(drafter, layout="padded", conf_temperatures=None):
-            return SimpleNamespace(drafter=drafter, layout=layout)
+    @register("proposer", "_test_toy")
+    def toy_proposer(drafter, layout="padded", conf_temperatures=None):
+        return SimpleNamespace(drafter=drafter, layout=layout)
 
     try:
         made = make_proposer(SubToy(), layout="flat")

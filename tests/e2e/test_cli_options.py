@@ -1,15 +1,10 @@
-"""The command-line options that replaced experiment scripts (``eval --scheduler static --gamma``, ``eval --prompts``,
-``bench --scheduler A B --layouts``, ``profile --breakdown``), the ablation queue, the plots' geometry and the
-split of the Makefile into product and benchmark targets."""
+"""Command-line options of eval, bench and profile (``eval --scheduler static --gamma``, ``eval --prompts``,
+``bench --scheduler A B --layouts``, ``profile --breakdown``), the plots' geometry, and that the docs name only
+files that exist."""
 
-import importlib.util
 import json
-import os
 import re
-import shlex
-import shutil
 import struct
-import subprocess
 
 import pytest
 import torch
@@ -26,7 +21,7 @@ def drafter(tmp_path_factory):
     target = load_target("tiny-debug")
     torch.manual_seed(0)
     d = create("drafter", "dspark", target, block_size=3, backbone={"name": "dense", "num_layers": 1})
-    return str(save_drafter(d, tmp_path_factory.mktemp("lab") / "dspark", target))
+    return str(save_drafter(d, tmp_path_factory.mktemp("cli") / "dspark", target))
 
 
 def _png_size(path) -> tuple[int, int]:
@@ -35,7 +30,7 @@ def _png_size(path) -> tuple[int, int]:
     return struct.unpack(">II", head[16:24])
 
 
-# eval --scheduler static --gamma, eval --prompts (scripts/acceptance_probe.py)
+# eval --scheduler static --gamma, eval --prompts
 
 
 def test_eval_static_gamma_fixes_the_block(drafter, tmp_path, capsys):
@@ -96,21 +91,7 @@ def test_eval_prompts_rejects_a_file_of_other_records(drafter, tmp_path, capsys)
     assert code == 2 and "--prompts" in err
 
 
-def test_acceptance_probe_wrapper_gathers_eval_runs(drafter, tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("acceptance_probe", ROOT / "benchmarks" / "acceptance_probe.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
-    out = tmp_path / "probe"
-    probe.main(["--drafter", drafter, "--target", "tiny-debug", "--prompts_per_domain", "1", "--max_new_tokens", "4",
-                "--gammas", "2", "1", "--temperatures", "0", "--out", str(out)])  # fmt: skip
-    rows = json.loads((out / "acceptance.json").read_text())["rows"]
-    assert [(r["set"], r["gamma"]) for r in rows] == [(s, g) for s in ("math", "code", "chat") for g in (2, 1)]
-    assert all(1.0 <= r["tau"] <= 1 + r["gamma"] for r in rows)
-    assert (out / "acceptance.md").read_text().startswith("| T | set | γ |")
-    assert (out / "runs" / "T0_g2" / "tau_table.json").is_file()
-
-
-# bench --scheduler A B --layouts padded flat (scripts/bench_decode.py)
+# bench --scheduler A B --layouts padded flat
 
 
 def test_bench_several_schedulers_and_layouts(drafter, tmp_path, capsys):
@@ -144,7 +125,7 @@ def test_bench_rejects_bad_scheduler_and_layout_lists(drafter, tmp_path, capsys,
     assert code == 2 and word in err
 
 
-# profile --breakdown verify|draft (scripts/profile_verify.py, scripts/profile_draft.py)
+# profile --breakdown verify|draft
 
 
 def test_profile_breakdown_verify(tmp_path, capsys):
@@ -241,121 +222,7 @@ def test_bench_plot_is_a_grid(tmp_path):
     assert (w, h) == (round(3.2 * 4 * 110), round(3.8 * 2 * 110))  # 8 cells: 2 rows of 4
 
 
-# the ablation queue: one base recipe + command-line overrides per run
-
-
-def _queue_commands() -> list[list[str]]:
-    r = subprocess.run(["bash", "scripts/fit_queue.sh", "--dry-run", "--queue", "benchmarks/ablations.queue"],
-                       cwd=ROOT, capture_output=True, text=True, check=True)  # fmt: skip
-    return [shlex.split(line) for line in r.stdout.splitlines() if line.strip()]
-
-
-def test_ablation_queue_matches_the_table_variants():
-    spec = importlib.util.spec_from_file_location("ablation_tables", ROOT / "benchmarks" / "ablation_tables.py")
-    tables = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tables)
-    from dspark_lightning.lightning.cli import DSparkCLI
-    from dspark_lightning.lightning.datamodule import DSparkDataModule
-    from dspark_lightning.lightning.module import DSparkModule
-
-    commands = _queue_commands()
-    assert len(commands) == len(tables.VARIANTS) == 13
-    parser = None
-    seen = set()
-    for cmd in commands:
-        assert cmd[1] == "fit" and cmd[2] == "--config"
-        if parser is None:  # one CLI built (the base recipe instantiated), then each run's arguments parsed
-            parser = DSparkCLI(DSparkModule, DSparkDataModule, run=False, args=cmd[2:4]).parser
-        cfg = parser.parse_args(cmd[2:])
-        root = cfg.trainer.default_root_dir
-        name = root.removeprefix("outputs/ablations/")
-        drafter, layers, gamma, head = tables.VARIANTS[name]
-        seen.add(name)
-        assert cmd[3] == f"recipes/compare/{drafter}.yaml"
-        loggers = [
-            (lg.class_path.rsplit(".", 1)[1], lg.init_args.save_dir, lg.init_args.name) for lg in cfg.trainer.logger
-        ]
-        assert loggers == [("TensorBoardLogger", root, "tb"), ("CSVLogger", root, "csv")]
-        assert cfg.trainer.max_steps == 130 and cfg.trainer.val_check_interval == 130 and cfg.seed_everything == 42
-        assert cfg.model.backbone.init_args.num_layers == layers and cfg.model.block_size == gamma
-        if head is None:
-            assert cfg.model.seq_head is None and cfg.model.conf_head is None
-        else:
-            cls = {"vanilla": "VanillaMarkovHead", "gated": "GatedMarkovHead", "rnn": "RNNHead"}[head]
-            assert cfg.model.seq_head.class_path.endswith(cls) and cfg.model.seq_head.init_args.rank == 256
-    assert seen == set(tables.VARIANTS)
-
-
-def test_fit_queue_runs_recipes_and_skips_finished_runs(tmp_path):
-    """A stand-in for the CLI records each call: a queue line's run directory goes into default_root_dir and
-    both loggers; a run with an exported drafter is skipped."""
-    fake = tmp_path / "fake_cli"
-    fake.write_text('#!/usr/bin/env bash\necho "$@" >> "$CALLS"\n')
-    fake.chmod(0o755)
-    done = tmp_path / "runs" / "done"
-    (done / "tb" / "version_0" / "drafter").mkdir(parents=True)
-    (done / "tb" / "version_0" / "drafter" / "config.json").write_text("{}")
-    queue = tmp_path / "q.queue"
-    queue.write_text(f"# comment\n\n{tmp_path}/runs/new recipes/compare/dspark.yaml --model.block_size=3  # γ 3\n"
-                     f"{done} recipes/compare/dspark.yaml\n")  # fmt: skip
-    env = {"PATH": "/usr/bin:/bin", "DSPARK_BIN": str(fake), "CALLS": str(tmp_path / "calls")}
-    if not shutil.which("time", path="/usr/bin"):
-        pytest.skip("/usr/bin/time is not installed")
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "fit_queue.sh"), "--queue", str(queue)], cwd=ROOT, env=env,
-                       capture_output=True, text=True)  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    calls = (tmp_path / "calls").read_text().splitlines()
-    assert len(calls) == 1 and f"--trainer.default_root_dir={tmp_path}/runs/new" in calls[0]
-    assert calls[0].endswith("--model.block_size=3") and calls[0].count(f"save_dir: {tmp_path}/runs/new") == 2
-    assert "skipping" in r.stdout and (tmp_path / "runs" / "new" / "time.log").is_file()
-
-
-# the Makefile: product targets at the top, the experiments included from benchmarks/Makefile
-
-OLD_TARGETS = (
-    "setup run test test-fast lint bench bench-decode compare eval-compare bench-compare ablations calibrate "
-    "threshold-sweep serve-bench serve-study profile-verify profile-draft bench-regen long long-dflash vocab-coverage "
-    "sps-lean bench-speed speed-suite acceptance acceptance-main matrix-data matrix bench-main bench-long gpu-wheels "
-    "gpu-check gpu-check-cpu serve-bench-gate budget-decoded self-chat-prompts budget-cells llamacpp-tools llamacpp "
-    "servable-cells"
-).split()
-PRODUCT = {
-    "setup",
-    "run",
-    "test",
-    "test-fast",
-    "lint",
-    "long",
-    "gpu-wheels",
-    "gpu-check",
-    "gpu-check-cpu",
-    "llamacpp-tools",
-}
-
-
-def _rules(makefile) -> set[str]:
-    return {m.group(1) for m in re.finditer(r"^([a-z][\w-]*):", makefile.read_text(), re.M)}
-
-
-def _outside_make() -> dict[str, str]:
-    """The environment without the variables a calling ``make test`` (CI) passes down to a nested make."""
-    return {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")}
-
-
-@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
-def test_every_make_target_still_resolves_and_names_existing_files():
-    assert _rules(ROOT / "Makefile") == PRODUCT
-    assert "include benchmarks/Makefile" in (ROOT / "Makefile").read_text()
-    assert not _rules(ROOT / "benchmarks" / "Makefile") & PRODUCT
-    r = subprocess.run(["make", "--no-print-directory", "-n", "test"], cwd=ROOT, capture_output=True, text=True,
-                       env=_outside_make())  # fmt: skip
-    assert r.returncode == 0 and r.stdout.splitlines()[-1].endswith("-m pytest -q")  # what CI runs, unchanged
-    for target in OLD_TARGETS:
-        r = subprocess.run(["make", "--no-print-directory", "-n", target, "LONG=L", "MAIN=M"], cwd=ROOT,
-                           capture_output=True, text=True, env=_outside_make())  # fmt: skip
-        assert r.returncode == 0, (target, r.stderr)
-        for path in re.findall(r"\b((?:scripts|benchmarks)/[\w./-]+\.(?:py|sh|queue|yaml))", r.stdout):
-            assert (ROOT / path).is_file(), (target, path)
+# the docs point at files that exist
 
 
 def test_docs_name_only_scripts_that_exist():
