@@ -1,4 +1,4 @@
-"""Fixed-text sources (docs/matrix.md, "fixed text"): prompts that carry their own responses.
+"""Fixed-text sources (benchmarks/results/matrix.md, "fixed text"): prompts that carry their own responses.
 
 A record with ``responses`` is not regenerated; at feature extraction the target *scores* the text, and its
 logits on it are the labels (the L1/KL and argmax-CE terms; the CE on the data tokens should be off, since the

@@ -70,7 +70,8 @@ class RegenConfig:
     """engine openai: retries of a request that fails to connect, times out or gets a 5xx / 429 answer"""
     dtype: str | None = None
     """precision of the target copy that writes the responses (null = the target's own, ``data.target_dtype``).
-    ``bf16`` about doubles regeneration on a CPU with bf16 units (docs/matrix.md, "Regeneration throughput"); the
+    ``bf16`` about doubles regeneration on a CPU with bf16 units (benchmarks/results/matrix.md, "Regeneration
+    throughput"); the
     responses are then the bf16 target's, while features and labels still come from the target itself. ``fastest``:
     bf16 where this machine runs it faster (CUDA; a CPU with bf16 units, measured once), else the target's own
     precision; the data's fingerprint records what it chose."""

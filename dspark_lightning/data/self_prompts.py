@@ -1,4 +1,4 @@
-"""Chat prompts the target writes itself (docs/matrix.md, "Chat prompts the target writes").
+"""Chat prompts the target writes itself (benchmarks/results/matrix.md, "Chat prompts the target writes").
 
 No offline corpus of real user questions ships in a registry package, and the chat sources we have are FastChat's
 500 dummy conversations and the 80 MT-Bench questions. A drafter learns the *target's answers*, so what it needs is

@@ -93,7 +93,8 @@ class PromptRecord:
 
     ``system``: the conversation's own system prompt (``None``: the recipe's chat format decides).
     ``responses`` (optional): fixed assistant turns, one per user turn from the first. A record with them is not
-    regenerated: its text is *scored* by the target (its logits on the fixed text are the labels; docs/matrix.md,
+    regenerated: its text is *scored* by the target (its logits on the fixed text are the labels;
+    benchmarks/results/matrix.md,
     "fixed text"), which costs one prefill instead of a decode per token.
     """
 
@@ -292,7 +293,7 @@ class PythonStdlib(PromptSource):
     def __init__(self, *, style: str = "requests", limit: int | None = None, seed: int = 42) -> None:
         """``style="complete"``: every callable as a HumanEval-form "complete this function" request (its signature
         and docstring in a code block, HumanEval's instruction), ids ``python_stdlib/complete/module.qualname``; the
-        form the code evaluation prompts have (docs/matrix.md: the long drafter's decoded code gap)."""
+        form the code evaluation prompts have (benchmarks/results/matrix.md: the long drafter's decoded code gap)."""
         if style not in self.STYLES:
             raise ValueError(f"python_stdlib: style must be one of {self.STYLES}, got {style!r}")
         super().__init__(limit=limit, seed=seed)
@@ -379,7 +380,8 @@ class JsonlPrompts(PromptSource):
         self, *, path: str | Path, domain: str = "chat", fixed: bool = False, limit: int | None = None, seed: int = 42
     ) -> None:
         """``fixed=True``: the lines are whole conversations (``{"role", "content"}`` messages) whose assistant
-        messages are kept as fixed responses, scored by the target instead of regenerated (docs/matrix.md)."""
+        messages are kept as fixed responses, scored by the target instead of regenerated
+        (benchmarks/results/matrix.md)."""
         super().__init__(limit=limit, seed=seed)
         if domain not in DOMAINS:
             raise ValueError(f"jsonl prompt source: domain {domain!r} is not one of {DOMAINS}")

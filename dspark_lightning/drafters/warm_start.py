@@ -5,7 +5,7 @@ projection W_c the identity on one tapped layer's block (so C_t starts as that l
 input the copied layer saw in the target), copies that layer's input norm into the fusion norm and the target's
 final norm into the drafter's, and zeroes the Markov W2 and the confidence head (their outputs start at 0, the
 sequential bias at none). Only the shapes the target and a dense drafter share are copied; anything else is an
-error. A deviation from docs/algorithm.md §3.1's N(0, 0.02) initialisation, ablated in docs/matrix.md.
+error. A deviation from docs/algorithm.md §3.1's N(0, 0.02) initialisation, ablated in benchmarks/results/matrix.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``dspark-lightning serve-bench``: a closed-loop serving study on this machine (the paper's Figures 7–8).
 
     dspark-lightning serve-bench --drafter outputs/compare/dspark/tb/version_0/drafter \
-        --sps docs/data/sps_smollm2_cpu.json --out docs/data/serve_bench
+        --sps benchmarks/results/data/sps_smollm2_cpu.json --out benchmarks/results/data/serve_bench
 
 For every concurrency N and every method (plain decoding, static γ, threshold, hardware-aware and its
 asynchronous variant) one :class:`~dspark_lightning.infer.engine.Engine` really decodes: N requests are

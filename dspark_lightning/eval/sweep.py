@@ -1,7 +1,7 @@
 """``dspark-lightning threshold-sweep``: the confidence-threshold trade-off (the paper's Figure 5).
 
     dspark-lightning threshold-sweep --drafter outputs/compare/dspark/tb/version_0/drafter \
-        --out docs/data/threshold_sweep
+        --out benchmarks/results/data/threshold_sweep
 
 For every domain's held-out prompts and every θ, real decoding with the ``threshold`` scheduler: the
 average verified drafts per request-round split into accepted (m) and rejected (ℓ − m), and the

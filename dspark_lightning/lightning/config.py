@@ -85,7 +85,7 @@ class OptimConfig:
     """AdamW's fused kernel (one pass per parameter instead of a dozen foreach passes): null = on where torch has it
     for the parameters (CPU and CUDA tensors, not FSDP2's DTensors) and the precision is not ``*-mixed`` (Lightning's
     AMP plugin cannot clip a fused optimizer's gradients); on a CPU it speeds up the optimizer step of a large
-    table, but not a whole training step (docs/matrix.md, "Fused AdamW")"""
+    table, but not a whole training step (benchmarks/results/matrix.md, "Fused AdamW")"""
     time_budget_s: float | None = None
     """schedule progress by wall-clock time as well: max(step / max_steps, elapsed / time_budget_s) (a fixed-time
     run, e.g. the experiment matrix; pair it with trainer.max_time)"""

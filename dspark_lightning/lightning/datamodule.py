@@ -65,7 +65,7 @@ class DSparkDataModule(L.LightningDataModule):
             ``sources`` entry.
         extra_work_dirs: other prepared work dirs (``dspark-lightning prepare`` of another recipe with the same
             target, layers and feature dtype) whose cached splits are trained and validated on with this one, e.g.
-            regenerated data plus fixed text (docs/matrix.md). They are read, never prepared: a missing or
+            regenerated data plus fixed text (benchmarks/results/matrix.md). They are read, never prepared: a missing or
             mismatched cache fails at start-up. Their responses count towards the draft vocabulary.
     """
 

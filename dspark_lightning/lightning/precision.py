@@ -1,7 +1,8 @@
 """Training precision that picks the faster of bf16 autocast and fp32 on the machine it runs on.
 
 On CUDA bf16 autocast is always the faster. On a CPU it depends on the chip: with native bf16 matrix instructions a
-training step in bf16 autocast runs more steps per second than fp32 (docs/matrix.md, "Training in bf16 on this CPU");
+training step in bf16 autocast runs more steps per second than fp32 (benchmarks/results/matrix.md, "Training in bf16
+on this CPU");
 on CPUs without bf16 units bf16 products are emulated and can be several times slower. :class:`FastestPrecision`
 measures it once at start-up (:func:`~dspark_lightning.devices.cpu_bf16_faster` on a training-sized product) and
 becomes bf16 autocast (fp32 weights and optimizer state, like ``bf16-mixed``) or plain fp32 (like ``32-true``)::

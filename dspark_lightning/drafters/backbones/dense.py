@@ -23,7 +23,7 @@ class DenseBackbone(InjectedBackbone):
         qk_norm: Qwen3-style per-head q/k RMSNorm.
         sliding_window: attend only to the last W context positions before the anchor (None = full).
         context_state: add W_s·h^T_{a-1}, the target's final hidden state of the last context position, to every
-            block input (W_s zero-initialised; a deviation from the paper, ablated in docs/matrix.md).
+            block input (W_s zero-initialised; a deviation from the paper, ablated in benchmarks/results/matrix.md).
     """
 
     def __init__(
