@@ -188,7 +188,7 @@ def check_syncs(device, dtype, shape: dict, batches: list[int], rounds: int) -> 
     import warnings
 
     from dspark_lightning.infer import Engine, SamplingParams, make_proposer
-    from dspark_lightning.infer.syncs import HostReads
+    from dspark_lightning.profiling.syncs import HostReads
 
     target = random_llama(shape, device, dtype)
     drafter = random_dspark(target, block_size=7)

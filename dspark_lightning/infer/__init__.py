@@ -5,14 +5,16 @@ from dspark_lightning.infer import decode
 
 from .accept import Acceptance, accept
 from .decode import DecodeResult, decode, encode_prompt
-from .draft import BlockProposer, Proposal, StatelessProposer, make_proposer, register_proposer
-from .engine import Engine, Request
+from .draft import BlockProposer, Proposal, StatelessProposer, make_proposer
+from .engine import Engine
 from .lean import LeanVerifier
+from .protocols import Proposer, Scheduler, Verifier
+from .request import Request
 from .sampling import SamplingParams, probs, sample
 from .schedulers import (
     AsyncHardwareAwareScheduler,
+    AutoScheduler,
     HardwareAwareScheduler,
-    Scheduler,
     StaticScheduler,
     ThresholdScheduler,
     build_scheduler,
@@ -25,6 +27,7 @@ from .verify import HFVerifier, build_verifier
 __all__ = [
     "Acceptance",
     "AsyncHardwareAwareScheduler",
+    "AutoScheduler",
     "BlockProposer",
     "DecodeResult",
     "DecodeStats",
@@ -33,6 +36,7 @@ __all__ = [
     "HardwareAwareScheduler",
     "LeanVerifier",
     "Proposal",
+    "Proposer",
     "Request",
     "RoundLog",
     "SPSTable",
@@ -41,6 +45,7 @@ __all__ = [
     "StatelessProposer",
     "StaticScheduler",
     "ThresholdScheduler",
+    "Verifier",
     "accept",
     "build_scheduler",
     "build_verifier",
@@ -49,7 +54,6 @@ __all__ = [
     "load_or_profile",
     "make_proposer",
     "prefix_schedule",
-    "register_proposer",
     "probs",
     "profile_sps",
     "sample",

@@ -1,4 +1,4 @@
-"""Step 4 of a round: lossless acceptance (docs/algorithm.md §1), vectorised over requests.
+"""Step 5 of a round: lossless acceptance (docs/algorithm.md §1), vectorised over requests.
 
 Glossary (vLLM's rejection sampler):
 - accepted tokens: the longest draft prefix x_1..x_m that passes u_k < p_t,k(x_k) / q_k(x_k);
@@ -9,12 +9,17 @@ Greedy (T -> 0): accept iff x_k = argmax p_t,k; the recovered or bonus token is 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from .sampling import Generators, SamplingParams, Streams, sample, uniforms
-from .syncs import reads_are_free
+from .sampling import Generators, SamplingParams, Streams, reads_are_free, sample, uniforms
+
+if TYPE_CHECKING:
+    from .request import Request
 
 RESIDUAL_GUARD = 1e-8
 
@@ -71,3 +76,43 @@ def accept(
         use_resid = rejected[:, None] & (mass > RESIDUAL_GUARD)  # residual guard: fall back to p_t
         law = torch.where(use_resid, resid / mass.clamp(min=RESIDUAL_GUARD), law)
     return Acceptance(m, sample(law, params, generator))
+
+
+class RejectionAcceptance:
+    """Rejection sampling (the default :class:`~.protocols.AcceptanceMode`): every request draws from its own two
+    counter streams, one for drafting and one for its first token, the acceptance tests and the residual, so what it
+    draws never depends on which other requests share its batch (docs/algorithm.md §10)."""
+
+    def __init__(self, params: SamplingParams, device: torch.device) -> None:
+        self.params, self.device = params, device
+
+    def first_tokens(self, requests: list[Request], laws: torch.Tensor) -> torch.Tensor:
+        streams = self._streams(requests)
+        tokens = sample(laws, self.params, streams)
+        _advance(requests, streams)
+        return tokens
+
+    @contextmanager
+    def drafting(self, requests: list[Request]) -> Iterator[Streams]:
+        """Row r draws from request r's drafting stream; its counter moves on by what the proposer drew."""
+        streams = Streams([r.draft_key for r in requests], [r.draft_draws for r in requests], self.device)
+        yield streams
+        for r in requests:
+            r.draft_draws += streams.used
+
+    def accept(self, requests: list[Request], drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+               lengths: torch.Tensor) -> Acceptance:  # fmt: skip
+        streams = self._streams(requests)
+        res = accept(drafts, q, p, lengths, self.params, streams)
+        _advance(requests, streams)
+        return res
+
+    def _streams(self, requests: list[Request]) -> Streams:
+        return Streams([r.key for r in requests], [r.draws for r in requests], self.device)
+
+
+def _advance(requests: list[Request], streams: Streams) -> None:
+    """Every row drew ``streams.used`` numbers (the same for each: what a request draws never depends on the
+    batch)."""
+    for r in requests:
+        r.draws += streams.used

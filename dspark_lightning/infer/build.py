@@ -1,7 +1,8 @@
 """An :class:`~.engine.Engine` wired to a drafter: its proposer (from the registry) and its STS temperatures.
 
-What ``decode()`` drives, the closed-loop serving benchmark drives directly, and the drafter-cost profile of the
-hardware-aware scheduler runs (so that profile does not reach back into ``decode()`` and the loading of exports).
+What ``decode()`` drives, the closed-loop serving benchmark drives directly, and the drafter-cost profile
+(:mod:`dspark_lightning.profiling.draft_cost`) runs, without reaching back into ``decode()`` and the loading of
+exports.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 from ..calibration import temperatures_for
 from .draft import make_proposer
 from .engine import Engine
+from .protocols import SPSDriven
 from .sampling import SamplingParams
 
 
@@ -34,7 +36,7 @@ def make_engine(target, drafter, params: SamplingParams, *, scheduler: Any = "st
         acceptance=acceptance,
     )
     if (temps is None and params.temperature > 0 and getattr(drafter, "conf_head", None) is not None
-            and hasattr(engine.scheduler, "bind")):  # fmt: skip
+            and isinstance(engine.scheduler, SPSDriven)):  # fmt: skip
         # docs/algorithm.md §5: the hardware-aware schedulers read absolute confidences; raw heads are overconfident
         # at T > 0. At T = 0 greedy drafts survive more often than the head's training law says, and the draft gate
         # bounds what a misjudged budget costs: raw confidences are the documented default there

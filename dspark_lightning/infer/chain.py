@@ -21,6 +21,8 @@ from .sampling import SamplingParams, probs, sample
 
 
 class ChainProposer:
+    """The :class:`~.protocols.Proposer` of the chain drafters (see the module docstring)."""
+
     def __init__(self, drafter, layout: str = "padded") -> None:
         self.drafter = drafter.eval()
         self.block_size = drafter.block_size
@@ -30,6 +32,11 @@ class ChainProposer:
         self.kv = RaggedCache([KVLayer()], flat=layout == "flat", device=self.device)
         self.pending: dict[int, tuple[int, torch.Tensor]] = {}  # rid -> (first position, features (L, d))
         self.held: dict[int, int] = {}  # rid -> cached positions (host-side, for compaction checks)
+
+    @property
+    def draft_vocab(self) -> torch.Tensor | None:
+        """Target token ids of the draft laws' columns (:class:`~.protocols.ReducedVocabulary`)."""
+        return self.drafter.draft_vocab
 
     def add(self, ids: list[int]) -> None:
         self.kv.add_requests(ids)

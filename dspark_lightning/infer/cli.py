@@ -265,8 +265,9 @@ def run_profile(argv: list[str]) -> None:
 
 
 def roofline_of(table, target, context_len: int) -> str:
-    """The measured steps against the memory-bound floor (:mod:`.roofline`), for the B a decoding step reaches."""
-    from . import roofline as rf
+    """The measured steps against the memory-bound floor (:mod:`dspark_lightning.profiling.roofline`), for the B a
+    decoding step reaches."""
+    from ..profiling import roofline as rf
 
     dev = next(target.model.parameters()).device
     nbytes, machine = rf.step_bytes(target), rf.Machine.measure(dev, next(target.model.parameters()).dtype)
@@ -300,10 +301,11 @@ def check_breakdown_args(a) -> None:
 
 
 def run_breakdown(a) -> None:
-    """``profile --breakdown verify|draft``: the tables of :mod:`.breakdown` into ``--out``."""
+    """``profile --breakdown verify|draft``: the tables of :mod:`dspark_lightning.profiling.breakdown` into
+    ``--out``."""
     from pathlib import Path
 
-    from . import breakdown as bd
+    from ..profiling import breakdown as bd
 
     check_breakdown_args(a)
     from ..export import recorded_target_args

@@ -13,9 +13,17 @@ acceptance for determinism. Rejection sampling stays the default.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
 import torch
 
-from .sampling import M32, _hash32
+from .accept import Acceptance
+from .sampling import M32, SamplingParams, _hash32, sample
+
+if TYPE_CHECKING:
+    from .request import Request
 
 TOKEN_SALT = 0x27D4EB2F
 
@@ -61,8 +69,6 @@ class CoupledNoise:
 def accept_coupled(drafts: torch.Tensor, p: torch.Tensor, lengths: torch.Tensor, noise: CoupledNoise):
     """Accept drafts x_1..x_l while x_k is the target's coupled choice at P + k; emit the target's choice at the
     first unaccepted position. ``p`` (R, W, V) target laws at P+1..P+W; ``noise`` based at P + 1."""
-    from .accept import Acceptance
-
     R, g = drafts.shape
     W = p.shape[1]
     choice = noise.argmax(p, torch.arange(W, device=p.device))  # (R, W) the target's token at P+1..P+W
@@ -72,3 +78,30 @@ def accept_coupled(drafts: torch.Tensor, p: torch.Tensor, lengths: torch.Tensor,
     ok = (drafts[:, :k] == choice[:, :k]) & in_block
     m = ok.long().cumprod(-1).sum(-1)
     return Acceptance(m, choice[torch.arange(R, device=p.device), m])
+
+
+class CoupledAcceptance:
+    """Coupled acceptance as an :class:`~.protocols.AcceptanceMode`: the noise of request r at position t is keyed by
+    (r's acceptance key, t), and the drafter reads the same noise as the target (through ``draft_vocab``, the target
+    ids of a reduced draft vocabulary's columns)."""
+
+    def __init__(self, params: SamplingParams, device: torch.device, draft_vocab: torch.Tensor | None = None) -> None:
+        self.params, self.device, self.draft_vocab = params, device, draft_vocab
+
+    def first_tokens(self, requests: list[Request], laws: torch.Tensor) -> torch.Tensor:
+        """The first generated token sits at position len(prompt)."""
+        return sample(laws, self.params, self._noise(requests, [len(r.prompt) for r in requests]))
+
+    @contextmanager
+    def drafting(self, requests: list[Request]) -> Iterator[CoupledNoise]:
+        """x_k at P + k from the noise the target will use there."""
+        yield self._noise(requests, vocab=self.draft_vocab)
+
+    def accept(self, requests: list[Request], drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+               lengths: torch.Tensor) -> Acceptance:  # fmt: skip
+        return accept_coupled(drafts, p, lengths, self._noise(requests))
+
+    def _noise(self, requests: list[Request], base: list[int] | None = None, vocab=None) -> CoupledNoise:
+        """The noise of ``requests`` from position ``base`` (default: after each anchor)."""
+        base = [r.pos + 1 for r in requests] if base is None else base
+        return CoupledNoise([r.key for r in requests], base, self.device, vocab=vocab)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from ..export import check_chat_format, load_drafter, read_config, recorded_targ
 from ..targets import load_target
 from .build import make_engine
 from .engine import Engine
+from .protocols import SPSDriven
 from .sampling import SamplingParams
 from .stats import DecodeStats, RoundLog, summarize
 
@@ -96,6 +98,9 @@ def resolve(target, drafter, device=None, dtype=None, drafter_dtype=None):
         if os.path.isdir(target):
             checks.regular_entries("target", target)
         target = load_target(target, dtype=resolve_dtype(dtype, dev), device=dev, **recorded)
+    elif not (hasattr(target, "geometry") and hasattr(target, "model")):
+        raise ValueError(f"target must be a loaded Target, an embedded name or an HF model directory, got "
+                         f"{type(target).__name__}")  # fmt: skip
     elif device is not None and resolve_device(device).type != target.device.type:
         raise ValueError(f"the target is on {target.device}, decode() was asked for {device}: load it there")
     if isinstance(drafter, str | os.PathLike):
@@ -194,6 +199,8 @@ def decode(
             residual are fp32 whatever these are, so a bf16 target's output law is the bf16 target's own.
     """
     t_setup = time.perf_counter()
+    if isinstance(prompts, Iterator):  # a generator or iterator of prompts: read once, as a list
+        prompts = list(prompts)
     check_decode_args(max_new_tokens, temperature, top_k, top_p, batch_size)
     checks.decode_inputs(prompts, max_new_tokens, temperature, seed, seeds, scheduler,
                          (("dtype", dtype), ("drafter_dtype", drafter_dtype)))  # fmt: skip
@@ -243,8 +250,8 @@ def decode(
 
 
 def check_decode_args(max_new_tokens, temperature, top_k, top_p, batch_size) -> None:
-    """Refuse out-of-range sampling and batching arguments before anything is loaded or allocated (a negative
-    ``batch_size`` used to loop forever and 0 to mean "all")."""
+    """Refuse out-of-range sampling and batching arguments before anything is loaded or allocated (``batch_size``
+    must be at least 1: None, not 0, means all the prompts at once)."""
     checks.at_least("max_new_tokens", max_new_tokens, 1)
     checks.at_least("batch_size", batch_size, 1)
     checks.at_least("top_k", top_k, 1)
@@ -283,12 +290,16 @@ def check_positions(target, encoded: list[list[int]], max_new_tokens: int, block
 
 
 def bind_scheduler(engine: Engine, target, max_requests: int, drafter=None) -> None:
-    """Give an SPS-driven scheduler its table and the drafter's cost per round (each profiled once and cached
-    when not given)."""
-    bind = getattr(engine.scheduler, "bind", None)
-    if engine.proposer is not None and bind is not None:
-        bind(target, max_tokens=min(max_requests * (engine.block_size + 1), 256), progress=True, drafter=drafter,
-             max_batch=max_requests)  # fmt: skip
+    """Give an SPS-driven scheduler (:class:`~.protocols.SPSDriven`) its table and, for model timing, the drafter's
+    cost per round (each profiled once and cached when not given), before the decoding loop and its timing."""
+    scheduler = engine.scheduler
+    if engine.proposer is None or not isinstance(scheduler, SPSDriven):
+        return
+    scheduler.bind(target, max_tokens=min(max_requests * (engine.block_size + 1), 256), progress=True)
+    if drafter is not None and scheduler.needs_draft_cost:
+        from ..profiling.draft_cost import load_or_profile_draft_cost
+
+        scheduler.use_draft_cost(load_or_profile_draft_cost(target, drafter, max_requests, progress=True))
 
 
 def _emit(on_commit, r, new) -> None:

@@ -1,4 +1,4 @@
-"""Step 1 of a round: the drafter proposes a block for every active request.
+"""Step 2 of a round: the drafter proposes a block for every active request.
 
 :class:`BlockProposer` runs a parallel-backbone :class:`~dspark_lightning.drafters.Drafter`
 (DSpark, DFlash): one backbone forward over [cached context K/V; block], then the sequential
@@ -9,19 +9,18 @@ The drafter context cache holds the K/V of the fused target features of every co
 position; after each round :meth:`BlockProposer.extend` appends the anchor and accepted drafts'
 features taken from the target's verification pass (docs/algorithm.md §3.7), so nothing is recomputed.
 
-Other drafter families plug in on this (runtime) side through the one registry: ``@register("proposer", name)``
-on a factory ``(drafter, layout, conf_temperatures) -> proposer``, and ``proposer_name = name`` on the drafter
-class. A proposer is an object with the same ``add / remove / extend / propose`` methods and ``block_size`` (the
-chain drafters' :class:`~dspark_lightning.infer.chain.ChainProposer`); ``extend`` also receives ``hidden=`` (the
-target's final hidden states) and ``propose`` receives ``requests=`` (prompt and output token lists) for proposers
-that need them. The model layer (``drafters/``) never imports the runtime: it names its proposer. A third-party
-drafter may instead carry a ``make_proposer(layout, conf_temperatures)`` method.
+Other drafter families plug in on this (runtime) side through the one registry: ``@register("proposer", name)`` on a
+factory ``(drafter, layout, conf_temperatures) -> proposer``, and ``proposer_name = name`` on the drafter class. A
+proposer is a :class:`~.protocols.Proposer`: ``block_size`` and the ``add / remove / extend / propose`` methods (as the
+chain drafters' :class:`~dspark_lightning.infer.chain.ChainProposer` has them); ``extend`` also receives ``hidden=``
+(the target's final hidden states) and ``propose`` receives ``requests=`` (prompt and output token lists) for proposers
+that need them. The model layer (``drafters/``) never imports the runtime: it names its proposer. A third-party drafter
+may instead carry a ``make_proposer(layout, conf_temperatures)`` method.
 """
 
 from __future__ import annotations
 
 import time
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -112,26 +111,6 @@ class StatelessProposer:
         raise NotImplementedError
 
 
-def register_proposer(drafter_cls: type, name: str | None = None):
-    """Deprecated: ``@register("proposer", name)`` on the factory and ``proposer_name = name`` on ``drafter_cls``.
-    This registers ``factory(drafter, layout, conf_temperatures)`` for ``drafter_cls`` (and its subclasses) that way,
-    under ``name`` (default: the class's qualified name)."""
-    warnings.warn(
-        "register_proposer is deprecated: decorate the factory with register('proposer', name) and set "
-        "proposer_name = name on the drafter class",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-
-    def deco(factory):
-        key = name or f"{drafter_cls.__module__}.{drafter_cls.__qualname__}"
-        register("proposer", key)(factory)
-        drafter_cls.proposer_name = key
-        return factory
-
-    return deco
-
-
 def make_proposer(drafter, layout: str = "padded", conf_temperatures=None):
     """The inference-side proposer of ``drafter``: the registered proposer its class names (``proposer_name``), else
     its own ``make_proposer`` method (third-party drafters)."""
@@ -167,10 +146,15 @@ class BlockProposer:
             self.temps = temps
         self.head_w = drafter.draft_head_weight().to(self.dtype)  # (N or V, d), gathered once
         self.head = _head_product(drafter, self.head_w)
-        self.vocab = drafter.draft_vocab  # (N,) target ids of the draft vocabulary, or None
+        self.vocab = drafter.draft_vocab  # (N,) target ids of the draft vocabulary, or None (ReducedVocabulary)
         self.state: dict[int, torch.Tensor] | None = {} if getattr(bb, "context_state", False) else None
         self.clock = Stopwatch()  # clock.enable() -> per-component times (profile --breakdown draft)
         self.held: dict[int, int] = {}  # request id -> cached positions (host-side, for compaction checks)
+
+    @property
+    def draft_vocab(self) -> torch.Tensor | None:
+        """Target token ids of the draft laws' columns (:class:`~.protocols.ReducedVocabulary`)."""
+        return self.drafter.draft_vocab
 
     def add(self, ids: list[int]) -> None:
         self.kv.add_requests(ids)

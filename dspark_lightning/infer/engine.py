@@ -1,27 +1,43 @@
 """The decoding engine: requests in, one round per :meth:`Engine.step` for every active request.
 
-    1. draft     the proposer drafts a block per request (tokens, fp32 laws q, confidences ĉ)
-    2. schedule  the scheduler picks l_r from ĉ alone
-    3. verify    one target forward over every request's [anchor + l_r drafts]
-    4. accept    greedy / rejection sampling; recovered or bonus token; roll both caches back
+A round, one method each:
 
-With no drafter every round verifies the anchor only (l_r = 0): plain decoding, same code.
-Requests can be added at any time (continuous batching) and finish independently.
+    1. gate      whether the drafter runs this step at all (a scheduler's draft gate, from earlier steps only)
+    2. draft     the proposer drafts a block per request (tokens, fp32 laws q, confidences ĉ)
+    3. schedule  the scheduler picks each request's verification length l_r from ĉ alone
+    4. verify    one target forward over every request's [anchor + l_r drafts]
+    5. accept    the acceptance mode accepts m_r drafts and draws the recovered or bonus token
+    6. commit    outputs, stop tokens and the round log; both caches keep the committed positions only
+
+With no drafter, or on a step the gate skips, every round verifies the anchor only (l_r = 0): plain decoding,
+same code. Requests can be added at any time (continuous batching) and finish independently. The parts the engine
+drives are declared in :mod:`.protocols`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from .accept import accept
+from .accept import Acceptance, RejectionAcceptance
 from .backlog import ContextBacklog
 from .clock import RoundClock
-from .coupled import CoupledNoise, accept_coupled
-from .sampling import SamplingParams, Streams, sample, target_law
+from .coupled import CoupledAcceptance
+from .draft import Proposal
+from .protocols import (
+    AcceptanceMode,
+    DraftGated,
+    DraftTimeObserver,
+    Proposer,
+    ReducedVocabulary,
+    Resettable,
+    SegmentOutput,
+    StepObserver,
+)
+from .request import Request, stream_seed
+from .sampling import SamplingParams, target_law
 from .schedulers import build_scheduler, survival
 from .stats import RoundLog
 from .verify import build_verifier
@@ -29,42 +45,36 @@ from .verify import build_verifier
 ACCEPTANCE = ("rejection", "coupled")
 
 
-def stream_seed(*key: object) -> int:
-    """A 63-bit seed from a key such as (decode seed, prompt index, "draft"): independent streams per request."""
-    digest = hashlib.sha256(":".join(map(str, key)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
+def acceptance_mode(name: str, params: SamplingParams, device: torch.device,
+                    proposer: Proposer | None = None) -> AcceptanceMode:  # fmt: skip
+    """``rejection`` (speculative sampling) or ``coupled`` (:mod:`.coupled`); greedy decoding is drafter-invariant
+    already and always accepts by rejection."""
+    if name not in ACCEPTANCE:
+        raise ValueError(f"acceptance must be one of {ACCEPTANCE}, got {name!r}")
+    if name == "coupled" and not params.greedy:
+        vocab = proposer.draft_vocab if isinstance(proposer, ReducedVocabulary) else None
+        return CoupledAcceptance(params, device, vocab)
+    return RejectionAcceptance(params, device)
 
 
 @dataclass
-class Request:
-    index: int  # position in the caller's prompt list
-    rid: int  # engine-wide request id (cache owner)
-    prompt: list[int]
-    max_new_tokens: int
-    output: list[int] = field(default_factory=list)
-    anchor: int = -1  # x_0: last committed token, not yet processed by the target
-    pos: int = 0  # position of the anchor
-    finish_reason: str | None = None  # "stop" (stop token), "stop_string", "length"
-    t_added: float = 0.0
-    t_first: float = 0.0  # first token (after prefill)
-    t_done: float = 0.0
-    key: int = 0  # own acceptance/sampling stream (first token, acceptance, residual): a counter-based Streams key
-    draws: int = 0  # numbers drawn from it so far
-    draft_key: int = 0  # own drafting stream (draft tokens)
-    draft_draws: int = 0
+class _Batch:
+    """The requests of one round and their anchors x_0 at positions P."""
 
-    @property
-    def done(self) -> bool:
-        return self.finish_reason is not None
+    requests: list[Request]
+    ids: list[int]  # their engine-wide ids
+    anchors: torch.Tensor  # (R,) on the device
+    anchor_pos: torch.Tensor  # (R,) on the device
+    anchor_pos_h: torch.Tensor  # (R,) on the host: what shapes and cache bookkeeping read
 
 
 class Engine:
-    """Holds the target verifier, the drafter's proposer, the scheduler, RNG streams and round logs."""
+    """Holds the target's verifier, the drafter's proposer, the scheduler, the acceptance mode and the round logs."""
 
     def __init__(
         self,
         target,
-        proposer=None,
+        proposer: Proposer | None = None,
         *,
         params: SamplingParams,
         scheduler=None,
@@ -79,16 +89,19 @@ class Engine:
             raise ValueError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r}")
         self.target = target
         self.params = params
-        self.coupled = acceptance == "coupled" and not params.greedy  # greedy is already drafter-invariant
         self.verifier = build_verifier(verifier, target, layout)
         self.proposer = proposer
         self.scheduler = build_scheduler(scheduler if scheduler is not None else "static")
-        if hasattr(self.scheduler, "reset"):
+        if isinstance(self.scheduler, Resettable):
             self.scheduler.reset()
+        self._gated = isinstance(self.scheduler, DraftGated)
+        self._observes_steps = isinstance(self.scheduler, StepObserver)
+        self._observes_draft_time = isinstance(self.scheduler, DraftTimeObserver)
         self.stop_ids = {int(t) for t in stop_token_ids}
         self.stop_strings = [s for s in (stop_strings or []) if s]
         dev = self.verifier.device
         self.device = dev
+        self.acceptance = acceptance_mode(acceptance, params, dev, proposer)
         self.seed = seed
         self.requests: list[Request] = []
         self.log = RoundLog()
@@ -140,19 +153,14 @@ class Engine:
         out = self.verifier.prefill(ids, [r.prompt for r in new])
         rows = torch.arange(len(new), device=self.device)
         p = target_law(self.verifier.logits(out.hidden[rows, lengths - 1]), self.params)  # (R, V)
-        if self.coupled:  # the first generated token sits at position len(prompt)
-            first = sample(p, self.params, self._noise(new, [len(r.prompt) for r in new], draft=False)).tolist()
-        else:
-            streams = self._streams(new)
-            first = sample(p, self.params, streams).tolist()
-            self._advance(new, streams)
+        first = self.acceptance.first_tokens(new, p).tolist()
         if self.proposer is not None:
             self.proposer.add(ids)
             self.proposer.extend(ids, out.context, torch.zeros_like(lengths_h), lengths_h, hidden=out.hidden)
         now = time.perf_counter()
         for r, tok in zip(new, first, strict=True):
             r.anchor, r.pos, r.t_first = tok, len(r.prompt), now
-            self._commit(r, [tok], stopped=tok in self.stop_ids)
+            self._append_tokens(r, [tok], stopped=tok in self.stop_ids)
         self.requests.extend(new)
         self._retire([r for r in new if r.done])
         self.time_s["prefill"] += time.perf_counter() - t0
@@ -161,104 +169,153 @@ class Engine:
     # --- one round -------------------------------------------------------------------------
     @torch.no_grad()
     def step(self) -> list[tuple[Request, list[int]]]:
-        """One round for every active request. Returns (request, newly committed tokens) pairs."""
+        """One round for every active request: gate, draft, schedule, verify, accept, commit. Returns (request,
+        newly committed tokens) pairs."""
+        batch = self._batch()
+        if batch is None:
+            return []
+        clock = self.clock  # t_*: marks on the device's timeline (see RoundClock)
+        t_start = clock.mark()
+        drafting = self._gate(batch)
+        if drafting:
+            proposal = self._draft(batch)
+            lengths, survivals = self._schedule(proposal, drafted=(t_start, clock.mark()))
+            t_verify = clock.mark()
+        else:
+            proposal, survivals, t_verify = None, None, t_start
+            lengths = torch.zeros(len(batch.requests), dtype=torch.long)  # host: l_r sets tensor shapes
+        out, p = self._verify(batch, proposal, lengths)
+        t_verified = clock.mark()
+        clock.span(t_verify, t_verified, self._adder("verify"))
+        result = self._accept(batch, proposal, p, lengths, survivals)
+        committed = self._commit(batch, result, lengths)
+        t_committed = clock.mark()
+        clock.span(t_verified, t_committed, self._adder("accept"))
+        if self.proposer is not None:
+            self._extend_drafter(batch, out, result.accepted, drafting)
+            clock.span(t_committed, clock.mark(), self._extended if drafting else self._held)
+        if self._observes_steps:
+            self._observe_step(batch, drafting, committed, t_start)
+        return committed
+
+    def _batch(self) -> _Batch | None:
+        """The active requests and their anchors (None when no request is active)."""
         act = self.active
         if not act:
-            return []
-        ids = [r.rid for r in act]
-        R, g = len(act), self.block_size
+            return None
         anchors = self._tensor([r.anchor for r in act])
-        apos_h = torch.tensor([r.pos for r in act])  # host copies of what shapes and cache bookkeeping read
-        apos = apos_h.to(self.device, non_blocking=True)
+        anchor_pos_h = torch.tensor([r.pos for r in act])
+        return _Batch(act, [r.rid for r in act], anchors, anchor_pos_h.to(self.device, non_blocking=True),
+                      anchor_pos_h)  # fmt: skip
 
-        clk = self.clock
-        t_step = t0 = clk.mark()
-        prop, a = None, None
-        ell = torch.zeros(R, dtype=torch.long)  # host: l_r sets tensor shapes
-        gate = getattr(self.scheduler, "wants_draft", None)
-        drafting = self.proposer is not None and (gate is None or gate(R))  # decided from earlier steps only
-        if drafting:
-            self.backlog.flush(self.proposer, ids)  # catch up on the steps the gate skipped (timed as drafting)
-            if self.coupled:  # x_k at P + k from the noise the target will use there
-                prop = self.proposer.propose(ids, anchors, apos, self.params, self._noise(act, None, draft=True),
-                                             requests=act)  # fmt: skip
-            else:
-                draft_streams = self._streams(act, draft=True)  # row r draws from request r's own stream
-                prop = self.proposer.propose(ids, anchors, apos, self.params, draft_streams, requests=act)
-                self._advance(act, draft_streams, draft=True)
-            t1 = clk.mark()
-            # schedulers run on the host over R*γ numbers: one transfer of the confidences per round (after it the
-            # drafting has finished on the device, so its interval is known before the scheduler reads it)
-            conf_h = prop.conf.detach().float().cpu()
-            clk.span(t0, t1, self._drafted)
-            h0 = time.perf_counter()
-            ell = self.scheduler(conf_h).cpu().clamp(0, g)
-            a = survival(prop.conf)
-            self.time_s["schedule"] += time.perf_counter() - h0
-            t0 = clk.mark()
-        elif self.proposer is not None:
+    def _gate(self, batch: _Batch) -> bool:
+        """1. Whether the drafter runs this step: always, unless the scheduler's draft gate skips it (a
+        non-anticipating l_r = 0 for every request, decided from earlier steps only)."""
+        if self.proposer is None:
+            return False
+        if self._gated and not self.scheduler.wants_draft(len(batch.requests)):
             self.log.skipped_steps += 1
+            return False
+        return True
 
-        W = int(ell.max()) + 1
-        tokens = anchors[:, None] if prop is None else torch.cat([anchors[:, None], prop.tokens[:, : W - 1]], 1)
-        out = self.verifier.forward(ids, tokens, ell + 1, apos_h)
-        p = target_law(self.verifier.logits(out.hidden), self.params)  # (R, W, V) p_t,1..p_t,W (greedy: logits)
-        t1 = clk.mark()
-        clk.span(t0, t1, self._adder("verify"))
+    def _draft(self, batch: _Batch) -> Proposal:
+        """2. Catch the drafter up on the steps the gate skipped (timed as drafting), then draft a block per request
+        with the acceptance mode's drafting randomness."""
+        self.backlog.flush(self.proposer, batch.ids)
+        with self.acceptance.drafting(batch.requests) as randomness:
+            return self.proposer.propose(batch.ids, batch.anchors, batch.anchor_pos, self.params, randomness,
+                                         requests=batch.requests)  # fmt: skip
 
-        drafts = prop.tokens if prop is not None else tokens[:, :0]
-        q = prop.q if prop is not None else p[:, :0]
-        if self.coupled:
-            res = accept_coupled(drafts, p, ell, self._noise(act, None, draft=False))
-        else:
-            streams = self._streams(act)
-            res = accept(drafts, q, p, ell, self.params, streams)
-            self._advance(act, streams)
-        host = _to_host(res, drafts, a, None if prop is None else prop.conf_logits)  # the round's only result sync
-        clk.settle()  # every interval marked so far has finished
-        ell_l = ell.tolist()
-        self.log.step_tokens.append(int((ell + 1).sum()))
-        self.log.step_requests.append(R)
+    def _schedule(self, proposal: Proposal, drafted: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        """3. Each request's verification length l_r (host) and the survivals a the scheduler saw.
+
+        The scheduler runs on the host over R*γ numbers: the round's first synchronisation moves the confidences
+        there. Once it has, the drafting has finished on the device, so the ``drafted`` interval (two clock marks)
+        is handed over before the scheduler reads it."""
+        conf = proposal.conf.detach().float().cpu()
+        self.clock.span(*drafted, self._drafted)
+        t0 = time.perf_counter()
+        lengths = self.scheduler(conf).cpu().clamp(0, self.block_size)
+        survivals = survival(proposal.conf)
+        self.time_s["schedule"] += time.perf_counter() - t0
+        return lengths, survivals
+
+    def _verify(self, batch: _Batch, proposal: Proposal | None,
+                lengths: torch.Tensor) -> tuple[SegmentOutput, torch.Tensor]:  # fmt: skip
+        """4. One target forward over every request's [anchor + l_r drafts]; the target laws p_t,1..p_t,W
+        (R, W, V) (greedy: the logits)."""
+        W = int(lengths.max()) + 1
+        anchors = batch.anchors[:, None]
+        inputs = anchors if proposal is None else torch.cat([anchors, proposal.tokens[:, : W - 1]], 1)
+        out = self.verifier.forward(batch.ids, inputs, lengths + 1, batch.anchor_pos_h)
+        return out, target_law(self.verifier.logits(out.hidden), self.params)
+
+    def _accept(self, batch: _Batch, proposal: Proposal | None, p: torch.Tensor, lengths: torch.Tensor,
+                survivals: torch.Tensor | None) -> _HostRound:  # fmt: skip
+        """5. Accept a prefix of each block and draw the recovered or bonus token; the results come to the host in
+        the round's second (and last) synchronisation."""
+        drafts = proposal.tokens if proposal is not None else batch.anchors[:, None][:, :0]
+        q = proposal.q if proposal is not None else p[:, :0]
+        res = self.acceptance.accept(batch.requests, drafts, q, p, lengths)
+        result = _to_host(res, drafts, survivals, None if proposal is None else proposal.conf_logits)
+        self.clock.settle()  # every interval marked so far has finished
+        return result
+
+    def _commit(self, batch: _Batch, result: _HostRound, lengths: torch.Tensor) -> list[tuple[Request, list[int]]]:
+        """6. Append each request's accepted drafts and its next token (an accepted stop token ends the round
+        there: no bonus, later drafts dropped), log the round, roll the target cache back to the committed
+        positions and retire the finished requests."""
+        ell = lengths.tolist()
+        self.log.step_tokens.append(int((lengths + 1).sum()))
+        self.log.step_requests.append(len(batch.requests))
         committed = []
-        for i, r in enumerate(act):
-            m, y = host.accepted[i], host.next_token[i]
-            acc = host.drafts[i][:m]
-            hit = [j for j, t in enumerate(acc) if t in self.stop_ids]
-            if hit:  # an accepted stop token ends the round there: no bonus, later drafts dropped
-                new, ell_eff, m_eff, stopped = acc[: hit[0] + 1], hit[0] + 1, hit[0] + 1, True
+        for i, r in enumerate(batch.requests):
+            m, y = result.accepted[i], result.next_token[i]
+            drafts = result.drafts[i][:m]
+            hit = [j for j, t in enumerate(drafts) if t in self.stop_ids]
+            if hit:
+                new, ell_eff, m_eff, stopped = drafts[: hit[0] + 1], hit[0] + 1, hit[0] + 1, True
             else:
-                new, ell_eff, m_eff, stopped = [*acc, y], ell_l[i], m, y in self.stop_ids
-            z = None if host.conf_logits is None else host.conf_logits[i]
-            self.log.add(r.index, ell_eff, m_eff, len(new), None if host.survival is None else host.survival[i], z)
-            keep = len(r.output)
-            self._commit(r, new, stopped)
-            committed.append((r, r.output[keep:]))
+                new, ell_eff, m_eff, stopped = [*drafts, y], ell[i], m, y in self.stop_ids
+            survivals = None if result.survival is None else result.survival[i]
+            z = None if result.conf_logits is None else result.conf_logits[i]
+            self.log.add(r.index, ell_eff, m_eff, len(new), survivals, z)
+            before = len(r.output)
+            self._append_tokens(r, new, stopped)
+            committed.append((r, r.output[before:]))
             r.anchor, r.pos = y, r.pos + m + 1
-        accepted_h = torch.tensor(host.accepted)
-        self.verifier.commit(ids, apos_h + accepted_h)
-        finished = [r for r in act if r.done]
-        self._retire(finished)
-        t0 = clk.mark()
-        clk.span(t1, t0, self._adder("accept"))
-        if self.proposer is not None:
-            alive = [i for i, r in enumerate(act) if not r.done]
-            if alive:
-                sel_h = torch.tensor(alive)
-                sel = sel_h.to(self.device, non_blocking=True)
-                ext_ids, ext_len = [ids[i] for i in alive], accepted_h[sel_h] + 1
-                ctx, hid = out.context[sel], out.hidden[sel]
-                if drafting:
-                    self.proposer.extend(ext_ids, ctx, apos_h[sel_h], ext_len, hidden=hid)
-                else:  # one committed position each: held until the drafter runs again
-                    self.backlog.push(ext_ids, ctx, hid, apos_h[sel_h])
-                    if self.backlog.full():
-                        self.backlog.flush(self.proposer, [r.rid for r in self.active])
-            clk.span(t0, clk.mark(), self._extended if drafting else self._held)
-        observe_step = getattr(self.scheduler, "observe_step", None)
-        if observe_step is not None:  # the gate's view of this step (on a GPU: once its work has finished)
-            tokens, B = sum(len(new) for _, new in committed), self.log.step_tokens[-1]
-            clk.span(t_step, clk.mark(), lambda s: observe_step(drafting, R, tokens, s, verified=B))
+        self.verifier.commit(batch.ids, batch.anchor_pos_h + torch.tensor(result.accepted))
+        self._retire([r for r in batch.requests if r.done])
         return committed
+
+    def _extend_drafter(self, batch: _Batch, out: SegmentOutput, accepted: list[int], drafting: bool) -> None:
+        """The drafter's context cache takes the target features of each live request's committed positions (its
+        anchor and its ``accepted[r]`` accepted drafts). A skipped step's single position is held in the backlog
+        until the drafter runs again (or the backlog is full)."""
+        alive = [i for i, r in enumerate(batch.requests) if not r.done]
+        if not alive:
+            return
+        rows_h = torch.tensor(alive)
+        rows = rows_h.to(self.device, non_blocking=True)
+        ids, start = [batch.ids[i] for i in alive], batch.anchor_pos_h[rows_h]
+        context, hidden = out.context[rows], out.hidden[rows]
+        if drafting:
+            self.proposer.extend(ids, context, start, torch.tensor(accepted)[rows_h] + 1, hidden=hidden)
+        else:
+            self.backlog.push(ids, context, hidden, start)
+            if self.backlog.full():
+                self.backlog.flush(self.proposer, [r.rid for r in self.active])
+
+    def _observe_step(self, batch: _Batch, drafting: bool, committed: list, t_start) -> None:
+        """The scheduler's view of this step (on a GPU: once its work has finished): drafted or not, batch size,
+        committed tokens, time and verified tokens B."""
+        R, verified = len(batch.requests), self.log.step_tokens[-1]
+        n_committed = sum(len(new) for _, new in committed)
+
+        def observe(seconds: float) -> None:
+            self.scheduler.observe_step(drafting, R, n_committed, seconds, verified=verified)
+
+        self.clock.span(t_start, self.clock.mark(), observe)
 
     # --- timing ----------------------------------------------------------------------------
     def _adder(self, key: str):
@@ -270,9 +327,8 @@ class Engine:
     def _drafted(self, seconds: float) -> None:
         """A drafting interval: into the totals, and (with the last cache update) to a scheduler that weighs it."""
         self.time_s["draft"] += seconds
-        observe = getattr(self.scheduler, "observe_draft_time", None)
-        if observe is not None:
-            observe(seconds + self._extend_s)
+        if self._observes_draft_time:
+            self.scheduler.observe_draft_time(seconds + self._extend_s)
 
     def _extended(self, seconds: float) -> None:
         self.time_s["draft"] += seconds
@@ -287,30 +343,8 @@ class Engine:
         self.clock.settle(wait=True)
 
     # --- bookkeeping -----------------------------------------------------------------------
-    def _noise(self, reqs: list[Request], base: list[int] | None, draft: bool) -> CoupledNoise:
-        """Coupled acceptance's shared noise for ``reqs`` from position ``base`` (default: after each anchor); the
-        drafter's copy reads it through its draft vocabulary."""
-        vocab = getattr(getattr(self.proposer, "drafter", None), "draft_vocab", None) if draft else None
-        base = [r.pos + 1 for r in reqs] if base is None else base
-        return CoupledNoise([r.key for r in reqs], base, self.device, vocab=vocab)
-
-    def _streams(self, reqs: list[Request], draft: bool = False) -> Streams:
-        """Each request's own acceptance (or drafting) stream, row by row, from its key and counter."""
-        if draft:
-            return Streams([r.draft_key for r in reqs], [r.draft_draws for r in reqs], self.device)
-        return Streams([r.key for r in reqs], [r.draws for r in reqs], self.device)
-
-    @staticmethod
-    def _advance(reqs: list[Request], streams: Streams, draft: bool = False) -> None:
-        """Every row drew ``streams.used`` numbers (the same for each: what a request draws never depends on the
-        batch)."""
-        for r in reqs:
-            if draft:
-                r.draft_draws += streams.used
-            else:
-                r.draws += streams.used
-
-    def _commit(self, r: Request, new: list[int], stopped: bool) -> None:
+    def _append_tokens(self, r: Request, new: list[int], stopped: bool) -> None:
+        """Extend ``r``'s output and set why it finished, if it did: a stop token, its length, a stop string."""
         r.output.extend(new)
         if stopped:
             r.finish_reason = "stop"
@@ -348,14 +382,14 @@ class Engine:
 class _HostRound:
     """One round's per-request results on the host, fetched in a single device -> host transfer."""
 
-    accepted: list[int]
-    next_token: list[int]
+    accepted: list[int]  # m_r
+    next_token: list[int]  # y_r, the recovered or bonus token
     drafts: list[list[int]]
     survival: torch.Tensor | None  # (R, γ) float32, for the round log
     conf_logits: torch.Tensor | None  # (R, γ) float32
 
 
-def _to_host(res, drafts: torch.Tensor, a: torch.Tensor | None, z: torch.Tensor | None) -> _HostRound:
+def _to_host(res: Acceptance, drafts: torch.Tensor, a: torch.Tensor | None, z: torch.Tensor | None) -> _HostRound:
     """Pack m, y, the drafts, the survivals and the confidence logits into one float64 tensor (token ids are
     exact in float64) and move it once: on an accelerator every ``.tolist()`` / ``.cpu()`` is a synchronisation."""
     R, g = drafts.shape

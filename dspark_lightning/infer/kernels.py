@@ -3,8 +3,8 @@ row count.
 
 On a CPU the same product has several implementations whose speed depends on the vendor and the row count: MKL's
 GEMM on a row-major weight (``F.linear``), on its transposed copy (``x @ W^T``), with the weight as the left operand
-(``(W x^T)^T``, a GEMV-like path for a few rows), oneDNN's linear, MKL's packed weights. None wins everywhere (MKL's
-small-GEMM path is several times slower on some AMD CPUs for 2-16 rows than for 1), so :func:`measure` times every
+(``(W x^T)^T``, a GEMV-like path for a few rows), oneDNN's linear, MKL's packed weights. None wins everywhere (on
+some CPUs MKL's small-GEMM path is several times slower for a few rows than for one), so :func:`measure` times every
 available path for every shape class of a model and every row count a decoding step can have, with the weights
 streamed from memory as in a forward, and keeps the fastest. The choice is cached per (CPU model, threads, dtype)
 (:func:`table_path`) next to the SPS table, which is measured with it.

@@ -13,7 +13,7 @@ shows both). This verifier computes the same function with:
   uses a tiny (W, S) mask built from two ``arange`` comparisons);
 - the tapped layers' raw outputs taken directly from the loop (no hooks).
 
-Outputs equal the HF forward up to floating-point reassociation (tested against :class:`HFVerifier`
+Outputs equal the HF forward up to floating-point reassociation (tested against :class:`~.verify.HFVerifier`
 and, through ``decode()``, greedy equality with HF ``generate()``). Only the padded layout exists:
 each request owns one cache row. Unsupported architectures raise :class:`NotImplementedError`, and
 ``verifier="auto"`` falls back to ``hf`` for them.
@@ -29,16 +29,15 @@ import torch.nn.functional as F
 from ..registry import register
 from . import kernels as kernel_tables
 from .kernels import KernelTable, Linear
-from .verify import SegmentOutput
+from .protocols import SegmentOutput
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 
 
 def attention(q, K, V, mask, causal: bool, scale: float, gqa: bool, fp32: bool = False) -> torch.Tensor:
     """Scaled dot-product attention. ``fp32`` (regeneration only): on a CPU in bf16/fp16 it runs in fp32 and casts
-    back, since PyTorch's CPU flash kernel is several times slower in bf16 than in fp32 (4.4 against 0.62 ms for 30
-    decoding rows over 300 cached tokens, 0.87 with the casts; docs/matrix.md, "Regeneration throughput"). Off for
-    decoding, whose bf16 output is token for token HF ``generate()``'s (tests/infer/test_devices.py)."""
+    back, since PyTorch's CPU flash kernel is much slower in bf16 than in fp32, casts included. Off for decoding,
+    whose bf16 output is token for token HF ``generate()``'s (tests/infer/test_devices.py)."""
     if fp32 and q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16):
         dtype, m = q.dtype, mask.float() if mask is not None and mask.is_floating_point() else mask
         q, K, V = q.float(), K.float(), V.float()
@@ -101,7 +100,8 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 @register("verifier", "lean")
 class LeanVerifier:
-    """Verifies drafts with a lean re-implementation of the target's forward (see the module docstring).
+    """Verifies drafts with a lean re-implementation of the target's forward (see the module docstring); a
+    :class:`~.protocols.Verifier`.
 
     Args:
         target: the frozen target (Llama-family HF model).

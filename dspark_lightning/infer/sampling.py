@@ -9,12 +9,19 @@ one-hot argmax, computed with integer comparisons (never a division by T = 0).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 
-from .syncs import reads_are_free
-
 GREEDY_EPS = 1e-5
+
+
+def reads_are_free(device: torch.device) -> bool:
+    """Whether the host may read a tensor on ``device`` for nothing (a CPU device), so that a data-dependent shortcut
+    may read it; on an accelerator each such read waits for the device queue to drain, and the shortcut is skipped.
+    (:class:`dspark_lightning.profiling.syncs.HostReads` answers False while it counts, to count the accelerator's
+    path.)"""
+    return device.type == "cpu"
 
 
 @dataclass(frozen=True)
@@ -96,7 +103,17 @@ class Streams:
         return (a >> 8).to(dtype) * 2.0**-24
 
 
-Generators = torch.Generator | list[torch.Generator] | Streams | None
+@runtime_checkable
+class CoupledDraw(Protocol):
+    """Randomness that picks the token itself from a law (coupled acceptance's shared Gumbel noise,
+    :class:`~.coupled.CoupledNoise`) rather than handing out uniforms."""
+
+    def coupled_draw(self, law: torch.Tensor) -> torch.Tensor:
+        """One token per row of ``law`` (R, V)."""
+        ...
+
+
+Generators = torch.Generator | list[torch.Generator] | Streams | CoupledDraw | None
 
 
 def uniforms(rows: int, k: int, generator: Generators, device, dtype=torch.float32) -> torch.Tensor:
@@ -120,8 +137,8 @@ TOP_P_CANDIDATES = 256
 def top_p_drop(z: torch.Tensor, top_p: float) -> torch.Tensor:
     """HF TopPLogitsWarper's rule, (..., V) bool: drop a token when the mass of the tokens ranked above it is
     already >= top_p (the top token is always kept). Exact; the nucleus is searched among the
-    ``TOP_P_CANDIDATES`` most likely tokens first, and only rows whose nucleus is wider get a full sort
-    (a full sort of 49152 logits per row costs ~1.4 ms on a CPU)."""
+    ``TOP_P_CANDIDATES`` most likely tokens first, and only rows whose nucleus is wider get a full sort (a full
+    sort of a large vocabulary per row is costly on a CPU)."""
     p = z.softmax(-1)
     k = min(TOP_P_CANDIDATES, z.shape[-1])
     vals, idx = torch.topk(p, k, dim=-1)  # descending
@@ -149,7 +166,7 @@ def sample(p: torch.Tensor, params: SamplingParams, generator: Generators) -> to
     if params.greedy:
         return p.argmax(-1)
     flat = p.reshape(-1, p.shape[-1])
-    if hasattr(generator, "coupled_draw"):  # coupled acceptance: the Gumbel-max draw with the shared noise
+    if isinstance(generator, CoupledDraw):  # coupled acceptance: the Gumbel-max draw with the shared noise
         return generator.coupled_draw(flat).view(p.shape[:-1])
     R, V = flat.shape
     u = uniforms(R, 1, generator, p.device, torch.float64)[:, 0]

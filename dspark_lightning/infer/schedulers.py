@@ -1,4 +1,4 @@
-"""Step 2 of a round: choose each request's verification length l_r (docs/algorithm.md §6).
+"""Step 3 of a round: choose each request's verification length l_r (docs/algorithm.md §6).
 
 A scheduler is called with the conditional confidences ĉ (R, γ) of the current blocks and
 nothing else: it never sees the draft tokens. Each ĉ_k was computed before x_k was sampled, and
@@ -6,14 +6,17 @@ every rule here admits position k using only candidates ranked at or above it, s
 "l_r >= k" does not depend on x_k (non-anticipation, required for losslessness).
 
 Registered names: ``static``, ``threshold``, ``hardware_aware`` (Algorithm 1 with the early-stop
-break) and ``async_hardware_aware`` (budget from confidences two steps old, fresh split).
+break), ``async_hardware_aware`` (budget from confidences two steps old, fresh split) and ``auto`` (Algorithm 1 or
+a global search of the budget, whichever this machine's SPS curve calls for). Every scheduler is a
+:class:`~.protocols.Scheduler`; the hardware-aware ones are also :class:`~.protocols.AdaptiveScheduler` (draft gate,
+step observations, SPS table and drafting cost).
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,12 +24,8 @@ from .. import checks
 from ..registry import create, register
 from .sps import SPSTable, load_or_profile
 
-
-@runtime_checkable
-class Scheduler(Protocol):
-    def __call__(self, conf: torch.Tensor) -> torch.Tensor:
-        """ĉ (R, γ) in [0, 1] -> l (R,) long in [0, γ]."""
-        ...
+if TYPE_CHECKING:
+    from .draft_cost import DraftCost
 
 
 def survival(conf: torch.Tensor) -> torch.Tensor:
@@ -119,17 +118,17 @@ class ThresholdScheduler:
 class DraftGate:
     """Skip the drafter for a whole step when drafting has not paid on this machine (decided before drafting).
 
-    Every step the engine reports whether it drafted, its batch size R, the tokens it committed and its wall
-    time. The gate keeps, per R, the last ``window`` drafted steps and the last ``window`` plain steps, and their
-    rate as committed tokens over seconds summed over the window (a ratio of sums: one unlucky step does not
-    decide); before measuring plain steps it uses the SPS table's R * SPS(R). It drafts the first ``warmup`` steps
-    at a batch size: the first rounds of a response, which a drafter predicts worst, used to lock a drafter that
-    pays later out for good. Otherwise it drafts while the drafted rate is at least the plain rate; otherwise it
-    skips, and probes (drafts once) after ``probe`` skipped steps, doubling the interval up to ``max_probe`` while
-    skipping keeps winning, so it returns to drafting when the estimate turns (a better-matched prompt, a longer
-    context, another batch size). Drafted steps older than ``max_age`` steps give way to fresher ones (a probe's);
-    while none is fresh the last ones still stand, so a gate that skips keeps skipping until its next probe (it
-    used to warm up again each time they expired: 4 drafted steps in every 64 where drafting loses).
+    Every step the engine reports whether it drafted, its batch size R, the tokens it committed and its wall time. The
+    gate keeps, per R, the last ``window`` drafted steps and the last ``window`` plain steps, and their rate as
+    committed tokens over seconds summed over the window (a ratio of sums: one unlucky step does not decide); before
+    measuring plain steps it uses the SPS table's R * SPS(R). It drafts the first ``warmup`` steps at a batch size
+    whatever the rates: the first rounds of a response are the ones a drafter predicts worst, and judged on them alone a
+    drafter that pays later would be locked out for good. Otherwise it drafts while the drafted rate is at least the
+    plain rate; otherwise it skips, and probes (drafts once) after ``probe`` skipped steps, doubling the interval up to
+    ``max_probe`` while skipping keeps winning, so it returns to drafting when the estimate turns (a better-matched
+    prompt, a longer context, another batch size). Drafted steps older than ``max_age`` steps give way to fresher ones
+    (a probe's); while none is fresh the last ones still stand, so a gate that skips keeps skipping until its next probe
+    rather than warming up again each time they expire (which would draft steps that lose, over and over).
 
     Lossless: the decision at step t uses only steps < t (their tokens, acceptance and timing), never the
     drafts of step t, so it is a non-anticipating choice of l_r = 0 for every request.
@@ -190,11 +189,13 @@ TIMINGS = ("model", "live")
 
 
 class _SPSScheduler:
-    """Shared by the SPS-driven schedulers: the table, the drafting cost and the draft gate.
+    """Shared by the SPS-driven schedulers (:class:`~.protocols.AdaptiveScheduler`): the table, the drafting cost
+    and the draft gate.
 
     ``timing="model"`` (default, reproducible): a step's time is modelled as 1 / SPS(B) for its B verified
     tokens plus the drafter's cost per round at its batch size, profiled once per (drafter, machine) and cached
-    (:mod:`.draft_cost`); ℓ and the gate then depend only on the confidences and the tokens committed so far, so
+    (:mod:`dspark_lightning.profiling.draft_cost`; ``decode()`` hands it over through :meth:`use_draft_cost`); ℓ
+    and the gate then depend only on the confidences and the tokens committed so far, so
     the same call with the same seed gives the same output under any machine load. ``timing="live"`` uses this
     run's wall clock instead (an EMA of drafting time, measured step rates): it adapts to the load of the
     moment and is not reproducible at T > 0.
@@ -214,11 +215,15 @@ class _SPSScheduler:
         if draft_cost is not None and not (draft_cost >= 0 and math.isfinite(draft_cost)):
             raise ValueError(f"draft_cost must be a finite number of seconds >= 0, got {draft_cost}")
         self.sps = SPSTable.load(sps) if isinstance(sps, str) else sps
+        if isinstance(context_len, bool) or not isinstance(context_len, int) or context_len < 1:
+            raise ValueError(
+                f"context_len must be an integer >= 1 (cached tokens of the SPS profile), got {context_len!r}"
+            )
         self.context_len = context_len
         self.include_draft_time = include_draft_time
         self.timing = timing
         self.fixed_cost = draft_cost  # seconds per round, whatever the batch (overrides the profile)
-        self.cost = None  # DraftCost profiled by bind()
+        self.cost: DraftCost | None = None  # the drafter's profiled cost per round (use_draft_cost)
         self.draft_s: float | None = None  # live timing: running estimate of the per-step drafting time
         self.gate = DraftGate() if skip_draft else None
 
@@ -245,16 +250,20 @@ class _SPSScheduler:
             seconds = 1.0 / float(self.sps(B)) + (self.draft_cost(R) if drafted else 0.0)
         self.gate.observe(drafted, R, tokens, seconds)
 
-    def bind(self, target: Any, max_tokens: int | None = None, progress: bool = True, drafter: Any = None,
-             max_batch: int = 1) -> None:  # fmt: skip
-        """Load (or profile once and cache) the target's SPS table on this device when none was given, and the
-        drafter's cost per round for model timing."""
+    def bind(self, target: Any, max_tokens: int | None = None, progress: bool = True) -> None:
+        """Load (or profile once and cache) the target's SPS table on this device when none was given."""
         if self.sps is None:
             self.sps = load_or_profile(target, self.context_len, max_tokens=max_tokens, progress=progress)
-        if self.timing == "model" and self.fixed_cost is None and drafter is not None and self.include_draft_time:
-            from .draft_cost import load_or_profile_draft_cost
 
-            self.cost = load_or_profile_draft_cost(target, drafter, max_batch, progress=progress)
+    @property
+    def needs_draft_cost(self) -> bool:
+        """Whether the model of a step's time takes the drafter's profiled cost per round (model timing that counts
+        the drafting time, without a fixed ``draft_cost``)."""
+        return self.timing == "model" and self.fixed_cost is None and self.include_draft_time
+
+    def use_draft_cost(self, cost: DraftCost) -> None:
+        """The drafter's cost per round on this machine, profiled once outside the decoding loop."""
+        self.cost = cost
 
     def draft_cost(self, R: int) -> float:
         """Modelled drafting seconds of a step with R requests (0 when drafting time is not counted)."""

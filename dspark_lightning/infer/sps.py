@@ -114,9 +114,8 @@ def default_path(target, context_len: int) -> Path:
     dev = next(target.model.parameters())
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", str(target.name))
     dtype = str(dev.dtype).split(".")[-1]
-    from .lean import lean_unsupported
-
     from .kernels import VERSION
+    from .lean import lean_unsupported
 
     # the verifier decode() picks by default; the lean one's steps depend on the kernel choice, so its version too
     impl = f"lean-k{VERSION}" if lean_unsupported(target) is None else "hf"

@@ -1,4 +1,4 @@
-"""Step 3 of a round: one batched target forward over every request's [anchor + l_r drafts].
+"""Step 4 of a round: one batched target forward over every request's [anchor + l_r drafts].
 
 The same forward serves plain decoding (l_r = 0) and speculative rounds, so both share this code.
 Prefill runs each prompt alone and inserts its K/V into the batch cache (no padding compute).
@@ -8,20 +8,14 @@ released after acceptance, never recomputed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from ..registry import register
+from ..registry import create, register
 from .kvcache import RaggedCache
+from .lean import lean_unsupported
+from .protocols import SegmentOutput, Verifier
 
 LAYOUTS = ("padded", "flat")
-
-
-@dataclass
-class SegmentOutput:
-    hidden: torch.Tensor  # (R, W, d) final-norm target hidden states of each request's tokens
-    context: torch.Tensor  # (R, W, n*d) raw tapped-layer features (the drafter's context)
 
 
 def attention_mask_4d(allowed: torch.Tensor, model, dtype: torch.dtype) -> torch.Tensor:
@@ -35,7 +29,8 @@ def attention_mask_4d(allowed: torch.Tensor, model, dtype: torch.dtype) -> torch
 
 @register("verifier", "hf")
 class HFVerifier:
-    """Verifies drafts with a frozen HF causal LM (:class:`~dspark_lightning.targets.Target`).
+    """Verifies drafts with a frozen HF causal LM (:class:`~dspark_lightning.targets.Target`); a
+    :class:`~.protocols.Verifier`.
 
     Args:
         target: the frozen target.
@@ -144,11 +139,8 @@ class HFVerifier:
         self.kv.compact(live_max=self.kv.live_bound(self.held))
 
 
-def build_verifier(name: str, target, layout: str = "padded"):
+def build_verifier(name: str, target, layout: str = "padded") -> Verifier:
     """A registered verifier; ``auto`` is the lean forward where it supports the target and layout, else ``hf``."""
-    from ..registry import create
-    from .lean import lean_unsupported
-
     if name == "auto":
         name = "lean" if lean_unsupported(target, layout) is None else "hf"
     return create("verifier", name, target, layout=layout)

@@ -1,12 +1,12 @@
 """``dspark-lightning profile --breakdown verify|draft``: where the time of one decoding round goes.
 
-``verify``: one verification step as ``decode()`` runs it (forward over B new tokens after a cached context, LM
-head over the B positions, fp32 softmax, rollback) for B in ``tokens``, per verifier: ``hf`` (the HF forward
-through :class:`~.verify.HFVerifier`: ragged cache, dense mask), ``lean-linear`` (:class:`~.lean.LeanVerifier` with
-``F.linear`` products; on a CPU) and ``lean`` (the matrix kernels chosen on this machine, :mod:`.kernels`; the
-default). Rounds interleave the variants (every B, every variant, then again, reversed) so machine drift hits
-all alike; medians and the ratio to the smallest B, then a torch-profiler breakdown (self time per op) of the
-default verifier at B = 1 and 8.
+``verify``: one verification step as ``decode()`` runs it (forward over B new tokens after a cached context, LM head
+over the B positions, fp32 softmax, rollback) for B in ``tokens``, per verifier: ``hf`` (the HF forward through
+:class:`~dspark_lightning.infer.verify.HFVerifier`: ragged cache, dense mask), ``lean-linear``
+(:class:`~dspark_lightning.infer.lean.LeanVerifier` with ``F.linear`` products; on a CPU) and ``lean`` (the matrix
+kernels chosen on this machine, :mod:`dspark_lightning.infer.kernels`; the default). Rounds interleave the variants
+(every B, every variant, then again, reversed) so machine drift hits all alike; medians and the ratio to the smallest B,
+then a torch-profiler breakdown (self time per op) of the default verifier at B = 1 and 8.
 
 ``draft``: the drafting cost of one round per component, batch 1, γ = 7: backbone (cache masks, embedding, decoder
 layers), lm_head (base logits over the draft vocabulary), sequential (the Markov head's γ steps), confidence,
@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .sps import device_tag
+from ..devices import device_tag
 
 DRAFT_PARTS = ("backbone", "lm_head", "sequential", "confidence", "sampling", "extend")
 DRAFT_VOCABS = (16384, 8192, 4096)  # draft-vocabulary sizes of the random variants (those below the target's)
@@ -64,8 +64,8 @@ def _device(target) -> torch.device:
 
 
 def _verifiers(target) -> dict[str, Any]:
-    from .lean import LeanVerifier, lean_unsupported
-    from .verify import HFVerifier
+    from ..infer.lean import LeanVerifier, lean_unsupported
+    from ..infer.verify import HFVerifier
 
     out = {"hf": HFVerifier(target)}
     if lean_unsupported(target, "padded") is None:
@@ -194,9 +194,9 @@ def draft_variants(target, trained: dict[str, Any] | None = None, layers: int = 
 
 def draft_breakdown(target, drafters: dict[str, Any], *, context: int = 512, rounds: int = 15, seed: int = 0) -> dict:
     """Median ms per round of each drafting component, per drafter and T in (0, 1), after 2 warm-up rounds."""
-    from .draft import BlockProposer
-    from .sampling import SamplingParams
-    from .verify import build_verifier
+    from ..infer.draft import BlockProposer
+    from ..infer.sampling import SamplingParams
+    from ..infer.verify import build_verifier
 
     device = _device(target)
     V = target.geometry.vocab_size

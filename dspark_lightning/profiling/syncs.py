@@ -10,17 +10,22 @@ waits, so such reads go unnoticed; :class:`HostReads` makes them visible by inte
 - every other tensor is *device* (factories given ``device=``, ``.to(device)``, model outputs, caches, and any
   tensor made before the counter started), and each value read of a device tensor counts one synchronisation.
 
-This is how CUDA behaves when the engine's device is a GPU and the default device is the CPU. On CUDA itself,
-``torch.cuda.set_sync_debug_mode`` is the ground truth (``scripts/gpu_check.py`` reports both).
+This is how CUDA behaves when the engine's device is a GPU and the default device is the CPU. While it counts,
+the runtime's :func:`~dspark_lightning.infer.sampling.reads_are_free` answers False, so the code takes the paths it
+takes on an accelerator (a CPU skips no data-dependent shortcut) and the count is the accelerator path's. On CUDA
+itself, ``torch.cuda.set_sync_debug_mode`` is the ground truth (``scripts/gpu_check.py`` reports both).
 """
 
 from __future__ import annotations
 
+import sys
 import weakref
 from collections import Counter
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from ..infer import sampling
 
 T = torch.Tensor
 READS = {T.item, T.tolist, T.__bool__, T.__int__, T.__float__, T.__index__, T.nonzero, torch.nonzero,
@@ -31,13 +36,20 @@ FACTORIES = {torch.tensor, torch.as_tensor, torch.zeros, torch.ones, torch.full,
 LIKE = {torch.zeros_like, torch.ones_like, torch.full_like, torch.empty_like}
 
 
-_COUNTING = 0  # > 0 while a HostReads counter runs: the code takes the paths it takes on an accelerator
+def _reads_are_never_free(device: torch.device) -> bool:  # noqa: ARG001 - the signature it stands in for
+    return False
 
 
-def reads_are_free(device: torch.device) -> bool:
-    """Whether host reads of tensors on ``device`` cost nothing (a CPU device), so a data-dependent shortcut may
-    read them; False while :class:`HostReads` counts, so the count is the accelerator path's."""
-    return device.type == "cpu" and not _COUNTING
+_REAL = sampling.reads_are_free
+_DEPTH = 0  # HostReads counters running (they may nest)
+
+
+def _point_reads_are_free(to) -> None:
+    """Point every module of the package that holds either version of ``reads_are_free`` at ``to``."""
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] == "dspark_lightning" and getattr(module, "reads_are_free", None) in (
+                _REAL, _reads_are_never_free):  # fmt: skip
+            module.reads_are_free = to
 
 
 def _tensors(obj):
@@ -76,13 +88,17 @@ class HostReads(TorchFunctionMode):
         self.where: Counter = Counter()
 
     def __enter__(self):
-        global _COUNTING
-        _COUNTING += 1
+        global _DEPTH
+        if _DEPTH == 0:
+            _point_reads_are_free(_reads_are_never_free)
+        _DEPTH += 1
         return super().__enter__()
 
     def __exit__(self, *exc):
-        global _COUNTING
-        _COUNTING -= 1
+        global _DEPTH
+        _DEPTH -= 1
+        if _DEPTH == 0:
+            _point_reads_are_free(_REAL)
         return super().__exit__(*exc)
 
     def _device(self, t: torch.Tensor) -> bool:

@@ -88,7 +88,7 @@ def test_load_drafter_follows_the_target(varied_target, bf16_target, tmp_path):
     loaded = load_drafter(tmp_path / "d", bf16_target)  # default: the target's device and dtype
     assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}
     assert load_drafter(tmp_path / "d", bf16_target, dtype="fp32").backbone.fc.weight.dtype == torch.float32
-    with pytest.raises(ValueError, match="differs from the target"):
+    with pytest.raises(ValueError, match="differs from the target|not supported"):
         load_drafter(tmp_path / "d", varied_target, device="meta")
 
 
@@ -114,12 +114,24 @@ def test_resolve_dtype_refuses(bad):
 
 
 def test_resolve_device():
-    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device("cpu").type == "cpu"
     with pytest.raises(ValueError, match="unknown device"):
         resolve_device("gpu0")
-    if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="CUDA is not available"):
-            resolve_device("cuda:0")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusals of a machine without CUDA")
+def test_resolve_device_without_cuda():
+    assert resolve_device("auto").type == "cpu"
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        resolve_device("cuda:0")
+
+
+@pytest.mark.gpu
+def test_resolve_device_with_cuda():
+    assert resolve_device("auto").type == "cuda"
+    assert resolve_device("cuda:0") == torch.device("cuda", 0)
+    with pytest.raises(ValueError, match="CUDA devices"):
+        resolve_device(f"cuda:{torch.cuda.device_count()}")
 
 
 def test_schedulers_return_host_lengths():
@@ -170,7 +182,7 @@ def test_resolve_drafter_dtype():
 
 def test_draft_cost_cache_is_per_precision(varied_target, tmp_path):
     """The cached drafting cost drives the gate: a bf16 run must not read the fp32 run's numbers."""
-    from dspark_lightning.infer.draft_cost import drafter_key
+    from dspark_lightning.profiling.draft_cost import drafter_key
 
     save_drafter(make_drafter(varied_target, "dspark", block_size=3), tmp_path / "d", varied_target)
     k32 = drafter_key(load_drafter(tmp_path / "d", varied_target, dtype="fp32"))

@@ -1,4 +1,4 @@
-"""docs/algorithm.md §1 (ii): the target's law is its own forward's, logit post-processing included (issue 14 item 5).
+"""docs/algorithm.md §1 (ii): the target's law is its own forward's, logit post-processing included.
 
 Granite divides its LM head's logits by ``logits_scaling``, Cohere multiplies them by ``logit_scale``, Gemma-2
 soft-caps them. Tiny random models of each (vocabulary 8, so exact laws can be enumerated) check that

@@ -1,7 +1,7 @@
-"""decode() from several threads sharing one target and one drafter (issue 14 item 4).
+"""decode() from several threads sharing one target and one drafter.
 
-The target's tapped layers are collected per forward call (they used to live in one dict on the module, and two
-threads failed with a ``KeyError``); every decode() builds its own verifier, proposer, scheduler and random streams.
+The target's tapped layers are collected per forward call (one dict on the module would be shared, and two
+threads would fail with a ``KeyError``); every decode() builds its own verifier, proposer, scheduler and random streams.
 Each thread decodes its own prompts, started together on a barrier, in several trials: no exception, and every
 output equals what the same call gives alone (greedy, and T = 1 with the same seed and the same batch).
 """

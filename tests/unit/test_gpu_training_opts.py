@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 from dspark_lightning.data.anchors import AnchorCollator
 from dspark_lightning.data.features import features_for_batch
-from dspark_lightning.infer.syncs import HostReads
+from dspark_lightning.profiling.syncs import HostReads
 from dspark_lightning.lightning.callbacks import FitStats, TrainingDiverged
 from dspark_lightning.lightning.module import DSparkModule
 from dspark_lightning.modules import MoE

@@ -1,4 +1,4 @@
-"""No silent divergence or tampering (issue 14): invalid hyperparameters, non-finite weights and temperatures, an
+"""No silent divergence or tampering: invalid hyperparameters, non-finite weights and temperatures, an
 edited export config.json and a killed export are refused or cleaned up with one-line errors."""
 
 import json
