@@ -129,7 +129,13 @@ def test_decode_samples_the_forward_law(arch_target):
     exact = exact_marginals(arch_target, PROMPT, 2, params)
     drafter = make_drafter(arch_target, block_size=3)
     res = decode(
-        arch_target, drafter, [PROMPT] * N_SAMPLES, max_new_tokens=2, stop_token_ids=[], temperature=1.0, seed=3,
+        arch_target,
+        drafter,
+        [PROMPT] * N_SAMPLES,
+        max_new_tokens=2,
+        stop_token_ids=[],
+        temperature=1.0,
+        seed=3,
         scheduler="static",  # every draft verified: the acceptance test decides every token
     )
     out = torch.tensor(res.token_ids)

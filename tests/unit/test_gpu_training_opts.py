@@ -1,4 +1,4 @@
-"""Training on GPUs without waste, checked on the CPU: host reads per training step (infer/syncs.py counts them as
+"""Training on GPUs without waste, checked on the CPU: host reads per training step (profiling/syncs.py counts them as
 an accelerator pays them), the divergence guard's single read per optimizer step, pinned batches on CUDA only, the
 MoE dispatch, and the GPU FSDP recipe's per-decoder-layer wrapping."""
 
@@ -12,10 +12,10 @@ from torch.utils.data import DataLoader
 
 from dspark_lightning.data.anchors import AnchorCollator
 from dspark_lightning.data.features import features_for_batch
-from dspark_lightning.profiling.syncs import HostReads
 from dspark_lightning.lightning.callbacks import FitStats, TrainingDiverged
 from dspark_lightning.lightning.module import DSparkModule
 from dspark_lightning.modules import MoE
+from dspark_lightning.profiling.syncs import HostReads
 
 ROOT = Path(__file__).resolve().parents[2]
 FSDP_RECIPE = ROOT / "recipes" / "gpu" / "dspark_qwen3_4b_fsdp.yaml"
