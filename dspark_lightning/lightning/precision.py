@@ -19,10 +19,11 @@ from __future__ import annotations
 import contextlib
 import logging
 
+import torch
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
-from ..devices import cpu_bf16_faster, resolve_device
+from ..devices import cpu_bf16_faster
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ class FastestPrecision(MixedPrecision):
     accordingly, so everything that reads ``trainer.precision`` sees what runs."""
 
     def __init__(self, width: int = 576, vocab: int = 8192, rows: int = 512, device: str | None = None) -> None:
-        device = resolve_device(device).type  # auto / cpu / cuda; another device is refused in one line
+        device = _device_type(device)
         self.bf16 = device != "cpu" or cpu_bf16_faster(width, vocab, m=rows)
         super().__init__("bf16-mixed", device)
         self.precision = "bf16-mixed" if self.bf16 else "32-true"
@@ -48,3 +49,17 @@ class FastestPrecision(MixedPrecision):
         """No gradient scaler here (bf16 and fp32 need none), so nothing is unscaled inside ``step()``: clipping is
         the plain one for every optimizer, fused AdamW included (which ``MixedPrecision`` refuses)."""
         Precision.clip_gradients(self, optimizer, clip_val, gradient_clip_algorithm)
+
+
+def _device_type(device: str | None) -> str:
+    """``cpu`` or ``cuda`` (``auto``/None: CUDA when available); a plugin may be configured for CUDA on a machine
+    without it (a GPU recipe read elsewhere), any other device type is refused in one line."""
+    if device is None or device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        kind = None
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"FastestPrecision: device {device!r} is not supported (use auto, cpu or cuda)")
+    return kind
