@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import re
 import subprocess
 import time
@@ -21,17 +20,9 @@ from pathlib import Path
 
 import torch
 
+from dspark_lightning.devices import cpu_model
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def decode_speed(target, drafter, domains, n: int, max_new_tokens: int) -> list[dict]:

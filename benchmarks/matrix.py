@@ -18,7 +18,6 @@ import copy
 import json
 import math
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -26,6 +25,8 @@ import time
 from pathlib import Path
 
 import yaml
+
+from dspark_lightning.devices import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,16 +36,6 @@ def merge(base: dict, over: dict) -> dict:
     for k, v in over.items():
         out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
     return out
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def commit() -> str:

@@ -117,18 +117,21 @@ def _median_time(x: torch.Tensor, w: torch.Tensor, reps: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def cpu_model() -> str:
+    """This CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
 def device_tag(device: torch.device) -> str:
     """A filesystem-safe description of the device this table is valid for."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
     else:
-        name = platform.processor() or platform.machine()
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1]
-                    break
-        except OSError:
-            pass
-        name = f"{name}-{torch.get_num_threads()}t"
+        name = f" {cpu_model()}-{torch.get_num_threads()}t"
     return re.sub(r"[^A-Za-z0-9._-]+", "_", f"{device.type}-{name}").strip("_")
