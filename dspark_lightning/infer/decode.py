@@ -207,10 +207,6 @@ def decode(
     stop = check_stop(stop)
     target, drafter = resolve(target, drafter, device, dtype, drafter_dtype)
     check_stop_ids(stop_token_ids, target)
-    if seeds is not None:
-        for s_ in seeds:
-            if isinstance(s_, bool) or not isinstance(s_, int):
-                raise ValueError(f"seeds must be ints, got {s_!r}")
     if isinstance(prompts, torch.Tensor):  # (S,) one prompt, (N, S) N prompts
         prompts = [prompts] if prompts.dim() == 1 else list(prompts)
     single = isinstance(prompts, str) or (
@@ -254,9 +250,7 @@ def check_decode_args(max_new_tokens, temperature, top_k, top_p, batch_size) -> 
     must be at least 1: None, not 0, means all the prompts at once)."""
     checks.at_least("max_new_tokens", max_new_tokens, 1)
     checks.at_least("batch_size", batch_size, 1)
-    checks.at_least("top_k", top_k, 1)
-    checks.temperature("temperature", temperature)
-    checks.in_range("top_p", top_p, 0.0, 1.0, open_low=True)
+    SamplingParams(temperature, top_k, top_p)  # the sampling law checks its own arguments
 
 
 def check_stop(stop) -> list[str] | None:

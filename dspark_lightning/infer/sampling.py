@@ -31,12 +31,15 @@ class SamplingParams:
     top_p: float | None = None  # keep the smallest set with mass >= top_p (None = all)
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        """The one check of the sampling arguments: every route (decode(), the engine, regeneration, the commands)
+        builds its law here."""
+        from .. import checks
+
+        if self.temperature is None:
+            raise checks.UsageError("temperature must be given, got None")
+        checks.temperature("temperature", self.temperature)
+        checks.at_least("top_k", self.top_k, 1)
+        checks.in_range("top_p", self.top_p, 0.0, 1.0, open_low=True)
 
     @property
     def greedy(self) -> bool:
