@@ -198,7 +198,10 @@ def run_decode(argv: list[str]) -> None:
     prompts = list(a.prompt) + (read_prompts(a.prompts, a.limit) if a.prompts else [])
     if not prompts:
         raise ValueError("give --prompt TEXT or --prompts FILE.jsonl")
-    target = load_target_checked(a.target, dtype=a.dtype, device=a.device)
+    from ..export import recorded_target_args
+
+    recorded = recorded_target_args(a.drafter) if a.drafter else {}  # the layers and chat format it was trained with
+    target = load_target_checked(a.target, dtype=a.dtype, device=a.device, **recorded)
     drafter = load_drafter_checked(a.drafter, target, a.drafter_dtype) if a.drafter else None
     stream = len(prompts) == 1
     res = decode(
