@@ -202,7 +202,9 @@ def measure(
     flush = torch.zeros(FLUSH_BYTES // 4)
     gen = torch.Generator().manual_seed(0)
     jobs = [(key, M) for key in weights for M in rows]
-    bar = _bar(len(jobs), progress)
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(jobs), desc="timing matrix kernels", unit="shape", disable=not progress)
     for key, ws in weights.items():
         lays = [(_Layouts(w), b) for w, b in ws]
         for M in rows:
@@ -221,11 +223,9 @@ def measure(
             med = {n: sorted(s)[len(s) // 2] * 1e3 for n, s in samples.items()}
             table.ms.setdefault(key, {})[M] = {n: round(v, 4) for n, v in med.items()}
             table.choices.setdefault(key, {})[M] = min(med, key=med.get)
-            if bar is not None:
-                bar.update(1)
+            bar.update(1)
         del lays
-    if bar is not None:
-        bar.close()
+    bar.close()
     return table
 
 
@@ -281,11 +281,3 @@ def _read(path: Path) -> KernelTable:
         return KernelTable.from_dict(d)
     except (AttributeError, TypeError, ValueError):  # a damaged cache file is measured again
         return KernelTable()
-
-
-def _bar(total: int, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="timing matrix kernels", unit="shape")

@@ -57,6 +57,14 @@ def admit(req: torch.Tensor, n: int, R: int) -> torch.Tensor:
     return torch.bincount(req[:n], minlength=R).long()
 
 
+def admit_top(a: torch.Tensor, K: int, sps: SPSTable) -> torch.Tensor:
+    """ℓ (R,) admitting the K best-ranked candidates of the survival pool ``a`` (R, γ), K clamped to what the pool
+    and the SPS table allow (a budget from other confidences may exceed them)."""
+    R, g = a.shape
+    values, req = ranked_pool(a)
+    return admit(req, max(0, min(K, R * g, len(values), sps.max_tokens - R)), R)
+
+
 def throughput_curve(values: torch.Tensor, R: int, sps: SPSTable) -> torch.Tensor:
     """Θ_n = (R + sum of the top n a) * SPS(R + n) for n = 0..N."""
     tau = R + torch.cat([values.new_zeros(1), values.cumsum(0)])
@@ -370,17 +378,14 @@ class AsyncHardwareAwareScheduler(_SPSScheduler):
 
     def __call__(self, conf: torch.Tensor) -> torch.Tensor:
         conf = conf.detach().cpu()
-        R, g = conf.shape
-        sps = self._table(R)
+        sps = self._table(conf.shape[0])
         a = survival(conf)
-        values, req = ranked_pool(a)
         if len(self.history) == self.lag:
             K = global_capacity(self.history[0], sps)
         else:
             K = int(prefix_schedule(conf, sps).sum())
-        K = max(0, min(K, R * g, len(values), sps.max_tokens - R))  # a stale budget may exceed what R allows
         self.history.append(a)
-        return admit(req, K, R)
+        return admit_top(a, K, sps)
 
 
 @register("scheduler", "auto")
@@ -403,14 +408,12 @@ class AutoScheduler(_SPSScheduler):
             if self.sps is None:
                 raise RuntimeError("AutoScheduler has no SPS table: pass sps=... or call bind(target)")
             self.mode = "global" if step_in_curve(self.sps) is not None else "prefix"
-        R, g = conf.shape
+        R = conf.shape[0]
         sps = self._table(R)
         if self.mode == "prefix":
             return prefix_schedule(conf, sps)
         a = survival(conf)
-        values, req = ranked_pool(a)
-        K = max(0, min(global_capacity(a, sps), R * g, len(values), sps.max_tokens - R))
-        return admit(req, K, R)
+        return admit_top(a, global_capacity(a, sps), sps)
 
 
 def build_scheduler(spec: Any) -> Any:
