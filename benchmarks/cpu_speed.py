@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from dspark_lightning.atomic import atomic_write
 from dspark_lightning.devices import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,8 +168,8 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = re.sub(r"[^A-Za-z0-9]+", "_", info["cpu"]).strip("_") + f"_{info['threads']}t"
-    (out / f"{tag}.json").write_text(json.dumps(doc, indent=1) + "\n")
-    (out / f"{tag}.md").write_text(markdown(doc))
+    atomic_write(out / f"{tag}.json", json.dumps(doc, indent=1) + "\n")
+    atomic_write(out / f"{tag}.md", markdown(doc))
     print(markdown(doc))
     print(f"-> {out / tag}.md")
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from ..atomic import atomic_write
 from ..infer.build import make_engine
 from ..infer.draft_cost import DraftCost
 from ..infer.sampling import SamplingParams
@@ -91,15 +92,15 @@ def load_or_profile_draft_cost(target, drafter, max_batch: int, progress: bool =
             _MEMO[memo] = profile_draft_cost(target, drafter, max_batch)
         return _MEMO[memo]
     path = cost_path(target, key)
-    if path.is_file():
+    try:  # a missing or damaged cache file is measured again
         d = json.loads(path.read_text())
         if d["batches"][-1] >= min(max_batch, BATCHES[-1]):
-            return DraftCost(d["batches"], d["seconds"], d.get("meta", {}))
+            return DraftCost(list(d["batches"]), list(d["seconds"]), dict(d.get("meta", {})))
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        pass
     if progress:
         print(f"[dspark-lightning] profiling the drafter's cost per round (once, before decoding; cached in {path})")
     cost = profile_draft_cost(target, drafter, max_batch, progress=progress)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(cost.to_dict(), indent=1) + "\n")
-    tmp.replace(path)
+    atomic_write(path, json.dumps(cost.to_dict(), indent=1) + "\n")  # fsynced, replaced whole: a reader never sees half
     return cost
