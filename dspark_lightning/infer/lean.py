@@ -134,7 +134,7 @@ class LeanVerifier:
             layers = [_Layer(layer) for layer in dec.layers]
             head = Linear(target.lm_head.weight, getattr(target.lm_head, "bias", None))
             if table is not None:
-                for m in [m for L in layers for m in (L.qkv, L.o, L.gu, L.down)] + [head]:
+                for m in _products(layers, head):
                     m.use(table)
             prepared[key] = (layers, head)
         self.layers, self.head = prepared[key]
@@ -158,7 +158,7 @@ class LeanVerifier:
         self._alloc(0, capacity)
 
     def linears(self) -> list[Linear]:
-        return [m for L in self.layers for m in (L.qkv, L.o, L.gu, L.down)] + [self.head]
+        return _products(self.layers, self.head)
 
     def _kernel_table(self, kernels: str | KernelTable) -> KernelTable | None:
         if isinstance(kernels, KernelTable):
@@ -349,17 +349,17 @@ class LeanVerifier:
 _PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {kernel table id: (layers, head)}
 
 
+def _products(layers: list[_Layer], head: Linear) -> list[Linear]:
+    """Every product of a forward, in order: per layer [q; k; v], o, [gate; up], down; then the LM head."""
+    return [m for L in layers for m in (L.qkv, L.o, L.gu, L.down)] + [head]
+
+
 def _weights_by_shape(target) -> dict[str, list[tuple[torch.Tensor, None]]]:
-    """The lean forward's products grouped by weight shape, as it runs them (fused [q; k; v] and [gate; up]); biases
-    are left out of the timing."""
+    """The lean forward's weights grouped by shape, fused as it runs them (biases are left out of the timing)."""
+    head = Linear(target.lm_head.weight, None)
     by_shape: dict[str, list] = {}
-    for layer in target.decoder.layers:
-        att, mlp = layer.self_attn, layer.mlp
-        for w in (torch.cat([att.q_proj.weight, att.k_proj.weight, att.v_proj.weight]), att.o_proj.weight,
-                  torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), mlp.down_proj.weight):  # fmt: skip
-            by_shape.setdefault(kernel_tables.shape_key(w), []).append((w.detach(), None))
-    head = target.lm_head.weight
-    by_shape.setdefault(kernel_tables.shape_key(head), []).append((head.detach(), None))
+    for m in _products([_Layer(layer) for layer in target.decoder.layers], head):
+        by_shape.setdefault(kernel_tables.shape_key(m.weight), []).append((m.weight.detach(), None))
     return by_shape
 
 
