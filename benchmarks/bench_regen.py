@@ -2,9 +2,9 @@
 
     python benchmarks/bench_regen.py --out benchmarks/results/data/regen_bench          # (make bench-regen)
 
-Both engines answer the same prompts (first user turn, the recipe's sampling settings) into fresh
+Both backends answer the same prompts (first user turn, the recipe's sampling settings) into fresh
 JSONL files; the table gives generated tokens, wall time and tokens/s, and checks that the dspark
-engine's responses do not depend on the concurrency (a second, smaller-concurrency run on a subset).
+backend's responses do not depend on the concurrency (a second, smaller-concurrency run on a subset).
 Run it alone on the machine.
 """
 
@@ -55,22 +55,22 @@ def main() -> None:
     kw = {"max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "top_p": top_p, "max_turns": 1, "seed": 42}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        runs = [("dspark", {"engine": "dspark", "concurrency": a.concurrency}, "fp32"),
-                ("hf", {"engine": "hf", "batch_size": a.hf_batch}, "fp32")]  # fmt: skip
+        runs = [("dspark", {"backend": "dspark", "concurrency": a.concurrency}, "fp32"),
+                ("hf", {"backend": "hf", "batch_size": a.hf_batch}, "fp32")]  # fmt: skip
         runs[1:1] = [(f"dspark {dt}", runs[0][1], dt) for dt in a.dtypes if dt != "fp32"]
         for name, extra, dt in runs:
             tgt = target if dt == "fp32" else load_target(a.target, dtype=resolve_dtype(dt, "cpu"))
             st = regenerate(tgt, prompts, Path(tmp) / f"{name}.jsonl", **kw, **extra)
-            rows.append({"engine": name, **{k: st[k] for k in ("written", "tokens", "seconds", "tokens_per_s")}})
+            rows.append({"backend": name, **{k: st[k] for k in ("written", "tokens", "seconds", "tokens_per_s")}})
             print(rows[-1], flush=True)
         fp32 = {r["id"]: r["turns"] for r in _rows(Path(tmp) / "dspark.jsonl")}
         for name, _, dt in runs:
             if dt != "fp32":
                 other = _rows(Path(tmp) / f"{name}.jsonl")
                 same_dt = sum(fp32[r["id"]] == r["turns"] for r in other)
-                next(r for r in rows if r["engine"] == name)["same_as_fp32"] = f"{same_dt}/{len(other)}"
+                next(r for r in rows if r["backend"] == name)["same_as_fp32"] = f"{same_dt}/{len(other)}"
         sub = prompts[: max(4, a.concurrency // 4)]
-        regenerate(target, sub, Path(tmp) / "small.jsonl", **kw, engine="dspark", concurrency=3)
+        regenerate(target, sub, Path(tmp) / "small.jsonl", **kw, backend="dspark", concurrency=3)
         big = {r["id"]: r["turns"] for r in _rows(Path(tmp) / "dspark.jsonl")}
         small = _rows(Path(tmp) / "small.jsonl")
         same = sum(big[r["id"]] == r["turns"] for r in small)
@@ -80,7 +80,7 @@ def main() -> None:
             "cpu": platform.processor(), "commit": commit,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "batching_invariance": f"{same}/{len(small)} identical at concurrency 3 and {a.concurrency}"}  # fmt: skip
-    hf = next(r for r in rows if r["engine"] == "hf")
+    hf = next(r for r in rows if r["backend"] == "hf")
     speed = rows[0]["tokens_per_s"] / hf["tokens_per_s"]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -89,16 +89,16 @@ def main() -> None:
              f"T = {a.temperature:g}, "
              f"top-p {top_p}; "
              f"{info['threads']} threads, commit {commit}, {info['date']}", "",
-             "| engine | conversations | tokens | wall s | tok/s | responses equal to fp32's |",
+             "| backend | conversations | tokens | wall s | tok/s | responses equal to fp32's |",
              "|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
-        cells = [r["engine"], r["written"], r["tokens"], f"{r['seconds']:.1f}", f"{r['tokens_per_s']:.1f}",
+        cells = [r["backend"], r["written"], r["tokens"], f"{r['seconds']:.1f}", f"{r['tokens_per_s']:.1f}",
                  r.get("same_as_fp32", "–")]  # fmt: skip
         lines.append("| " + " | ".join(map(str, cells)) + " |")
-    lines += ["", f"dspark engine (fp32) / HF generate: **{speed:.2f}x**; {info['batching_invariance']}"]
+    lines += ["", f"dspark backend (fp32) / HF generate: **{speed:.2f}x**; {info['batching_invariance']}"]
     for r in rows[1:]:
-        if r["engine"].startswith("dspark "):
-            lines.append(f"{r['engine']} / dspark fp32: **{r['tokens_per_s'] / rows[0]['tokens_per_s']:.2f}x**")
+        if r["backend"].startswith("dspark "):
+            lines.append(f"{r['backend']} / dspark fp32: **{r['tokens_per_s'] / rows[0]['tokens_per_s']:.2f}x**")
     (out / "regen_bench.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

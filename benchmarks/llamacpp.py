@@ -1,7 +1,7 @@
-"""The drafter in llama.cpp, the engine CPU users serve with, side by side with our runtime (docs/serving.md).
+"""The drafter in llama.cpp, the server CPU users serve with, side by side with our runtime (docs/serving.md).
 
 Builds llama.cpp's tools from the pinned source once (``dspark-lightning llamacpp build``, cached per CPU), converts
-the target (F32, so its weights are our runtime's) and the drafter (``export --engine llamacpp``, fp32) with
+the target (F32, so its weights are our runtime's) and the drafter (``export --server llamacpp``, fp32) with
 llama.cpp's own converter, then on the built-in eval prompts (T = 0, batch 1):
 
 1. llama.cpp plain greedy (``llama-completion``) against llama.cpp with the drafter (``llama-speculative-simple
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
         print("[llamacpp] converting the target (F32) ...", flush=True)
         lc.convert(embedded_path(SMOLLM2), target_gguf, "f32")
     print("[llamacpp] exporting the drafter ...", flush=True)
-    exp = export_drafter(a.drafter, "dspark-hf", work / "draft", dtype="fp32", engine="llamacpp", overwrite=True)
+    exp = export_drafter(a.drafter, "dspark-hf", work / "draft", dtype="fp32", server="llamacpp", overwrite=True)
     draft_gguf = exp.path / lc.GGUF_FILE
 
     target = load_target(SMOLLM2, **recorded_target_args(a.drafter))

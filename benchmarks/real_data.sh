@@ -26,11 +26,11 @@ D=$(latest)
 probe "$D" 1x_7m_eval --prompts_per_domain 10
 probe "$D" 1x_7m_heldout --prompts "$OUT/data/responses_heldout.jsonl" --prompts_per_domain 6
 $CLI prepare --config recipes/smollm2_dspark.yaml --data.work_dir "$OUT/data2x" --data.sources="$SRC2X"
-$CLI fit --config recipes/smollm2_dspark.yaml --data.work_dir "$OUT/data2x" --data.sources="$SRC2X" --export '{engines: []}' \
+$CLI fit --config recipes/smollm2_dspark.yaml --data.work_dir "$OUT/data2x" --data.sources="$SRC2X" --export '{servers: []}' \
   "${M7[@]}"
 probe "$(latest)" 2x_7m_eval --prompts_per_domain 10
 $CLI fit --config recipes/smollm2_dspark.yaml --data.work_dir "$OUT/data" --trainer.max_time '{minutes: 14}' \
-  --model.optim.time_budget_s 840 --export '{engines: []}'
+  --model.optim.time_budget_s 840 --export '{servers: []}'
 probe "$(latest)" 1x_14m_eval --prompts_per_domain 10
 cp "$OUT/data/prepare_stats.json" "$DOCS/prepare_stats_1x.json"
 grep -E "model name" /proc/cpuinfo | head -1 > "$DOCS/cpu.txt"

@@ -2,8 +2,8 @@
 
 Builds llama-server from the pinned source (once per CPU), converts the target to a GGUF, serves it on the loopback
 and regenerates the same prompts (the make-run mixture's first chat and code requests, T = 0) three ways: our engine
-(``data.regen.engine: dspark``, in the dtype make run uses) and the server at two concurrencies
-(``engine: openai``). Reports conversations and generated tokens per second, and how many responses are the same
+(``data.regen.backend: dspark``, in the dtype make run uses) and the server at two concurrencies
+(``backend: openai``). Reports conversations and generated tokens per second, and how many responses are the same
 text as our engine's (greedy text may differ at near-ties: another kernel and precision). Run alone on the machine.
 
     python benchmarks/regen_server.py --out benchmarks/results/data/regen_server          (make regen-server)
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.perf_counter()
         st = regenerate(on or target, prompts, path, **kw, **extra)
         wall = time.perf_counter() - t0
-        row = {"engine": name, "conversations": st["written"], "tokens": st["tokens"], "wall_s": round(wall, 1),
+        row = {"backend": name, "conversations": st["written"], "tokens": st["tokens"], "wall_s": round(wall, 1),
                "conv_per_s": round(st["written"] / wall, 3), "tok_per_s": round(st["tokens"] / wall, 1)}  # fmt: skip
         rows.append(row)
         print(row, flush=True)
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     regen_dtype = "bf16" if decode_bf16_faster("cpu") else None  # what make run's `dtype: fastest` picks here
     ours = work / "ours.jsonl"  # our engine on the target copy make run regenerates with
     run_with = load_target(a.target, dtype=torch.bfloat16) if regen_dtype else target
-    run(f"dspark (ours, concurrency 32, {regen_dtype or 'fp32'})", ours, engine="dspark", concurrency=32, on=run_with)
+    run(f"dspark (ours, concurrency 32, {regen_dtype or 'fp32'})", ours, backend="dspark", concurrency=32, on=run_with)
     mine = {r["id"]: r["turns"][1]["content"] for r in map(json.loads, ours.read_text().splitlines())}
     for c in a.concurrency:
         proc, url, logf = serve(gguf, c, 4096, os.cpu_count() or 2)
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
             path = work / f"server-c{c}.jsonl"
             srv = ServerConfig(url, "target", timeout_s=600, retries=2)
             name = f"llama-server {llamacpp.RELEASE} ({a.gguf_type}, {c} slots, concurrency {c})"
-            row = run(name, path, engine="openai", concurrency=c, server=srv)
+            row = run(name, path, backend="openai", concurrency=c, server=srv)
             theirs = {r["id"]: r["turns"][1]["content"] for r in map(json.loads, path.read_text().splitlines())}
             row["same_text_as_ours"] = sum(theirs.get(k) == v for k, v in mine.items())
         finally:
@@ -123,11 +123,11 @@ def main(argv: list[str] | None = None) -> None:
     (out / "regen_server.json").write_text(json.dumps(info, indent=2) + "\n")
     lines = [f"Measured {info['date']} on {info['cpu']} ({info['cores']} cores), commit {info['commit']}: "
              f"{len(prompts)} ShareGPT chat and code requests, one turn each, T = 0, up to {a.max_new_tokens} new "
-             "tokens.", "", "| engine | conversations/s | generated tokens/s | wall s | same text as ours |",
+             "tokens.", "", "| backend | conversations/s | generated tokens/s | wall s | same text as ours |",
              "|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         same = r.get("same_text_as_ours")
-        lines.append(f"| {r['engine']} | {r['conv_per_s']:.2f} | {r['tok_per_s']:.1f} | {r['wall_s']:.0f} | "
+        lines.append(f"| {r['backend']} | {r['conv_per_s']:.2f} | {r['tok_per_s']:.1f} | {r['wall_s']:.0f} | "
                      + ("-" if same is None else f"{same}/{r['conversations']}") + " |")  # fmt: skip
     (out / "regen_server.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -1,4 +1,4 @@
-"""Servable options against the ones no engine serves, at equal budget, decoded (docs/serving.md, "What serving costs").
+"""Servable options against the ones no server loads, at equal budget, decoded (docs/serving.md, "What serving costs").
 
 Each cell of benchmarks/servable_cells.yaml is recipes/smollm2_dspark.yaml with the cell's overrides, trained for the
 same wall budget (benchmarks/matrix.py, data included on first use), then decoded on the built-in eval prompts

@@ -444,26 +444,18 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def decode_inputs(prompts: Any, max_new_tokens: Any, temperature: Any, seed: Any, seeds: Any, scheduler: Any,
+def decode_inputs(prompts: Any, max_new_tokens: Any, temperature: Any, seed: Any, seeds: Any,
                   dtypes: tuple = ()) -> None:  # fmt: skip
     """What ``decode()`` takes beyond :func:`~.infer.decode.check_decode_args`, checked before anything is built:
-    the required numbers are not None, seeds are ints, a scheduler spec is well-formed, the prompts are a string,
-    a tensor or a list (never bytes, a dict or a number, which iterate into something else), dtype names exist."""
+    the required numbers are not None, seeds are ints, the prompts are a string, a tensor or a list (never bytes, a
+    dict or a number, which iterate into something else), dtype names exist. A scheduler spec is checked where it is
+    built (:func:`~.infer.schedulers.build_scheduler`)."""
     if max_new_tokens is None or temperature is None:
         raise UsageError(f"{'max_new_tokens' if max_new_tokens is None else 'temperature'} must be given, got None")
     if not _is_int(seed):
         raise UsageError(f"seed must be an int, got {seed!r}")
     if seeds is not None and (not isinstance(seeds, list | tuple) or not all(_is_int(s) for s in seeds)):
         raise UsageError(f"seeds must be ints, in a list with one per prompt, got {short(seeds)}")
-    if isinstance(scheduler, dict):
-        if not isinstance(scheduler.get("name"), str):
-            raise UsageError(f"a scheduler spec needs a string 'name', got {short(scheduler)}")
-        if "threshold" in scheduler:
-            probability("scheduler threshold", "None" if scheduler["threshold"] is None else scheduler["threshold"])
-        at_least("scheduler gamma", scheduler.get("gamma"), 0)
-    elif not isinstance(scheduler, str) and not callable(scheduler):
-        raise UsageError(f"scheduler must be a name, a {{'name': ...}} spec or a scheduler object, got "
-                         f"{short(scheduler)}")  # fmt: skip
     import torch
 
     if not isinstance(prompts, str | list | tuple | torch.Tensor):

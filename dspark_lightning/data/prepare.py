@@ -54,20 +54,20 @@ class RegenConfig:
     top_k: int | None = None
     max_turns: int | None = None
     """answer at most this many user turns per conversation (null = all)"""
-    engine: str = "dspark"
-    """dspark: our decoding engine with continuous batching over conversations; hf: HF generate in batches; openai:
+    backend: str = "dspark"
+    """dspark: our decoding Engine with continuous batching over conversations; hf: HF generate in batches; openai:
     an OpenAI-compatible chat server (vLLM, SGLang, llama-server) at ``base_url`` serving ``model``"""
     concurrency: int = 32
-    """turns decoding together with the dspark engine, conversations in flight with openai (batch_size is the HF
-    engine's batch)"""
+    """turns decoding together with the dspark backend, conversations in flight with openai (batch_size is the HF
+    backend's batch)"""
     base_url: str | None = None
-    """engine openai: the server's API root, e.g. ``http://127.0.0.1:8000/v1``"""
+    """backend openai: the server's API root, e.g. ``http://127.0.0.1:8000/v1``"""
     model: str | None = None
-    """engine openai: the model name the server serves (the target, with its chat template)"""
+    """backend openai: the model name the server serves (the target, with its chat template)"""
     timeout_s: float = 300.0
-    """engine openai: seconds one request may take"""
+    """backend openai: seconds one request may take"""
     retries: int = 3
-    """engine openai: retries of a request that fails to connect, times out or gets a 5xx / 429 answer"""
+    """backend openai: retries of a request that fails to connect, times out or gets a 5xx / 429 answer"""
     dtype: str | None = None
     """precision of the target copy that writes the responses (null = the target's own, ``data.target_dtype``).
     ``bf16`` about doubles regeneration on a CPU with bf16 units (benchmarks/results/matrix.md, "Regeneration
@@ -77,18 +77,18 @@ class RegenConfig:
     precision; the data's fingerprint records what it chose."""
 
     def __post_init__(self) -> None:
-        from .regenerate import ENGINES
+        from .regenerate import BACKENDS
 
-        if self.engine not in ENGINES:
-            raise ValueError(f"data.regen.engine must be one of {ENGINES}, got {self.engine!r}")
-        if self.engine == "openai":
+        if self.backend not in BACKENDS:
+            raise ValueError(f"data.regen.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.backend == "openai":
             self.server()  # checks base_url and model now, not after the target is loaded
         elif self.base_url is not None or self.model is not None:
-            raise ValueError("data.regen.base_url / model are read by engine: openai only")
+            raise ValueError("data.regen.base_url / model are read by backend: openai only")
 
     def server(self) -> Any:
-        """The :class:`~dspark_lightning.data.regen_server.ServerConfig` of engine openai (else ``None``)."""
-        if self.engine != "openai":
+        """The :class:`~dspark_lightning.data.regen_server.ServerConfig` of backend openai (else ``None``)."""
+        if self.backend != "openai":
             return None
         from .regen_server import ServerConfig
 
@@ -102,12 +102,12 @@ class RegenConfig:
 
     def identity(self) -> dict[str, Any]:
         """What the prepared data depends on: every field, ``dtype`` only when set and the server's URL and model only
-        for engine openai (older fingerprints stay valid); timeouts and retries never change the data."""
+        for backend openai (older fingerprints stay valid); timeouts and retries never change the data."""
         out = asdict(self)
         if out["dtype"] is None:
             del out["dtype"]
         for k in _SERVER_FIELDS:
-            if self.engine != "openai" or k in ("timeout_s", "retries"):
+            if self.backend != "openai" or k in ("timeout_s", "retries"):
                 del out[k]
         return out
 

@@ -1,4 +1,4 @@
-"""Response regeneration through an OpenAI-compatible chat server (``data.regen.engine: openai``).
+"""Response regeneration through an OpenAI-compatible chat server (``data.regen.backend: openai``).
 
 vLLM, SGLang and llama.cpp's ``llama-server`` all serve ``POST {base_url}/chat/completions``. Each conversation is
 one worker's: its user turns are sent in order with the server's own earlier answers as history, so up to
@@ -53,7 +53,7 @@ class ServerConfig:
             raise ValueError(f"data.regen.base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, got "
                              f"{self.base_url!r}")  # fmt: skip
         if not self.model:
-            raise ValueError("data.regen.model: the model name the server serves is required with engine: openai")
+            raise ValueError("data.regen.model: the model name the server serves is required with backend: openai")
         checks.at_least("data.regen.retries", self.retries, 0)
         if not self.timeout_s > 0:
             raise ValueError(f"data.regen.timeout_s must be > 0, got {self.timeout_s}")

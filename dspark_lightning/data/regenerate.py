@@ -11,7 +11,7 @@ before it; a resume drops a torn last line and deduplicates ids an old race wrot
      "gen": {<settings>, "new_tokens": [int per assistant turn], "stopped": [bool per assistant turn]},
      "meta": {...}}  # only when the prompt record has meta
 
-Two engines, both seeding each (conversation, turn) from (seed, id, turn), so a row's response does
+Three backends, all seeding each (conversation, turn) from (seed, id, turn), so a row's response does
 not depend on which other rows share its batch and a resume reproduces the same text (up to float
 effects of batching):
 
@@ -22,6 +22,7 @@ effects of batching):
   law (temperature, top-k, top-p as HF's warpers) from a per-request stream.
 - ``hf``: HF ``generate`` on left-padded batches of ``batch_size`` conversations, a turn at a time,
   with temperature, top-k and top-p filtering then a per-row Gumbel-max draw.
+- ``openai``: an OpenAI-compatible chat server, ``concurrency`` conversations in flight (regen_server.py).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from .sources import PromptRecord
 
 log = logging.getLogger(__name__)
 _ROLES = ("user", "assistant", "system")
-ENGINES = ("dspark", "hf", "openai")
+BACKENDS = ("dspark", "hf", "openai")
 
 
 class _PerRowSampler:
@@ -110,7 +111,7 @@ def _sample(
 
 
 class _Conversations:
-    """Bookkeeping of a batch of conversations being regenerated turn by turn (shared by both engines)."""
+    """Bookkeeping of a batch of conversations being regenerated turn by turn (shared by the backends)."""
 
     def __init__(self, recs: list[PromptRecord], cfg: dict[str, Any], positions: int | None = None) -> None:
         limit = cfg["max_turns"]
@@ -359,7 +360,7 @@ def generation_settings(
     max_new_tokens: int = 256,
     seed: int = 42,
     max_turns: int | None = None,
-    engine: str = "dspark",
+    backend: str = "dspark",
     server: Any = None,
     extra_settings: dict[str, Any] | None = None,
     **_: Any,  # batch_size, concurrency, progress: how the rows are made, not what they are
@@ -372,7 +373,7 @@ def generation_settings(
         "max_new_tokens": max_new_tokens,
         "seed": seed,
         "max_turns": max_turns,
-        "engine": engine,
+        "backend": backend,
         **({"server": {"base_url": server.base_url, "model": server.model}} if server is not None else {}),
         "target": target.name,
         "chat": target.chat.to_dict(),
@@ -397,7 +398,7 @@ def regenerate(
     top_k: int | None = None,
     seed: int = 42,
     max_turns: int | None = None,
-    engine: str = "dspark",
+    backend: str = "dspark",
     concurrency: int = 32,
     progress: bool = True,
     extra_settings: dict[str, Any] | None = None,
@@ -405,7 +406,7 @@ def regenerate(
 ) -> dict[str, Any]:
     """Answer every user turn of ``prompts`` with ``target`` and append rows to ``out_path`` (resumable).
 
-    ``engine``: ``dspark`` (our engine, continuous batching of up to ``concurrency`` turns; rows are written
+    ``backend``: ``dspark`` (our decoding Engine, continuous batching of up to ``concurrency`` turns; rows are written
     every ``max(batch_size, 4 * concurrency)`` conversations), ``hf`` (``generate`` on batches of ``batch_size``) or
     ``openai`` (an OpenAI-compatible server, ``server``: a :class:`~dspark_lightning.data.regen_server.ServerConfig`;
     ``concurrency`` conversations in flight).
@@ -422,10 +423,10 @@ def regenerate(
         seen: set[str] = set()
         dup = sorted({i for i in ids if i in seen or seen.add(i)})
         raise ValueError(f"regenerate: duplicate prompt ids {dup[:5]} (rows are keyed by id)")
-    if engine not in ENGINES:
-        raise ValueError(f"regenerate: engine must be one of {ENGINES}, got {engine!r}")
-    if (engine == "openai") != (server is not None):
-        raise ValueError("regenerate: engine 'openai' needs a server (base_url and model), and only it takes one")
+    if backend not in BACKENDS:
+        raise ValueError(f"regenerate: backend must be one of {BACKENDS}, got {backend!r}")
+    if (backend == "openai") != (server is not None):
+        raise ValueError("regenerate: backend 'openai' needs a server (base_url and model), and only it takes one")
     for name, value in (("batch_size", batch_size), ("concurrency", concurrency), ("max_new_tokens", max_new_tokens)):
         checks.at_least(f"regenerate: {name}", "None" if value is None else value, 1)
     checks.at_least("regenerate: top_k", top_k, 1)
@@ -437,7 +438,7 @@ def regenerate(
         raise checks.UsageError(f"regenerate: max_new_tokens={max_new_tokens} leaves no room for a prompt in the "
                                 f"{limit} positions of the target {target.name!r}; use less than {limit}")  # fmt: skip
     cfg = generation_settings(target, temperature=temperature, top_p=top_p, top_k=top_k,
-                              max_new_tokens=max_new_tokens, seed=seed, max_turns=max_turns, engine=engine,
+                              max_new_tokens=max_new_tokens, seed=seed, max_turns=max_turns, backend=backend,
                               server=server, extra_settings=extra_settings)  # fmt: skip
     path = Path(out_path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -457,9 +458,9 @@ def regenerate(
 
     start = time.perf_counter()
     bar = tqdm(total=len(prompts), initial=stats["skipped"], unit="conv", desc="regenerate", disable=not progress)
-    if engine == "dspark":
+    if backend == "dspark":
         worker, step = EngineRegenerator(target, cfg, concurrency).answer, max(batch_size, 4 * concurrency)
-    elif engine == "openai":
+    elif backend == "openai":
         from .regen_server import ServerRegenerator
 
         srv, positions = ServerRegenerator(target, cfg, concurrency, server), checks.positions_of(target)

@@ -1,12 +1,12 @@
 """``dspark-lightning bench``: side-by-side throughput of what a user could run on the same target.
 
-Engines, in one process on one prompt set: HF ``generate()``, HF ``generate()`` with prompt-lookup
+Decoders, in one process on one prompt set: HF ``generate()``, HF ``generate()`` with prompt-lookup
 decoding, our plain decoding, and our decoding with each drafter. Cells: temperature x batch size;
 at batch 1 every domain is its own prompt set (per-domain speed), at larger batches the domains are
-mixed. Within a cell the engines run one after another and each repeat reverses the order
-(A B C, C B A, ...), so slow drift of the machine hits every engine alike; tok/s pools tokens and
+mixed. Within a cell the decoders run one after another and each repeat reverses the order
+(A B C, C B A, ...), so slow drift of the machine hits every decoder alike; tok/s pools tokens and
 time over the repeats. Several schedulers (`--scheduler static hardware_aware`) give one row per drafter and
-scheduler, several KV-cache layouts (`--layouts padded flat`) one row per engine of ours and layout, all in the
+scheduler, several KV-cache layouts (`--layouts padded flat`) one row per decoder of ours and layout, all in the
 same alternation.
 """
 
@@ -25,9 +25,9 @@ COUPLED = (
     "{} [coupled]"  # a row under coupled acceptance  # our loop with the HF verifier: what the lean verifier gains
 )
 OUTPUT_FILES = {
-    "bench.json": "run info and one row per cell x engine (tok/s, speedups, τ, efficiency, time split)",
+    "bench.json": "run info and one row per cell x decoder (tok/s, speedups, τ, efficiency, time split)",
     "bench.md": "the same as a Markdown table",
-    "bench.png": "tok/s per engine, one panel per cell",
+    "bench.png": "tok/s per decoder, one panel per cell",
 }
 
 
@@ -41,7 +41,7 @@ def _hf(target, prompts, T, batch, max_new, seed, lookup: int | None) -> dict:
 
 
 @dataclass(frozen=True)
-class Engine:
+class Decoder:
     """One row name of a cell: what runs (HF generate, HF prompt lookup or our decode()) and with what."""
 
     name: str
@@ -55,26 +55,26 @@ class Engine:
     plain: str = PLAIN  # the row ``speedup_vs_plain`` divides by: our plain decoding in the same layout
 
 
-def engines(
+def decoders(
     drafters, schedulers: dict[str, Any], layouts: tuple[str, ...] = ("padded",), coupled: bool = False
-) -> list[Engine]:
-    """The engines of every cell. One scheduler and one layout: ``HF generate``, ``HF prompt lookup``, ``plain
+) -> list[Decoder]:
+    """The decoders of every cell. One scheduler and one layout: ``HF generate``, ``HF prompt lookup``, ``plain
     decode(), HF forward``, ``plain decode()``, one row per drafter. Several schedulers: one row per drafter and
-    scheduler, ``<drafter> [<scheduler>]``; several layouts: our engines once per layout, ``... [<layout>]``.
+    scheduler, ``<drafter> [<scheduler>]``; several layouts: our decoders once per layout, ``... [<layout>]``.
     ``coupled``: plain decoding and each drafter again under coupled acceptance, ``... [coupled]`` (T > 0 only)."""
     many_s, many_l = len(schedulers) > 1, len(layouts) > 1
     first_plain = PLAIN + (f" [{layouts[0]}]" if many_l else "")
-    out = [Engine(HF, "hf", plain=first_plain), Engine(HF_PLD, "hf_lookup", plain=first_plain)]
+    out = [Decoder(HF, "hf", plain=first_plain), Decoder(HF_PLD, "hf_lookup", plain=first_plain)]
     extra = []
     for layout in layouts:
         at = f" [{layout}]" if many_l else ""
         plain = PLAIN + at
-        ours = [Engine(PLAIN + at, layout=layout, plain=plain)]
+        ours = [Decoder(PLAIN + at, layout=layout, plain=plain)]
         for d in drafters:
             for label, spec in schedulers.items():
                 name = d + (f" [{label}]" if many_s else "") + at
-                ours.append(Engine(name, drafter=d, scheduler=spec, scheduler_label=label, layout=layout, plain=plain))
-        out += [Engine(PLAIN_HF + at, layout=layout, verifier="hf", plain=plain), *ours]
+                ours.append(Decoder(name, drafter=d, scheduler=spec, scheduler_label=label, layout=layout, plain=plain))
+        out += [Decoder(PLAIN_HF + at, layout=layout, verifier="hf", plain=plain), *ours]
         if coupled:
             extra += [replace(e, name=COUPLED.format(e.name), acceptance="coupled") for e in ours]
     return out + extra
@@ -101,13 +101,13 @@ def bench(
     (temperature, batch, prompt set), alternating ``repeats``; ``acceptance`` with ``coupled`` adds, at T > 0, plain
     decoding and each drafter under coupled acceptance (rows named ``... [coupled]``, compared with the same HF and
     plain rows). ``schedulers`` (label -> spec, instead of ``scheduler``): every drafter under each of them;
-    ``layouts``: our engines in each KV-cache layout (padded, flat), alternated within the cell like the rest."""
+    ``layouts``: our decoders in each KV-cache layout (padded, flat), alternated within the cell like the rest."""
     from tqdm.auto import tqdm
 
     schedulers = schedulers or {scheduler_label(scheduler): scheduler}
     ids = {k: [target.render_prompt([{"role": "user", "content": p}]) for p in v] for k, v in prompt_sets.items()}
     mixed = [p for v in ids.values() for p in v]
-    every = engines(drafters, schedulers, tuple(layouts), "coupled" in acceptance)
+    every = decoders(drafters, schedulers, tuple(layouts), "coupled" in acceptance)
     cells = [(T, b, s) for T in temperatures for b in batches for s in (ids if b == 1 else ["all"])]
     for spec in schedulers.values():
         warmup(target, drafters, spec)
@@ -162,7 +162,7 @@ def bench(
 
 
 def _cell_rows(
-    acc: dict[str, list[dict]], by_name: dict[str, Engine], T: float, batch: int, pset: str, n_prompts: int
+    acc: dict[str, list[dict]], by_name: dict[str, Decoder], T: float, batch: int, pset: str, n_prompts: int
 ) -> list[dict]:
     def pooled(runs):
         return sum(r["generated_tokens"] for r in runs) / sum(r["time_s"] for r in runs)
@@ -172,7 +172,7 @@ def _cell_rows(
     ref = acc[HF][0].get("token_ids")
     for e, runs in acc.items():
         eng = by_name[e]
-        row = {"engine": e, "temperature": T, "batch": batch, "prompt_set": pset, "prompts": n_prompts}
+        row = {"decoder": e, "temperature": T, "batch": batch, "prompt_set": pset, "prompts": n_prompts}
         if eng.kind == "ours":
             row["layout"] = eng.layout
         if eng.scheduler_label is not None:
@@ -218,7 +218,7 @@ def plot_bench(doc: dict, path: Path) -> Path:
     plain = {PLAIN, PLAIN_HF}
     for ax, (T, b, s) in zip(axes, cells, strict=True):
         rows = [r for r in doc["rows"] if (r["temperature"], r["batch"], r["prompt_set"]) == (T, b, s)]
-        names = [r["engine"] for r in rows]
+        names = [r["decoder"] for r in rows]
         vals = [r["tok_s"] or 0.0 for r in rows]
         colors = ["0.6" if n in (HF, HF_PLD) else "0.3" if n.split(" [")[0] in plain else "C0" for n in names]
         ax.bar(range(len(rows)), vals, color=colors)
@@ -228,7 +228,7 @@ def plot_bench(doc: dict, path: Path) -> Path:
     for i, ax in enumerate(axes):
         if i % cols == 0:
             ax.set_ylabel("tokens / s")
-    fig.suptitle(f"{doc['info']['target']}: throughput per engine (grey: HF, dark: our plain, blue: drafters)")
+    fig.suptitle(f"{doc['info']['target']}: throughput per decoder (grey: HF, dark: our plain, blue: drafters)")
     fig.tight_layout()
     save_figure(fig, path, dpi=110)
     plt.close(fig)

@@ -133,7 +133,7 @@ def bench_parser() -> ArgumentParser:
     p.add_argument("--acceptance", type=str, nargs="+", default=["rejection"],
                    help="rejection and/or coupled (T > 0: extra rows under coupled acceptance)")  # fmt: skip
     p.add_argument("--layouts", type=str, nargs="+", default=["padded"],
-                   help="KV-cache layouts of our engines: padded and/or flat (several: a row per engine and "
+                   help="KV-cache layouts of our decoders: padded and/or flat (several: a row per decoder and "
                    "layout)")  # fmt: skip
     return p
 

@@ -71,7 +71,7 @@ def eval_markdown(doc: dict) -> str:
     tok, sp = doc["tokens_per_s"], doc["speedup_vs_plain"]
     rows = [["plain", *(f"{tok['plain'][c]:.2f}" for c in ds)]]
     rows += [[n, *(f"{tok[n][c]:.2f} ({sp[n][c]:.2f}×)" for c in ds)] for n in names]
-    lines += _table(["engine", *ds], rows)
+    lines += _table(["decoder", *ds], rows)
     lines += ["", "Draft acceptance rate α (bonus excluded):", ""]
     lines += _table(["drafter", *ds], [[n, *(_f(doc["acceptance_rate"][n][c], ".3f") for c in ds)] for n in names])
     return "\n".join(lines)
@@ -135,7 +135,7 @@ def bench_markdown(doc: dict) -> str:
         "ms/step = drafting (incl. the context-cache update) and verification time per batched step.",
         "",
     ]
-    head = ["T", "batch", "prompts", "engine", "tok/s", "vs HF", "vs plain", "τ", "efficiency", "mean ℓ",
+    head = ["T", "batch", "prompts", "decoder", "tok/s", "vs HF", "vs plain", "τ", "efficiency", "mean ℓ",
             "skipped drafts", "ms/step draft · verify", "greedy = HF"]  # fmt: skip
     rows = []
     for r in doc["rows"]:
@@ -145,7 +145,7 @@ def bench_markdown(doc: dict) -> str:
                 f"{r['temperature']:g}",
                 str(r["batch"]),
                 r["prompt_set"],
-                r["engine"],
+                r["decoder"],
                 _f(r.get("tok_s")),
                 _f(r.get("speedup_vs_hf"), ".2f") + ("×" if r.get("speedup_vs_hf") else ""),
                 _f(r.get("speedup_vs_plain"), ".2f") + ("×" if r.get("speedup_vs_plain") else ""),
@@ -161,8 +161,8 @@ def bench_markdown(doc: dict) -> str:
     drafted = [r for r in doc["rows"] if r.get("tau") is not None and r.get("survival") is not None]
     if drafted:
         lines += ["", "Per-position acceptance (k = 1..γ, first repeat): survival S_k, conditional A_k", ""]
-        lines += _table(["T", "batch", "prompts", "engine", "S_k", "A_k"], [[
-            f"{r['temperature']:g}", str(r["batch"]), r["prompt_set"], r["engine"],
+        lines += _table(["T", "batch", "prompts", "decoder", "S_k", "A_k"], [[
+            f"{r['temperature']:g}", str(r["batch"]), r["prompt_set"], r["decoder"],
             " ".join(_f(v) for v in r["survival"]), " ".join(_f(v) for v in r["conditional_acceptance"]),
         ] for r in drafted])  # fmt: skip
     return "\n".join(lines)

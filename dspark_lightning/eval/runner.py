@@ -158,7 +158,7 @@ def run_decode(
 
 
 def warmup(target, drafters: dict[str, Any], scheduler: Any = "static") -> None:
-    """One short decode per engine before anything is timed (first-call allocations, lazy initialisation)."""
+    """One short decode, plain and per drafter, before anything is timed (first-call allocations, lazy init)."""
     prompt = [target.render_prompt([{"role": "user", "content": "Hello"}])]
     for d in [None, *drafters.values()]:
         run_decode(target, d, prompt, temperature=1.0, batch_size=1, scheduler=scheduler if d else "static",

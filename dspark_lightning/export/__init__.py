@@ -1,10 +1,10 @@
-"""A drafter on disk: our own format, and the layouts serving engines load (vLLM, SGLang, DeepSpec).
+"""A drafter on disk: our own format, and the layouts servers load (vLLM, SGLang, DeepSpec).
 
 - native.py: :func:`save_drafter` / :func:`load_drafter` of our format (config.json + model.safetensors, hashed,
   rebuilt through the registry); files.py: what every layout shares (the load error, hashes, placement).
 - convert.py: :func:`export_drafter` / :func:`export_serving` to ``native``, ``dspark-hf`` (``Qwen3DSparkModel``,
-  dspark_hf.py) or ``eagle3-hf`` (``LlamaForCausalLMEagle3``, eagle3_hf.py), exact per engine with ``engine``
-  (engines.py); a drafter a layout cannot represent raises :class:`InteropError` (common.py).
+  dspark_hf.py) or ``eagle3-hf`` (``LlamaForCausalLMEagle3``, eagle3_hf.py), exact per server with ``server``
+  (servers.py); a drafter a layout cannot represent raises :class:`InteropError` (common.py).
 - serving.py: reading a serving directory back (what :func:`load_drafter` does for an HF-style config.json).
 - cli.py: the ``dspark-lightning export`` command.
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 from .cli import export_parser, run_export
 from .common import InteropError
 from .convert import FORMATS, ExportResult, export_drafter, export_serving
-from .engines import ENGINES
 from .files import (
     EXPORT_TAG,
     FORMAT_VERSION,
@@ -41,10 +40,11 @@ from .native import (
     recorded_target_args,
     save_drafter,
 )
+from .servers import SERVERS
 from .serving import load_serving_drafter
 
 __all__ = [
-    "ENGINES",
+    "SERVERS",
     "EXPORT_TAG",
     "FORMATS",
     "FORMAT_VERSION",

@@ -1,12 +1,12 @@
-"""``dspark-lightning export``: an exported drafter (any layout we read) to a layout serving engines load.
+"""``dspark-lightning export``: an exported drafter (any layout we read) to a layout servers load.
 
     dspark-lightning export --drafter outputs/.../drafter --format dspark-hf --out serving/dspark
     dspark-lightning export --drafter outputs/.../eagle3 --format eagle3-hf --out serving/eagle3 --dtype fp32
 
 ``native`` re-saves our own format; ``dspark-hf`` writes ``Qwen3DSparkModel``; ``eagle3-hf`` writes
-``LlamaForCausalLMEagle3``; ``--engine vllm|sglang|deepspec|llamacpp|all`` makes it exact for that engine
-(engines.py; llamacpp also writes llama.cpp's GGUF, llamacpp.py).
-A drafter a layout or engine cannot represent is refused with the reason (exit code 2).
+``LlamaForCausalLMEagle3``; ``--server vllm|sglang|deepspec|llamacpp|all`` makes it exact for that server
+(servers.py; llamacpp also writes llama.cpp's GGUF, llamacpp.py).
+A drafter a layout or server cannot represent is refused with the reason (exit code 2).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from .convert import export_drafter
 def export_parser():
     from jsonargparse import ArgumentParser  # here: `import dspark_lightning.export` stays light
 
-    p = ArgumentParser(prog="dspark-lightning export", description="Write a drafter in a layout engines serve.",
+    p = ArgumentParser(prog="dspark-lightning export", description="Write a drafter in a layout servers load.",
                        exit_on_error=False)  # fmt: skip
     p.add_argument("--drafter", type=str, required=True, help="exported drafter directory (ours or Qwen3DSparkModel)")
     p.add_argument("--format", type=str, default="dspark-hf", help="native | dspark-hf | eagle3-hf")
@@ -31,7 +31,7 @@ def export_parser():
         "--with_target_vocab", type=bool, default=False, help="also write the target's embed_tokens/lm_head copies"
     )
     p.add_argument(
-        "--engine",
+        "--server",
         type=str | None,
         default=None,
         help="vllm | sglang | deepspec | llamacpp | all (default: generic layout); llamacpp adds draft.gguf",
@@ -48,7 +48,7 @@ def run_export(argv: list[str]) -> None:
     checks.output_dir("--out", a.out)
     checks.at_least("--num_anchors", a.num_anchors, 1)
     res = export_drafter(a.drafter, a.format, a.out, dtype=a.dtype, overwrite=a.overwrite, target=a.target,
-                         num_anchors=a.num_anchors, with_target_vocab=a.with_target_vocab, engine=a.engine,
+                         num_anchors=a.num_anchors, with_target_vocab=a.with_target_vocab, server=a.server,
                          target_gguf=a.target_gguf)  # fmt: skip
     print(f"exported {a.drafter} -> {res.path} ({res.format}, {res.dtype}, {res.tensors} tensors)")
     for note in res.notes:

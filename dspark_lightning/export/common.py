@@ -25,7 +25,7 @@ from .files import EXPORT_TAG
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"  # sharded checkpoints (HF save_pretrained past max_shard_size)
 CONFIG_FILE = "config.json"
-CALIBRATION_FILE = "dspark_calibration.json"  # per-position STS temperatures: no engine config key holds them
+CALIBRATION_FILE = "dspark_calibration.json"  # per-position STS temperatures: no server config key holds them
 EXPORT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 HF_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
@@ -114,19 +114,19 @@ def geometry_keys(g: Any, num_layers: int, intermediate_size: int, dtype: torch.
 
 
 def check_shared_head(drafter: Any, trained: bool = True) -> None:
-    """Engines' LM heads have no bias; ours is the target's module, so a biased target head cannot be served. A
+    """Servers' LM heads have no bias; ours is the target's module, so a biased target head cannot be served. A
     trained drafter's reduced draft vocabulary must be set (an untrained one's is chosen from the data later)."""
     if getattr(drafter.lm_head, "bias", None) is not None:
-        raise InteropError("the target's LM head has a bias; serving engines' draft LM heads have none")
+        raise InteropError("the target's LM head has a bias; servers' draft LM heads have none")
     if trained and not drafter.vocab_ready:
         raise InteropError("the draft vocabulary is not set (draft_vocab has -1 entries): nothing to map")
 
 
 def check_layer_order(layer_ids: tuple[int, ...]) -> None:
-    """Engines concatenate the tapped states in layer order; ours in ``layer_ids`` order. They agree when sorted."""
+    """Servers concatenate the tapped states in layer order; ours in ``layer_ids`` order. They agree when sorted."""
     ids = list(layer_ids)
     if ids != sorted(set(ids)):
-        raise InteropError(f"tapped layers {ids} are not strictly increasing; engines concatenate them in layer order")
+        raise InteropError(f"tapped layers {ids} are not strictly increasing; servers concatenate them in layer order")
 
 
 def vocab_maps(draft_vocab: torch.Tensor, vocab_size: int) -> dict[str, torch.Tensor]:

@@ -1,8 +1,8 @@
-"""An exported drafter (any layout we read) to a layout serving engines load (the ``export`` command's work).
+"""An exported drafter (any layout we read) to a layout servers load (the ``export`` command's work).
 
 ``native`` re-saves our own format; ``dspark-hf`` writes ``Qwen3DSparkModel``; ``eagle3-hf`` writes
-``LlamaForCausalLMEagle3``; ``engine`` (vllm, sglang, deepspec, all) makes it exact for that engine (engines.py).
-A drafter a layout or engine cannot represent is refused with the reason (:class:`~.common.InteropError`).
+``LlamaForCausalLMEagle3``; ``server`` (vllm, sglang, deepspec, all) makes it exact for that server (servers.py).
+A drafter a layout or server cannot represent is refused with the reason (:class:`~.common.InteropError`).
 """
 
 from __future__ import annotations
@@ -29,17 +29,17 @@ from .common import (
 )
 from .dspark_hf import HEADS, KEEP_FP32, calibration_doc, check_dspark, dspark_config, dspark_state, is_dspark_config
 from .eagle3_hf import check_eagle3, eagle3_config, eagle3_state
-from .engines import (
-    check_engine,
+from .files import EXPORT_TAG, artifact_entry, read_config, weights_sha256
+from .llamacpp import GGUF_FILE, OUTTYPES, TARGET_GGUF_FILE, check_target, convert, target_dir
+from .native import load_drafter, save_drafter
+from .servers import (
+    check_server,
     dspark_additions,
     eagle3_additions,
     gguf_wanted,
     refuse_dspark,
     refuse_eagle3,
 )
-from .files import EXPORT_TAG, artifact_entry, read_config, weights_sha256
-from .llamacpp import GGUF_FILE, OUTTYPES, TARGET_GGUF_FILE, check_target, convert, target_dir
-from .native import load_drafter, save_drafter
 
 FORMATS = ("native", "dspark-hf", "eagle3-hf")
 DEFAULT_NUM_ANCHORS = 512  # docs/algorithm.md §4; informational for serving, and our native export does not record it
@@ -65,14 +65,14 @@ def export_drafter(
     target: Any = None,
     num_anchors: int | None = None,
     with_target_vocab: bool = False,
-    engine: str | None = None,
+    server: str | None = None,
     target_gguf: bool = False,
 ) -> ExportResult:
     """Load ``drafter_dir`` (our format or a serving one) and write it to ``out`` in ``fmt``.
 
     ``dtype``: ``bf16`` (serving default; the confidence head stays fp32) or ``fp32`` (native default: as stored).
     ``target``: a Target or a target name/directory; default the one a native export records.
-    ``engine``: ``vllm`` / ``sglang`` / ``deepspec`` / ``llamacpp`` / ``all`` (exactly what that engine reads), or
+    ``server``: ``vllm`` / ``sglang`` / ``deepspec`` / ``llamacpp`` / ``all`` (exactly what that server reads), or
     None (generic). ``llamacpp`` adds ``draft.gguf`` (llama.cpp's converter), and with ``target_gguf`` the target's
     own ``target.gguf`` in the same precision.
     """
@@ -81,11 +81,11 @@ def export_drafter(
         raise InteropError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
     if dtype is not None and dtype not in EXPORT_DTYPES:
         raise InteropError(f"unknown dtype {dtype!r}; choose from {', '.join(EXPORT_DTYPES)}")
-    check_engine(engine)
-    if engine is not None and fmt == "native":
-        raise InteropError("--engine applies to the serving layouts (dspark-hf, eagle3-hf), not native")
-    if target_gguf and engine not in ("llamacpp", "all"):
-        raise InteropError("--target_gguf writes llama.cpp's GGUF of the target: use it with --engine llamacpp or all")
+    check_server(server)
+    if server is not None and fmt == "native":
+        raise InteropError("--server applies to the serving layouts (dspark-hf, eagle3-hf), not native")
+    if target_gguf and server not in ("llamacpp", "all"):
+        raise InteropError("--target_gguf writes llama.cpp's GGUF of the target: use it with --server llamacpp or all")
     if out.resolve() == src.resolve():
         raise InteropError("--out must differ from --drafter")
     cfg = read_config(src)
@@ -95,7 +95,7 @@ def export_drafter(
     if fmt == "native":
         return _native(drafter, target, src, out, dtype, overwrite)
     return export_serving(drafter, target, fmt, out, dtype=dtype or "bf16", overwrite=overwrite,
-                          num_anchors=anchors, with_target_vocab=with_target_vocab, engine=engine,
+                          num_anchors=anchors, with_target_vocab=with_target_vocab, server=server,
                           target_gguf=target_gguf)  # fmt: skip
 
 
@@ -110,40 +110,40 @@ def export_serving(
     overwrite: bool = False,
     num_anchors: int = DEFAULT_NUM_ANCHORS,
     with_target_vocab: bool = False,
-    engine: str | None = None,
+    server: str | None = None,
     target_gguf: bool = False,
 ) -> ExportResult:
-    """Write an in-memory drafter in a serving layout (``dspark-hf`` or ``eagle3-hf``), exact for ``engine``."""
-    check_engine(engine)
+    """Write an in-memory drafter in a serving layout (``dspark-hf`` or ``eagle3-hf``), exact for ``server``."""
+    check_server(server)
     out, tdtype = Path(out), EXPORT_DTYPES[dtype]
     extra: dict[str, Any] = {}
     finish = None
     if fmt == "dspark-hf":
         notes = check_dspark(drafter)
-        notes += refuse_dspark(drafter, HEADS.get(type(drafter.seq_head)), engine)
+        notes += refuse_dspark(drafter, HEADS.get(type(drafter.seq_head)), server)
         state = dspark_state(drafter, with_target_vocab)
         config = dspark_config(drafter, target, tdtype, int(num_anchors))
-        dspark_additions(config, state, drafter, engine)
+        dspark_additions(config, state, drafter, server)
         state = cast_state(state, tdtype, keep_fp32=KEEP_FP32)
         side = calibration_doc(drafter, weights_sha256(state))
         if side is not None:
             extra[CALIBRATION_FILE] = side
             notes.append(
-                f"per-position STS temperatures have no engine config key: written to {CALIBRATION_FILE} "
+                f"per-position STS temperatures have no server config key: written to {CALIBRATION_FILE} "
                 "(read back by load_drafter; SGLang's scalar sts_temperatures is not set)"
             )
-        gguf, why_not = gguf_wanted(drafter, HEADS.get(type(drafter.seq_head)), engine)
+        gguf, why_not = gguf_wanted(drafter, HEADS.get(type(drafter.seq_head)), server)
         notes += why_not
         if gguf:
             finish = _gguf_writer(
-                drafter, target, dtype, int(num_anchors), target_gguf, strict=engine != "all", notes=notes
+                drafter, target, dtype, int(num_anchors), target_gguf, strict=server != "all", notes=notes
             )
     elif fmt == "eagle3-hf":
         notes = check_eagle3(drafter)
-        refuse_eagle3(engine)
+        refuse_eagle3(server)
         state = cast_state(eagle3_state(drafter), tdtype)
         config = eagle3_config(drafter, target, tdtype)
-        notes += eagle3_additions(config, list(drafter.geometry.layer_ids), engine)
+        notes += eagle3_additions(config, list(drafter.geometry.layer_ids), server)
     else:
         raise InteropError(f"{fmt!r} is not a serving layout; choose dspark-hf or eagle3-hf")
     prepare_out(out, overwrite)
@@ -154,16 +154,16 @@ def export_serving(
 def _gguf_writer(
     drafter: Any, target: Any, dtype: str, num_anchors: int, with_target: bool, strict: bool, notes: list[str]
 ):
-    """``finish`` for :func:`write_layout`: llama.cpp's converter on the generic layout (no engine's extra tensors: a
+    """``finish`` for :func:`write_layout`: llama.cpp's converter on the generic layout (no server's extra tensors: a
     draft GGUF with its own embeddings would also use them as its LM head), in ``dtype``. Not ``strict`` (``all``):
-    a conversion llama.cpp refuses becomes a note instead of failing the other engines' folder."""
+    a conversion llama.cpp refuses becomes a note instead of failing the other servers' folder."""
     try:
         tdir = target_dir(target)  # before any work: a target the converter cannot read is refused first
         check_target(tdir)
     except InteropError as exc:
         if strict:
             raise
-        notes.append(f"no draft.gguf in this all-engines folder: {exc}")
+        notes.append(f"no draft.gguf in this all-servers folder: {exc}")
         return None
 
     def finish(folder: Path) -> None:
@@ -176,7 +176,7 @@ def _gguf_writer(
         except InteropError as exc:
             if strict:
                 raise
-            notes.append(f"no draft.gguf in this all-engines folder: {exc}")
+            notes.append(f"no draft.gguf in this all-servers folder: {exc}")
             for f in (GGUF_FILE, TARGET_GGUF_FILE):
                 (folder / f).unlink(missing_ok=True)
 

@@ -54,7 +54,7 @@ NAMES = NameMap(
         ("conf_head.proj.", "confidence_head.proj."),
     )
 )
-SHARED = ("embed_tokens.weight", "lm_head.weight")  # optional: absent = the engine shares the target's
+SHARED = ("embed_tokens.weight", "lm_head.weight")  # optional: absent = the server shares the target's
 KEEP_FP32 = ("confidence_head.",)
 REQUIRED = ("num_hidden_layers", "num_target_layers", "target_layer_ids", "block_size", "mask_token_id", "vocab_size")
 
@@ -78,8 +78,8 @@ def check_dspark(drafter: Any, trained: bool = True) -> list[str]:
     bb, head, conf = drafter.backbone, drafter.seq_head, drafter.conf_head
     if isinstance(bb, MoESWABackbone):
         raise InteropError(
-            "moe_swa backbone: engines serve dense Qwen3 DSpark layers only (no MoE drafter), and its "
-            "anchor-relative context windows differ from the engines' per-query windows"
+            "moe_swa backbone: servers load dense Qwen3 DSpark layers only (no MoE drafter), and its "
+            "anchor-relative context windows differ from the servers' per-query windows"
         )
     if type(bb) is not DenseBackbone:
         raise InteropError(f"backbone {_name(bb)!r} has no serving mapping (only the dense backbone maps)")
@@ -91,19 +91,19 @@ def check_dspark(drafter: Any, trained: bool = True) -> list[str]:
     if bb.sliding_window is not None:
         raise InteropError(
             f"dense backbone with sliding_window={bb.sliding_window}: our window is relative to the block's anchor, "
-            "the engines' sliding layers window per query, so the attention would change"
+            "the servers' sliding layers window per query, so the attention would change"
         )
     if not all(isinstance(layer.attn.q_norm, RMSNorm) for layer in bb.layers):
         raise InteropError("backbone without q/k norm (qk_norm=False): Qwen3 layers always apply per-head q/k RMSNorm")
     if head is not None and type(head) not in HEADS:
         raise InteropError(
-            f"sequential head {_name(head)!r} has no engine counterpart (engines know {list(HEADS.values())})"
+            f"sequential head {_name(head)!r} has no server counterpart (servers know {list(HEADS.values())})"
         )
     if conf is not None and type(conf) is not ConfidenceHead:
-        raise InteropError(f"confidence head {_name(conf)!r} has no engine counterpart")
+        raise InteropError(f"confidence head {_name(conf)!r} has no server counterpart")
     if conf is not None and conf.token_dim == 0:
         raise InteropError(
-            "Markov-free confidence head sigmoid(w.h_k): engines require confidence_head_with_markov=true, "
+            "Markov-free confidence head sigmoid(w.h_k): servers require confidence_head_with_markov=true, "
             "i.e. the input [h_k ; W1[x_{k-1}]]"
         )
     if drafter.convention != CONVENTION:
@@ -154,7 +154,7 @@ def dspark_state(drafter: Drafter, with_target_vocab: bool = False) -> dict[str,
     if drafter.draft_vocab is not None:
         state.update(vocab_maps(drafter.draft_vocab, drafter.geometry.vocab_size))
         state["lm_head.weight"] = drafter.draft_head_weight().detach().clone()
-    if with_target_vocab:  # for engine builds that insist on the drafter's own copies
+    if with_target_vocab:  # for server builds that insist on the drafter's own copies
         state["embed_tokens.weight"] = drafter.embed.weight.detach().clone()
         state.setdefault("lm_head.weight", drafter.lm_head.weight.detach().clone())
     return state
@@ -166,7 +166,7 @@ def calibration_doc(drafter: Drafter, weights_sha256: str) -> dict[str, Any] | N
     if not cals:
         return None
     return {
-        "about": "per-position STS temperatures of the confidence head, c_k = sigmoid(z_k / T_k); no engine key",
+        "about": "per-position STS temperatures of the confidence head, c_k = sigmoid(z_k / T_k); no server key",
         "block_size": drafter.block_size,
         "sts_temperatures": {f"{T:g}": list(temps) for T, temps in sorted(cals.items())},
         "weights_sha256": weights_sha256,

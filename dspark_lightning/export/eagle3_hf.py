@@ -2,7 +2,7 @@
 
 Our EAGLE-3 layer is the public one: attention input [RMSNorm(E(x)) ; RMSNorm(f)] into q/k/v of width 2d, the
 un-normed fused feature f as the residual (``norm_before_residual: false``), a post-norm SwiGLU, a final norm and
-an LM head; no q/k norm. Engines index the auxiliary hidden states by the *input* of a layer (id j = output of
+an LM head; no q/k norm. Servers index the auxiliary hidden states by the *input* of a layer (id j = output of
 layer j-1), ours by the output of a layer, so the ids are written +1. vLLM's loader takes ``fc`` of 3·d.
 """
 
@@ -44,7 +44,7 @@ def check_eagle3(drafter: Any, trained: bool = True) -> list[str]:
     if not isinstance(drafter, ChainDrafter) or drafter.kind != "eagle3":
         name = getattr(drafter, "registered_name", type(drafter).__name__)
         raise InteropError(
-            f"{name} has no serving layout here: engines build MTP modules from the target's own checkpoint"
+            f"{name} has no serving layout here: servers build MTP modules from the target's own checkpoint"
             if getattr(drafter, "kind", None) == "mtp"
             else f"{name} is not an EAGLE-3 drafter"
         )
@@ -62,7 +62,7 @@ def check_eagle3(drafter: Any, trained: bool = True) -> list[str]:
 def eagle3_config(drafter: ChainDrafter, target: Any, dtype: torch.dtype) -> dict[str, Any]:
     """The target's config with the EAGLE-3 keys written over it."""
     g = drafter.geometry
-    aux = [i + 1 for i in g.layer_ids]  # engines: id j = the input of layer j = the output of layer j-1
+    aux = [i + 1 for i in g.layer_ids]  # servers: id j = the input of layer j = the output of layer j-1
     cfg = target_config(target)
     cfg.update(geometry_keys(g, 1, drafter.layer.mlp.gate_proj.out_features, dtype))
     cfg.update(

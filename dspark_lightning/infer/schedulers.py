@@ -14,6 +14,7 @@ step observations, SPS table and drafting cost).
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections import deque
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import checks
-from ..registry import create, register
+from ..registry import create, get, register
 from .sps import SPSTable, load_or_profile
 
 if TYPE_CHECKING:
@@ -417,12 +418,24 @@ class AutoScheduler(_SPSScheduler):
 
 
 def build_scheduler(spec: Any) -> Any:
-    """A scheduler from a name, ``{"name": ..., **kwargs}``, or an object (returned as is)."""
+    """A scheduler from a name, ``{"name": ..., **kwargs}``, or an object (returned as is). The one check of a spec:
+    the constructors check their arguments, and an argument a scheduler does not take is named here."""
     if isinstance(spec, str):
         return create("scheduler", spec)
     if isinstance(spec, dict):
-        spec = dict(spec)
-        return create("scheduler", spec.pop("name"), **spec)
+        kwargs = dict(spec)
+        name = kwargs.pop("name", None)
+        if not isinstance(name, str):
+            raise checks.UsageError(f"a scheduler spec needs a string 'name', got {checks.short(spec)}")
+        cls = get("scheduler", name)
+        sig = inspect.signature(cls)
+        try:
+            sig.bind(**kwargs)
+        except TypeError as exc:
+            takes = ", ".join(sig.parameters) or "no arguments"
+            raise checks.UsageError(f"scheduler {name!r}: {exc} (it takes {takes})") from None
+        return cls(**kwargs)
     if callable(spec):
         return spec
-    raise TypeError(f"scheduler must be a registered name, a dict spec or a callable, got {type(spec).__name__}")
+    raise checks.UsageError(f"scheduler must be a registered name, a {{'name': ...}} spec or a scheduler object, got "
+                            f"{checks.short(spec)}")  # fmt: skip

@@ -81,8 +81,8 @@ class DSparkCLI(LightningCLI):
             "--export",
             type=dict | None,
             default=None,
-            help="the engines the drafter is trained for, {engines: [llamacpp, vllm], dtype: bf16}: checked before "
-            "any data work, exported for each into <log_dir>/serving/<engine> after fit (docs/serving.md)",
+            help="the servers the drafter is trained for, {servers: [llamacpp, vllm], dtype: bf16}: checked before "
+            "any data work, exported for each into <log_dir>/serving/<server> after fit (docs/serving.md)",
         )
 
     @staticmethod
@@ -116,7 +116,7 @@ class DSparkCLI(LightningCLI):
         checks.data_args(cfg.get("data"), DSparkDataModule)
         checks.output_dir("--export_dir", cfg.get("export_dir"))
         calibrate_args(cfg.get("calibrate"))  # refused before training, not after it
-        engines, _ = plan_args(cfg.get("export"))
+        servers, _ = plan_args(cfg.get("export"))
         try:
             super().instantiate_classes()
         except USER_ERRORS:
@@ -124,7 +124,7 @@ class DSparkCLI(LightningCLI):
         except (RuntimeError, TypeError, IndexError) as exc:
             raise checks.UsageError(f"the recipe's model or data cannot be built: {one_line_error(exc)}") from None
         check_built(self.model)
-        check_servable(self.model.drafter, engines)  # the recipe's engines, before any data work
+        check_servable(self.model.drafter, servers)  # the recipe's servers, before any data work
         if self.subcommand == "fit" and locks.is_primary_process():  # the ranks of one run share its folders
             for folder in (cfg.get("trainer", {}).get("default_root_dir"), cfg.get("data", {}).get("work_dir")):
                 if folder and "://" not in str(folder):

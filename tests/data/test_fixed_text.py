@@ -158,7 +158,7 @@ def test_regen_dtype_writes_with_a_copy_of_the_target_and_is_recorded(tmp_path):
     rows = [json.loads(x) for x in (work / "responses_train.jsonl").read_text().splitlines()]
     assert rows and all(r["gen"]["regen_dtype"] == "bf16" for r in rows)
     plain = datamodule(work).prepare_job()
-    server_fields = ("dtype", "base_url", "model", "timeout_s", "retries")  # only engine openai reads the last four
+    server_fields = ("dtype", "base_url", "model", "timeout_s", "retries")  # only backend openai reads the last four
     assert not set(server_fields) & set(plain.regen.identity()) and plain.regen.settings() == {
         **{k: v for k, v in asdict(RegenConfig(**REGEN)).items() if k not in server_fields},
         "server": None,

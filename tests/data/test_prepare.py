@@ -17,7 +17,7 @@ from dspark_lightning.lightning.datamodule import DSparkDataModule
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "recipes" / "tiny_debug.yaml")
 SOURCES = "[{name: gsm_symbolic, limit: 4}, {name: humaneval, limit: 4}]"
-REGEN = {"batch_size": 12, "max_new_tokens": 12, "max_turns": 1, "engine": "hf"}
+REGEN = {"batch_size": 12, "max_new_tokens": 12, "max_turns": 1, "backend": "hf"}
 DATA = [f"--data.sources={SOURCES}", "--data.heldout_fraction=0.3", "--data.features=cached", "--data.min_supervised=4"]
 DATA += ["--data.max_length=1024", "--data.feature_dtype=bfloat16", f"--data.regen={json.dumps(REGEN)}"]
 

@@ -1,4 +1,4 @@
-"""Regeneration through an OpenAI-compatible server (``data.regen.engine: openai``), against a real HTTP server on the
+"""Regeneration through an OpenAI-compatible server (``data.regen.backend: openai``), against a real HTTP server on the
 loopback that serves the tiny target: greedy answers equal our own regeneration's, multi-turn history, resume, retries
 and one-line errors. (llama.cpp's llama-server is exercised by `make regen-server`, benchmarks/regen_server.py.)"""
 
@@ -81,9 +81,9 @@ def _rows(path):
 def test_server_answers_equal_our_greedy_regeneration_and_resume(target, server, tmp_path):
     kw = {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": 8, "progress": False}
     ours, theirs = tmp_path / "hf.jsonl", tmp_path / "srv.jsonl"
-    regenerate(target, PROMPTS, ours, engine="hf", batch_size=1, **kw)
+    regenerate(target, PROMPTS, ours, backend="hf", batch_size=1, **kw)
     srv = ServerConfig(server.url, "tiny", timeout_s=30, retries=0)
-    stats = regenerate(target, PROMPTS, theirs, engine="openai", concurrency=3, server=srv, **kw)
+    stats = regenerate(target, PROMPTS, theirs, backend="openai", concurrency=3, server=srv, **kw)
     assert stats["written"] == len(PROMPTS) and stats["tokens"] > 0
     a, b = _rows(ours), _rows(theirs)
     assert [r["turns"] for r in a] == [r["turns"] for r in b]  # every turn, history included
@@ -94,11 +94,11 @@ def test_server_answers_equal_our_greedy_regeneration_and_resume(target, server,
     assert sent and all(len(r["messages"]) == 3 and r["messages"][1]["role"] == "assistant" for r in sent)
     assert all(r["max_tokens"] == 8 and r["temperature"] == 0.0 for r in server.requests)
     n = len(server.requests)
-    again = regenerate(target, PROMPTS, theirs, engine="openai", server=srv, **kw)
+    again = regenerate(target, PROMPTS, theirs, backend="openai", server=srv, **kw)
     assert again["skipped"] == len(PROMPTS) and len(server.requests) == n  # resumed: nothing asked again
     other = ServerConfig(server.url, "tiny-v2", timeout_s=30, retries=0)
     with pytest.raises(ValueError, match="different settings"):
-        regenerate(target, PROMPTS, theirs, engine="openai", server=other, **kw)
+        regenerate(target, PROMPTS, theirs, backend="openai", server=other, **kw)
 
 
 def test_retries_then_one_line_errors(target, tmp_path):
@@ -106,31 +106,31 @@ def test_retries_then_one_line_errors(target, tmp_path):
     try:
         kw = {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": 4, "progress": False}
         srv = ServerConfig(flaky.url, "tiny", timeout_s=30, retries=2)
-        stats = regenerate(target, PROMPTS[:1], tmp_path / "a.jsonl", engine="openai", server=srv, **kw)
+        stats = regenerate(target, PROMPTS[:1], tmp_path / "a.jsonl", backend="openai", server=srv, **kw)
         assert stats["written"] == 1 and len(flaky.requests) == 3  # two 503s, then the answer
         long = [*PROMPTS[:2], PromptRecord("s/long", "chat", "test", ["LONG " * 50])]
-        stats = regenerate(target, long, tmp_path / "long.jsonl", engine="openai", server=srv, **kw)
+        stats = regenerate(target, long, tmp_path / "long.jsonl", backend="openai", server=srv, **kw)
         assert stats["written"] == 2 and stats["dropped_empty"] == 1  # that conversation only: counted, not fatal
         with pytest.raises(ServerError, match=r"refused the request \(HTTP 404: .*model nope not found"):
-            regenerate(target, PROMPTS[:1], tmp_path / "b.jsonl", engine="openai",
+            regenerate(target, PROMPTS[:1], tmp_path / "b.jsonl", backend="openai",
                        server=ServerConfig(flaky.url, "nope", retries=3), **kw)  # fmt: skip
         port = flaky.httpd.server_address[1]
     finally:
         flaky.close()
     dead = ServerConfig(f"http://127.0.0.1:{port}/v1", "tiny", timeout_s=2, retries=1)
     with pytest.raises(ServerError, match="no answer after 2 attempts"):
-        regenerate(target, PROMPTS[:1], tmp_path / "c.jsonl", engine="openai", server=dead, **kw)
+        regenerate(target, PROMPTS[:1], tmp_path / "c.jsonl", backend="openai", server=dead, **kw)
 
 
 def test_regen_config_checks_the_server_options_up_front():
     with pytest.raises(ValueError, match="base_url must be an http"):
-        RegenConfig(engine="openai", base_url="localhost:8000", model="m")
+        RegenConfig(backend="openai", base_url="localhost:8000", model="m")
     with pytest.raises(ValueError, match="model name the server serves is required"):
-        RegenConfig(engine="openai", base_url="http://127.0.0.1:8000/v1")
-    with pytest.raises(ValueError, match="read by engine: openai only"):
+        RegenConfig(backend="openai", base_url="http://127.0.0.1:8000/v1")
+    with pytest.raises(ValueError, match="read by backend: openai only"):
         RegenConfig(base_url="http://127.0.0.1:8000/v1")
-    with pytest.raises(ValueError, match="engine must be one of"):
-        RegenConfig(engine="vllm")
-    cfg = RegenConfig(engine="openai", base_url="http://h:1/v1", model="m", timeout_s=9)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        RegenConfig(backend="vllm")
+    cfg = RegenConfig(backend="openai", base_url="http://h:1/v1", model="m", timeout_s=9)
     assert cfg.identity()["base_url"] == "http://h:1/v1" and "timeout_s" not in cfg.identity()
     assert "base_url" not in RegenConfig().identity()

@@ -46,11 +46,11 @@ def test_writes_multi_turn_rows(target, tmp_path):
     assert load_conversations(out) == rows
 
 
-@pytest.mark.parametrize("engine", ["dspark", "hf"])
-def test_same_seed_same_output_independent_of_batching(varied_target, tmp_path, engine):
+@pytest.mark.parametrize("backend", ["dspark", "hf"])
+def test_same_seed_same_output_independent_of_batching(varied_target, tmp_path, backend):
     """A conversation's response is fixed by (seed, id, turn), whatever it is batched with."""
     a, b, c = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "c.jsonl"
-    kw = {**FAST, "engine": engine, "temperature": 1.0, "max_new_tokens": 12}
+    kw = {**FAST, "backend": backend, "temperature": 1.0, "max_new_tokens": 12}
     regenerate(varied_target, _prompts(5), a, batch_size=5, concurrency=5, **kw)
     regenerate(varied_target, _prompts(5), b, batch_size=1, concurrency=1, **kw)
     regenerate(varied_target, _prompts(5), c, batch_size=5, concurrency=5, seed=7, **kw)
@@ -101,8 +101,8 @@ def test_max_turns_and_greedy(target, tmp_path):
     assert _rows(out)[0]["turns"][1]["content"] == target.tokenizer.decode(body, skip_special_tokens=True).strip()
 
 
-@pytest.mark.parametrize("engine", ["dspark", "hf"])
-def test_empty_responses_are_dropped(target, tmp_path, monkeypatch, engine):
+@pytest.mark.parametrize("backend", ["dspark", "hf"])
+def test_empty_responses_are_dropped(target, tmp_path, monkeypatch, backend):
     real, calls = regen_mod._split_output, []
 
     def fake(target, out):  # the second generated turn comes back empty
@@ -112,7 +112,7 @@ def test_empty_responses_are_dropped(target, tmp_path, monkeypatch, engine):
 
     monkeypatch.setattr(regen_mod, "_split_output", fake)
     out = tmp_path / "gen.jsonl"
-    stats = regenerate(target, _prompts(3), out, engine=engine, concurrency=1, batch_size=1, max_turns=1, **FAST)
+    stats = regenerate(target, _prompts(3), out, backend=backend, concurrency=1, batch_size=1, max_turns=1, **FAST)
     assert stats["written"] == 2 and stats["dropped_empty"] == 1
     assert [r["id"] for r in _rows(out)] == ["t/0", "t/2"]
 

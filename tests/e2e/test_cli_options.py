@@ -104,7 +104,7 @@ def test_bench_several_schedulers_and_layouts(drafter, tmp_path, capsys):
     assert doc["info"]["scheduler"] == ["static", "threshold"] and doc["info"]["layouts"] == ["padded", "flat"]
     ours = [f"{e} [{lay}]" for lay in ("padded", "flat")
             for e in ("plain decode(), HF forward", "plain decode()", "d [static]", "d [threshold]")]  # fmt: skip
-    rows = {r["engine"]: r for r in doc["rows"]}
+    rows = {r["decoder"]: r for r in doc["rows"]}
     assert list(rows) == ["HF generate", "HF prompt lookup", *ours]
     for name in ours:
         r = rows[name]
@@ -215,7 +215,7 @@ def test_acceptance_plot_with_a_long_block_keeps_integer_ticks():
 def test_bench_plot_is_a_grid(tmp_path):
     from dspark_lightning.eval.bench import plot_bench
 
-    rows = [{"temperature": T, "batch": b, "prompt_set": s, "engine": e, "tok_s": 1.0}
+    rows = [{"temperature": T, "batch": b, "prompt_set": s, "decoder": e, "tok_s": 1.0}
             for T in (0.0, 1.0) for b, s in ((1, "math"), (1, "code"), (1, "chat"), (8, "all"))
             for e in ("HF generate", "plain decode()", "d")]  # fmt: skip
     w, h = _png_size(plot_bench({"info": {"target": "t"}, "rows": rows}, tmp_path / "b.png"))

@@ -19,7 +19,7 @@ OPTIONS = [
     '--model.curriculum=[{"until": 0.5, "block_size": 2, "anchors": 4, "decay": 1.0}, {"until": 1.0}]',
     '--model.warm_start={"layers": null}',
     "--model.backbone.init_args.context_state=true",
-    '--export={"engines": []}',  # a research run: no engine reads the context state
+    '--export={"servers": []}',  # a research run: no server reads the context state
 ]
 
 

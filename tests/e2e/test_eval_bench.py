@@ -68,26 +68,26 @@ def test_bench_writes_every_file(drafters, tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir()) == sorted(BENCH_FILES)
     doc = json.loads((out / "bench.json").read_text())
     rows = doc["rows"]
-    engines = ["HF generate", "HF prompt lookup", "plain decode(), HF forward", "plain decode()", "dspark", "mtp1"]
+    decoders = ["HF generate", "HF prompt lookup", "plain decode(), HF forward", "plain decode()", "dspark", "mtp1"]
     cells = {(r["temperature"], r["batch"], r["prompt_set"]) for r in rows}
     assert cells == {(T, 1, d) for T in (0.0, 1.0) for d in ("math", "code", "chat")} | {
         (0.0, 2, "all"),
         (1.0, 2, "all"),
     }
-    assert len(rows) == len(cells) * len(engines)
+    assert len(rows) == len(cells) * len(decoders)
     for r in rows:
-        if r["engine"] == "HF prompt lookup" and r["batch"] > 1:
+        if r["decoder"] == "HF prompt lookup" and r["batch"] > 1:
             assert r["tok_s"] is None and r["note"].startswith("unsupported")  # HF assisted generation is batch-1 only
             continue
         assert r["tok_s"] > 0 and len(r["runs_tok_s"]) == 2
         assert r["speedup_vs_hf"] == pytest.approx(r["tok_s"] / next(
-            x["tok_s"] for x in rows if x["engine"] == "HF generate" and x["prompt_set"] == r["prompt_set"]
+            x["tok_s"] for x in rows if x["decoder"] == "HF generate" and x["prompt_set"] == r["prompt_set"]
             and (x["temperature"], x["batch"]) == (r["temperature"], r["batch"])))  # fmt: skip
-        if r["engine"] in ("dspark", "mtp1"):
+        if r["decoder"] in ("dspark", "mtp1"):
             assert r["efficiency"] == pytest.approx(r["speedup_vs_plain"] / r["tau"])
             assert 0 <= r["skipped_steps"] <= r["steps"] and set(r["ms_per_step"]) == {"draft", "verify", "accept"}
-        if r["temperature"] == 0 and r["batch"] == 1 and r["engine"] != "HF generate":
-            assert r["equals_hf"] is True  # every engine reproduces HF greedy decoding
+        if r["temperature"] == 0 and r["batch"] == 1 and r["decoder"] != "HF generate":
+            assert r["equals_hf"] is True  # every decoder reproduces HF greedy decoding
     assert (out / "bench.png").read_bytes()[:4] == b"\x89PNG"
     assert "| 0 | 1 | math | dspark |" in (out / "bench.md").read_text()
 
@@ -99,9 +99,9 @@ def test_bench_adds_coupled_rows_at_t_above_zero(drafters, tmp_path, capsys):
     code, _, err = run_main(args + ["--scheduler", "static", "--out", str(out)], capsys)
     assert code == 0, err[-2000:]
     rows = json.loads((out / "bench.json").read_text())["rows"]
-    coupled = {(r["temperature"], r["engine"]) for r in rows if r["engine"].endswith("[coupled]")}
+    coupled = {(r["temperature"], r["decoder"]) for r in rows if r["decoder"].endswith("[coupled]")}
     assert coupled == {(1.0, "plain decode() [coupled]"), (1.0, "dspark [coupled]")}  # none at T = 0 (greedy)
-    by = {(r["temperature"], r["engine"]): r for r in rows}
+    by = {(r["temperature"], r["decoder"]): r for r in rows}
     assert by[(1.0, "dspark [coupled]")]["tau"] >= 1 and by[(1.0, "dspark [coupled]")]["tok_s"] > 0
     code, _, err = run_main(args[:-2] + ["--acceptance", "gumbel", "--out", str(tmp_path / "x")], capsys)
     assert code != 0 and "--acceptance" in err

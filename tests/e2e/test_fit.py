@@ -153,7 +153,7 @@ def test_fit_with_a_reduced_draft_vocabulary(workdir):
 
     # vLLM serves a reduced vocabulary (its d2t); SGLang and DeepSpec do not
     args = ["fit", "--config", TINY, "--trainer.max_steps=2", "--model.draft_vocab_size=48",
-            '--export={"engines": ["vllm"]}']  # fmt: skip
+            '--export={"servers": ["vllm"]}']  # fmt: skip
     cli = DSparkCLI(DSparkModule, DSparkDataModule, args=args)
     loaded = load_drafter(Path(cli.trainer.log_dir) / "drafter")
     vocab = loaded.draft_vocab

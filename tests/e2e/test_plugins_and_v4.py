@@ -41,11 +41,11 @@ def test_fit_with_plugin_head_then_decode(workdir, tmp_path, by):
     head = "bigram_markov" if by == "name" else {"class_path": "dspark_example_head.BigramMarkovHead"}
     recipe = tmp_path / "plugin_recipe.yaml"
     recipe.write_text(
-        yaml.safe_dump(  # no engine knows a plugin's head: the recipe trains for none
+        yaml.safe_dump(  # no server knows a plugin's head: the recipe trains for none
             {
                 "model": {"seq_head": head},
                 "trainer": {"max_steps": 1, "val_check_interval": 1},
-                "export": {"engines": []},
+                "export": {"servers": []},
             }
         )
     )

@@ -37,6 +37,7 @@ DECODE_BAD = {  # decode() keyword -> values it must refuse
         {"name": "static", "gamma": 1.5},
         {"name": "threshold", "threshold": NAN},
         {"name": "threshold", "threshold": None},
+        {"name": "static", "gama": 3},
         {},
     ],  # fmt: skip
     "device": ["nope", 3],
@@ -50,7 +51,7 @@ SCHEDULER_BAD = {"static": {"gamma": [-1, 1.5, True, "3"]},  # threshold=None: s
 SPS_BAD = [([], []), ([1, 2], [1.0]), ([0], [1.0]), ([-1], [1.0]), ([1.5], [1.0]), ([True], [1.0]), ([2, 1], [1, 1]),
            ([1], [0.0]), ([1], [-3.0]), ([1], [NAN]), ([1], [INF]), ("1", [1.0]), ([1, 1], [1.0, 1.0])]  # fmt: skip
 REGEN_BAD = {"max_new_tokens": [0, -3, 2048, 10**6, None, 2.5], "batch_size": [0, -1, None],
-             "temperature": [-1.0, None], "top_p": [0.0, 1.5, None, NAN], "top_k": [0, 1.5], "engine": ["nope"],
+             "temperature": [-1.0, None], "top_p": [0.0, 1.5, None, NAN], "top_k": [0, 1.5], "backend": ["nope"],
              "concurrency": [0, None], "max_turns": [0, "2"]}  # fmt: skip
 
 

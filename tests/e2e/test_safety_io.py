@@ -64,16 +64,16 @@ def test_ctrl_c_during_training_is_one_line_and_leaves_no_debris(workdir, capsys
     assert all(checkpoint_problem(p) is None for p in ckpts)
 
 
-@pytest.mark.parametrize("engine", ["dspark", "hf"])
-def test_regeneration_is_bounded_by_the_targets_positions(tmp_path, engine, caplog):
+@pytest.mark.parametrize("backend", ["dspark", "hf"])
+def test_regeneration_is_bounded_by_the_targets_positions(tmp_path, backend, caplog):
     target = random_target(layers=2, max_position_embeddings=40)
     recs = [PromptRecord("p/1", "chat", "t", ["hi"]), PromptRecord("p/2", "chat", "t", ["tell me " * 12])]
     with pytest.raises(ValueError, match="leaves no room for a prompt in the 40 positions"):
-        regenerate(target, recs, tmp_path / "x.jsonl", max_new_tokens=40, progress=False, engine=engine)
+        regenerate(target, recs, tmp_path / "x.jsonl", max_new_tokens=40, progress=False, backend=backend)
     assert not (tmp_path / "x.jsonl").exists()
     out = tmp_path / "r.jsonl"
     with caplog.at_level(logging.WARNING):
-        st = regenerate(target, recs, out, max_new_tokens=39, temperature=0.0, progress=False, engine=engine)
+        st = regenerate(target, recs, out, max_new_tokens=39, temperature=0.0, progress=False, backend=backend)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     for row in rows:
         prompt = target.render_prompt([m for m in row["turns"] if m["role"] == "user"][:1])

@@ -1,5 +1,5 @@
-"""``export: {engines: [...]}``: fit refuses, before any data work, what the named engines cannot serve, and after
-training writes one export per engine next to the native drafter."""
+"""``export: {servers: [...]}``: fit refuses, before any data work, what the named servers cannot serve, and after
+training writes one export per server next to the native drafter."""
 
 import json
 from pathlib import Path
@@ -14,29 +14,29 @@ from .conftest import TINY, run_main
     [
         (
             ["--model.backbone.init_args.context_state=true"],
-            ["export.engines [vllm, sglang, deepspec]", "context_state"],
+            ["export.servers [vllm, sglang, deepspec]", "context_state"],
         ),
         (
             [
                 "--model.seq_head.class_path=dspark_lightning.drafters.GatedMarkovHead",
-                '--export={"engines": ["llamacpp"]}',
+                '--export={"servers": ["llamacpp"]}',
             ],
-            ["export.engines [llamacpp]", "llamacpp: markov_head_type 'gated'"],
+            ["export.servers [llamacpp]", "llamacpp: markov_head_type 'gated'"],
         ),
         (
-            ["--model.seq_head=null", "--model.conf_head=null", '--export={"engines": ["sglang"]}'],
+            ["--model.seq_head=null", "--model.conf_head=null", '--export={"servers": ["sglang"]}'],
             ["sglang: markov_rank 0"],
         ),
         (
-            ["--model.draft_vocab_size=64", '--export={"engines": ["deepspec"]}'],
+            ["--model.draft_vocab_size=64", '--export={"servers": ["deepspec"]}'],
             ["deepspec: a reduced draft vocabulary"],
         ),
-        (['--export={"engines": ["tgi"]}'], ["unknown engine 'tgi'"]),
-        (['--export={"engines": ["all"]}'], ["unknown engine 'all'"]),
-        (['--export={"engines": ["vllm", "vllm"]}'], ["names an engine twice"]),
-        (['--export={"engine": ["vllm"]}'], ["unknown keys ['engine']"]),
-        (['--export={"engines": "vllm"}'], ["must be a list"]),
-        (['--export={"engines": ["vllm"], "dtype": "fp16"}'], ["export.dtype 'fp16'"]),
+        (['--export={"servers": ["tgi"]}'], ["unknown server 'tgi'"]),
+        (['--export={"servers": ["all"]}'], ["unknown server 'all'"]),
+        (['--export={"servers": ["vllm", "vllm"]}'], ["names a server twice"]),
+        (['--export={"engines": ["vllm"]}'], ["unknown keys ['engines']"]),  # the old name
+        (['--export={"servers": "vllm"}'], ["must be a list"]),
+        (['--export={"servers": ["vllm"], "dtype": "fp16"}'], ["export.dtype 'fp16'"]),
     ],
     ids=[
         "context_state",
@@ -51,7 +51,7 @@ from .conftest import TINY, run_main
         "dtype",
     ],  # fmt: skip
 )
-def test_fit_refuses_what_its_engines_cannot_serve_before_any_data_work(args, words, tmp_path, monkeypatch, capsys):
+def test_fit_refuses_what_its_servers_cannot_serve_before_any_data_work(args, words, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     code, _, err = run_main(["fit", "--config", TINY, "--trainer.max_steps=2", *args], capsys)
     line = err.strip().splitlines()[-1]
@@ -61,19 +61,19 @@ def test_fit_refuses_what_its_engines_cannot_serve_before_any_data_work(args, wo
     assert not (tmp_path / "outputs" / "tiny_debug" / "data").exists()  # no data work was done
 
 
-def test_fit_writes_one_export_per_engine(workdir, capsys):
+def test_fit_writes_one_export_per_server(workdir, capsys):
     code, out, err = run_main(["fit", "--config", TINY, "--trainer.max_steps=2", "--validate_before_fit=false"], capsys)
     assert code == 0, err[-2000:]
     version = workdir / "outputs/tiny_debug/tb/version_0"
-    for engine in ("vllm", "sglang", "deepspec"):  # tiny_debug.yaml's engines
-        cfg = json.loads((version / "serving" / engine / "config.json").read_text())
+    for server in ("vllm", "sglang", "deepspec"):  # tiny_debug.yaml's servers
+        cfg = json.loads((version / "serving" / server / "config.json").read_text())
         assert cfg["architectures"] == ["Qwen3DSparkModel"] and cfg["block_size"] == 4
-        assert f"{engine} export -> " in out
+        assert f"{server} export -> " in out
     assert "dflash_config" in json.loads((version / "serving/vllm/config.json").read_text())
     assert not (version / "serving" / "llamacpp").exists()
 
 
-def test_plain_trainer_fit_checks_the_engines_too(tiny_target):
+def test_plain_trainer_fit_checks_the_servers_too(tiny_target):
     """The callback that exports after a plain ``Trainer.fit`` refuses the same drafters at setup."""
     from types import SimpleNamespace
 
@@ -82,10 +82,10 @@ def test_plain_trainer_fit_checks_the_engines_too(tiny_target):
     from dspark_lightning.lightning.callbacks import DrafterExport
 
     drafter = create("drafter", "dspark", tiny_target, block_size=3, seq_head="gated")
-    cb = DrafterExport(export_dir=str(Path("unused")), serve={"engines": ["llamacpp"]})
+    cb = DrafterExport(export_dir=str(Path("unused")), serve={"servers": ["llamacpp"]})
     with pytest.raises(InteropError, match=r"llamacpp: markov_head_type 'gated'"):
         cb.setup(SimpleNamespace(log_dir="."), SimpleNamespace(drafter=drafter), "fit")
-    DrafterExport(serve={"engines": ["sglang"]}).setup(
+    DrafterExport(serve={"servers": ["sglang"]}).setup(
         SimpleNamespace(log_dir="."), SimpleNamespace(drafter=drafter), "fit"
     )
 

@@ -1,6 +1,6 @@
 """Every drafter a product recipe trains serves in llama.cpp, proven by llama.cpp's own code (release b11434).
 
-The GGUFs come from ``export --engine llamacpp`` (llama.cpp's converter); the loader is llama.cpp's, run through
+The GGUFs come from ``export --server llamacpp`` (llama.cpp's converter); the loader is llama.cpp's, run through
 ``llama-speculative-simple --spec-type draft-dspark`` built from the pinned source (``make llamacpp-tools``, cached
 per CPU). The target is a tiny random Llama with SmolLM2's tokenizer and depth (30 layers), so every recipe's tapped
 layers exist and llama.cpp's converter knows the tokenizer.
@@ -75,14 +75,14 @@ def check_llamacpp_load(drafter, draft_gguf: Path, target_gguf: Path) -> dict:
 
 
 @pytest.mark.parametrize("recipe", PRODUCT, ids=lambda p: str(p.relative_to(ROOT / "recipes")))
-def test_every_product_recipe_exports_for_its_engines(recipe, smol_tiny, tmp_path, monkeypatch):
-    """The recipe's drafter (random init on the tiny target, no data) exports for every engine the recipe names;
+def test_every_product_recipe_exports_for_its_servers(recipe, smol_tiny, tmp_path, monkeypatch):
+    """The recipe's drafter (random init on the tiny target, no data) exports for every server the recipe names;
     llama.cpp loads its GGUF. A recipe that names none says why in a comment, and every export refuses it."""
     import yaml
 
     from dspark_lightning.export import InteropError, export_drafter, save_drafter
-    from dspark_lightning.export.engines import ENGINES
     from dspark_lightning.export.plan import plan_args, serving_format
+    from dspark_lightning.export.servers import SERVERS
     from dspark_lightning.lightning.cli import DSparkCLI
     from dspark_lightning.lightning.datamodule import DSparkDataModule
     from dspark_lightning.lightning.module import DSparkModule
@@ -90,10 +90,10 @@ def test_every_product_recipe_exports_for_its_engines(recipe, smol_tiny, tmp_pat
     monkeypatch.chdir(tmp_path)
     hf, target_gguf = smol_tiny
     spec = yaml.safe_load(recipe.read_text()).get("export")
-    engines, _ = plan_args(spec)
-    if not engines:
+    servers, _ = plan_args(spec)
+    if not servers:
         text = recipe.read_text()
-        assert "export: {engines: []}" in text and text.count("#") > 2, "a recipe that serves nowhere says why"
+        assert "export: {servers: []}" in text and text.count("#") > 2, "a recipe that serves nowhere says why"
     cpu = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto", "--trainer.logger=false"]
     cli = DSparkCLI(DSparkModule, DSparkDataModule, run=False,
                     args=["--config", str(recipe), f"--data.target={hf}", *cpu])  # fmt: skip
@@ -105,16 +105,16 @@ def test_every_product_recipe_exports_for_its_engines(recipe, smol_tiny, tmp_pat
         )
     native = save_drafter(drafter, tmp_path / "drafter", target)
     fmt = serving_format(drafter)
-    if not engines:
-        for engine in ENGINES[:-1]:
+    if not servers:
+        for server in SERVERS[:-1]:
             with pytest.raises(InteropError) as e:
-                export_drafter(native, fmt, tmp_path / f"out_{engine}", engine=engine)
+                export_drafter(native, fmt, tmp_path / f"out_{server}", server=server)
             assert "\n" not in str(e.value)
         return
-    for engine in engines:
-        res = export_drafter(native, fmt, tmp_path / engine, engine=engine)
+    for server in servers:
+        res = export_drafter(native, fmt, tmp_path / server, server=server)
         assert (res.path / "config.json").is_file() and (res.path / "model.safetensors").is_file()
-        if engine == "llamacpp":
+        if server == "llamacpp":
             check_llamacpp_load(drafter, res.path / "draft.gguf", target_gguf)
 
 
@@ -134,14 +134,14 @@ def test_llamacpp_loads_every_servable_kind(kind, smol_tiny, tmp_path):
                      seq_head={"name": "vanilla", "rank": 32}, **kw)  # fmt: skip
     if kind == "reduced_vocab":
         drafter.set_draft_vocab(torch.arange(0, 600, 2))
-    res = export_serving(drafter, target, "dspark-hf", tmp_path / "out", engine="llamacpp",
+    res = export_serving(drafter, target, "dspark-hf", tmp_path / "out", server="llamacpp",
                          dtype="bf16" if kind == "bf16" else "fp32")  # fmt: skip
     rep = check_llamacpp_load(drafter, res.path / "draft.gguf", target_gguf)
     assert rep["kv"]["general.file_type"] == ("32" if kind == "bf16" else "0")  # LLAMA_FTYPE_MOSTLY_BF16 / ALL_F32
 
 
 def test_export_all_includes_the_gguf_and_the_target_gguf(smol_tiny, tmp_path):
-    """``--engine all`` writes one folder every engine loads, the GGUF included; ``--target_gguf`` adds the target's."""
+    """``--server all`` writes one folder every server loads, the GGUF included; ``--target_gguf`` adds the target's."""
     from dspark_lightning import create, load_target
     from dspark_lightning.export import export_serving
     from dspark_lightning.export.llamacpp import gguf_tensors, load_report
@@ -150,7 +150,7 @@ def test_export_all_includes_the_gguf_and_the_target_gguf(smol_tiny, tmp_path):
     target = load_target(str(hf))
     drafter = create("drafter", "dspark", target, block_size=4, backbone={"name": "dense", "num_layers": 1},
                      seq_head={"name": "vanilla", "rank": 16})  # fmt: skip
-    res = export_serving(drafter, target, "dspark-hf", tmp_path / "all", engine="all", target_gguf=True)
+    res = export_serving(drafter, target, "dspark-hf", tmp_path / "all", server="all", target_gguf=True)
     names = {p.name for p in res.path.iterdir()}
     assert {"config.json", "model.safetensors", "draft.gguf", "target.gguf"} <= names
     assert "token_embd.weight" not in gguf_tensors(res.path / "draft.gguf")  # the deepspec copies stay out of it
@@ -162,7 +162,7 @@ def test_fit_end_export_writes_the_gguf_and_says_how_to_serve_it(smol_tiny, tmp_
     """What ``fit`` runs after training for a recipe naming llamacpp: the GGUF beside the native drafter."""
     from dspark_lightning import create, load_target
     from dspark_lightning.export import save_drafter
-    from dspark_lightning.export.plan import export_for_engines
+    from dspark_lightning.export.plan import export_for_servers
 
     hf, target_gguf = smol_tiny
     target = load_target(str(hf))
@@ -170,7 +170,7 @@ def test_fit_end_export_writes_the_gguf_and_says_how_to_serve_it(smol_tiny, tmp_
                      seq_head={"name": "vanilla", "rank": 16})  # fmt: skip
     native = save_drafter(drafter, tmp_path / "version_0" / "drafter", target)
     lines: list[str] = []
-    done = export_for_engines(native, "dspark-hf", ["llamacpp", "vllm"], "bf16", lines.append)
+    done = export_for_servers(native, "dspark-hf", ["llamacpp", "vllm"], "bf16", lines.append)
     assert set(done) == {"llamacpp", "vllm"}
     gguf = tmp_path / "version_0" / "serving" / "llamacpp" / "draft.gguf"
     assert gguf.is_file() and any("--spec-type draft-dspark" in line for line in lines)

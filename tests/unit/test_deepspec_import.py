@@ -99,7 +99,7 @@ def write_deepspec(path, state, cfg, shards=1):
     (path / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
-OURS = {  # DeepSpec name prefix -> ours (the map is the engines' published layout, docs/serving.md)
+OURS = {  # DeepSpec name prefix -> ours (the map is the servers' published layout, docs/serving.md)
     "fc.": "backbone.fc.",
     "hidden_norm.": "backbone.fuse_norm.",
     "norm.": "backbone.norm.",

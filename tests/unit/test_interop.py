@@ -181,7 +181,7 @@ def test_reduced_draft_vocabulary_ships_d2t_t2d_and_its_lm_head_rows(varied_targ
 
 
 REFUSALS = [
-    ({"backbone": {"name": "moe_swa", "num_layers": 1, "num_experts": 2, "top_k": 1}}, "moe_swa backbone: engines"),
+    ({"backbone": {"name": "moe_swa", "num_layers": 1, "num_experts": 2, "top_k": 1}}, "moe_swa backbone: servers"),
     ({"backbone": {"name": "dense", "num_layers": 1, "sliding_window": 4}}, "sliding_window=4: our window"),
     ({"backbone": {"name": "dense", "num_layers": 1, "context_state": True}}, "context_state=true: the serving"),
     ({"backbone": {"name": "dense", "num_layers": 1, "qk_norm": False}}, "without q/k norm"),
@@ -205,7 +205,7 @@ def test_unknown_head_subclass_and_other_families_are_refused(varied_target, tin
     d = parallel(varied_target)
     d.seq_head = Tweaked(d.geometry, rank=RANK)
     cases = [
-        (d, "dspark-hf", "has no engine counterpart"),
+        (d, "dspark-hf", "has no server counterpart"),
         (create("drafter", "eagle3", varied_target, block_size=3), "dspark-hf", "export it with --format eagle3-hf"),
         (create("drafter", "mtp1", varied_target), "eagle3-hf", "MTP modules"),
         (create("drafter", "eagle3", tiny_target, block_size=3), "eagle3-hf", r"exactly 3 tapped.*taps 5"),
@@ -321,7 +321,7 @@ def test_eagle3_export_layout(varied_target, tmp_path):
         "vocab_size": 260,
         "target_hidden_size": 64,
         "norm_before_residual": False,
-        "eagle_aux_hidden_state_layer_ids": [1, 2, 3],  # engines' ids count the embedding output as 0
+        "eagle_aux_hidden_state_layer_ids": [1, 2, 3],  # servers' ids count the embedding output as 0
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": [1, 2, 3], "use_aux_hidden_state": True},
     }
     assert {k: cfg[k] for k in expected} == expected and res.tensors == len(state)

@@ -1,4 +1,4 @@
-"""``export --engine llamacpp`` refuses, in one line and before converting, what llama.cpp b11434 would reject or run
+"""``export --server llamacpp`` refuses, in one line and before converting, what llama.cpp b11434 would reject or run
 wrongly (read from its converter ``conversion/qwen.py`` and graph ``src/models/dflash.cpp``); ``all`` adds the GGUF
 only where llama.cpp's rules pass."""
 
@@ -30,7 +30,7 @@ def drafter(target, head="vanilla"):
 )
 def test_heads_llamacpp_cannot_run_are_refused_before_any_file(tiny_target, tmp_path, head, match):
     with pytest.raises(InteropError, match=match) as e:
-        export_serving(drafter(tiny_target, head), tiny_target, "dspark-hf", tmp_path / "out", engine="llamacpp")
+        export_serving(drafter(tiny_target, head), tiny_target, "dspark-hf", tmp_path / "out", server="llamacpp")
     assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
 
 
@@ -38,20 +38,20 @@ def test_moe_and_context_state_are_refused_for_llamacpp(tiny_target, tmp_path):
     d = create("drafter", "dspark", tiny_target, block_size=3, backbone={"name": "dense", "num_layers": 1,
                "context_state": True})  # fmt: skip
     with pytest.raises(InteropError, match="context_state=true"):
-        export_serving(d, tiny_target, "dspark-hf", tmp_path / "out", engine="llamacpp")
+        export_serving(d, tiny_target, "dspark-hf", tmp_path / "out", server="llamacpp")
     moe = create("drafter", "dspark", tiny_target, block_size=3, backbone={"name": "moe_swa", "num_layers": 1})
     with pytest.raises(InteropError, match="moe_swa backbone"):
-        export_serving(moe, tiny_target, "dspark-hf", tmp_path / "out", engine="llamacpp")
+        export_serving(moe, tiny_target, "dspark-hf", tmp_path / "out", server="llamacpp")
 
 
 def test_eagle3_is_not_converted_for_llamacpp(tmp_path):
     from dspark_lightning import load_target
 
-    three = load_target("tiny-debug", layer_ids=[1, 3, 5])  # an EAGLE-3 the HF-layout engines load
+    three = load_target("tiny-debug", layer_ids=[1, 3, 5])  # an EAGLE-3 the HF-layout servers load
     e3 = create("drafter", "eagle3", three, block_size=3)
-    export_serving(e3, three, "eagle3-hf", tmp_path / "vllm", engine="vllm")
+    export_serving(e3, three, "eagle3-hf", tmp_path / "vllm", server="vllm")
     with pytest.raises(InteropError, match="llamacpp: only --format dspark-hf"):
-        export_serving(e3, three, "eagle3-hf", tmp_path / "out", engine="llamacpp")
+        export_serving(e3, three, "eagle3-hf", tmp_path / "out", server="llamacpp")
 
 
 @pytest.mark.parametrize("arch,ok", [("LlamaForCausalLM", True), ("Qwen3ForCausalLM", True),
@@ -66,11 +66,11 @@ def test_targets_whose_llamacpp_graph_hides_layer_inputs_are_refused(tmp_path, a
 
 
 def test_all_leaves_the_gguf_out_with_a_note_where_llamacpp_cannot_take_it(tiny_target, tmp_path):
-    """tiny-debug's byte-level tokenizer is not one llama.cpp's converter knows: the HF-layout engines still get
+    """tiny-debug's byte-level tokenizer is not one llama.cpp's converter knows: the HF-layout servers still get
     their folder, and the note says why there is no draft.gguf."""
-    res = export_serving(drafter(tiny_target), tiny_target, "dspark-hf", tmp_path / "all", engine="all")
+    res = export_serving(drafter(tiny_target), tiny_target, "dspark-hf", tmp_path / "all", server="all")
     assert (res.path / "config.json").is_file() and not (res.path / "draft.gguf").exists()
-    assert any(n.startswith("no draft.gguf in this all-engines folder: llamacpp:") for n in res.notes), res.notes
+    assert any(n.startswith("no draft.gguf in this all-servers folder: llamacpp:") for n in res.notes), res.notes
     with pytest.raises(InteropError, match="llamacpp: llama.cpp's converter .* refused the drafter: .*pre-tokenizer"):
-        export_serving(drafter(tiny_target), tiny_target, "dspark-hf", tmp_path / "l", engine="llamacpp")
+        export_serving(drafter(tiny_target), tiny_target, "dspark-hf", tmp_path / "l", server="llamacpp")
     assert not (tmp_path / "l").exists()

@@ -11,7 +11,7 @@ from torch import nn
 
 from ... import checks
 from ...export import save_drafter
-from ...export.plan import check_servable, export_for_engines, plan_args, serving_format
+from ...export.plan import check_servable, export_for_servers, plan_args, serving_format
 from .fit_stats import validate_if_stale
 
 CALIBRATE_KEYS = {"temperatures", "prompts_per_domain", "max_new_tokens", "domains"}
@@ -41,8 +41,8 @@ class DrafterExport(L.Callback):
     A non-empty ``export_dir`` is refused when ``fit`` starts (:meth:`check`), before any training. ``tau_start``:
     the τ̂ of a validation before training, printed with the final one (the CLI's ``--validate_before_fit``).
     ``enabled=False`` turns the export off (pass it to the Trainer: the module's default then stays out).
-    ``serve``: the recipe's ``export`` mapping, ``{engines: [llamacpp, vllm], dtype: bf16}``: the drafter is checked
-    against those engines when ``fit`` starts, and exported for each into ``<export_dir>/../serving/<engine>``.
+    ``serve``: the recipe's ``export`` mapping, ``{servers: [llamacpp, vllm], dtype: bf16}``: the drafter is checked
+    against those servers when ``fit`` starts, and exported for each into ``<export_dir>/../serving/<server>``.
     """
 
     def __init__(
@@ -53,7 +53,7 @@ class DrafterExport(L.Callback):
         serve: dict | None = None,
     ):
         calibrate_args(calibrate)  # refused now, not after training
-        self.engines, self.serve_dtype = plan_args(serve)
+        self.servers, self.serve_dtype = plan_args(serve)
         self.export_dir, self.calibrate, self.enabled = export_dir, calibrate, enabled
         self.tau_start: float | None = None
         self.path: Path | None = None  # the export, once written (rank 0)
@@ -74,7 +74,7 @@ class DrafterExport(L.Callback):
         if stage == "fit":
             self.check(trainer)
             if self.enabled:
-                check_servable(pl_module.drafter, self.engines)
+                check_servable(pl_module.drafter, self.servers)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self.enabled:
@@ -92,7 +92,7 @@ class DrafterExport(L.Callback):
         print(f"[dspark-lightning] exported drafter -> {self.path}", flush=True)
         calibrate_after_fit(self.path, self.calibrate)
         log = lambda line: print(line, flush=True)  # noqa: E731
-        export_for_engines(self.path, serving_format(pl_module.drafter), self.engines, self.serve_dtype, log)
+        export_for_servers(self.path, serving_format(pl_module.drafter), self.servers, self.serve_dtype, log)
 
 
 def calibrate_args(spec: dict | None) -> list[list[str]]:

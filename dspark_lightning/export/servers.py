@@ -1,8 +1,9 @@
-"""Per-engine exports: what each consumer reads beyond the generic layout, and what it would load wrongly.
+"""Per-server exports: what each server reads beyond the generic layout, and what it would load wrongly. A *server*
+is any program that loads an exported drafter to decode with it: vLLM, SGLang, llama.cpp, DeepSpec's model code.
 
-``export --engine vllm|sglang|deepspec|llamacpp|all`` starts from the generic ``dspark-hf`` / ``eagle3-hf`` export and
-applies that engine's rules; ``all`` applies every rule at once (one directory every engine loads, where one
-exists). The rules, and the engine source each was read from, are tabled in docs/serving.md:
+``export --server vllm|sglang|deepspec|llamacpp|all`` starts from the generic ``dspark-hf`` / ``eagle3-hf`` export and
+applies that server's rules; ``all`` applies every rule at once (one directory every server loads, where one
+exists). The rules, and the server source each was read from, are tabled in docs/serving.md:
 
 - vLLM (``qwen3_dspark.py``, ``llm_base_proposer.py``): no gated / rnn head weights (its loader raises on
   them); ``dflash_config.mask_token_id`` (older V1 proposers read the mask token only there).
@@ -24,43 +25,43 @@ import torch
 
 from .common import InteropError
 
-ENGINES = ("vllm", "sglang", "deepspec", "llamacpp", "all")
+SERVERS = ("vllm", "sglang", "deepspec", "llamacpp", "all")
 SGLANG_PR = "sglang PR #25454"
 
 
-def check_engine(engine: str | None) -> None:
-    if engine is not None and engine not in ENGINES:
-        raise InteropError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)} (or none: generic)")
+def check_server(server: str | None) -> None:
+    if server is not None and server not in SERVERS:
+        raise InteropError(f"unknown server {server!r}; choose from {', '.join(SERVERS)} (or none: generic)")
 
 
 STRICT_IN_ALL = ("vllm", "sglang", "deepspec")  # ``all``: one folder these three load, or a refusal
 
 
-def wanted(engine: str | None) -> tuple[str, ...]:
-    """The engines whose rules must pass. ``all`` adds llama.cpp's GGUF only where the drafter is compatible
-    (:func:`gguf_wanted`), so it stays the one folder the HF-layout engines load."""
-    return () if engine is None else STRICT_IN_ALL if engine == "all" else (engine,)
+def wanted(server: str | None) -> tuple[str, ...]:
+    """The servers whose rules must pass. ``all`` adds llama.cpp's GGUF only where the drafter is compatible
+    (:func:`gguf_wanted`), so it stays the one folder the HF-layout servers load."""
+    return () if server is None else STRICT_IN_ALL if server == "all" else (server,)
 
 
-def gguf_wanted(drafter: Any, head_type: str | None, engine: str | None) -> tuple[bool, list[str]]:
+def gguf_wanted(drafter: Any, head_type: str | None, server: str | None) -> tuple[bool, list[str]]:
     """Whether to write llama.cpp's GGUF: always for ``llamacpp`` (its rules ran in :func:`refuse_dspark`), for
     ``all`` when llama.cpp's rules pass (else a note says why not)."""
-    if engine == "llamacpp":
+    if server == "llamacpp":
         return True, []
-    if engine != "all":
+    if server != "all":
         return False, []
     try:
         _llamacpp_dspark(drafter, head_type)
     except InteropError as exc:
-        return False, [f"no draft.gguf in this all-engines folder: {exc}"]
+        return False, [f"no draft.gguf in this all-servers folder: {exc}"]
     return True, []
 
 
 # --- dspark-hf --------------------------------------------------------------------------------------------------
-def refuse_dspark(drafter: Any, head_type: str | None, engine: str | None) -> list[str]:
-    """Raise :class:`InteropError` naming the engine for what it would load wrongly or reject; return notes."""
+def refuse_dspark(drafter: Any, head_type: str | None, server: str | None) -> list[str]:
+    """Raise :class:`InteropError` naming the server for what it would load wrongly or reject; return notes."""
     notes = []
-    for name in wanted(engine):
+    for name in wanted(server):
         notes += _DSPARK_RULES[name](drafter, head_type)
     return notes
 
@@ -70,7 +71,7 @@ def _vllm_dspark(drafter: Any, head_type: str | None) -> list[str]:
         raise InteropError(
             f"vllm: markov_head_type {head_type!r} is refused: vLLM's Qwen3 DSpark loader has no "
             f"markov_head.{'gate_proj' if head_type == 'gated' else 'joint_proj'} and raises on it; "
-            "train a vanilla head or export with --engine sglang"
+            "train a vanilla head or export with --server sglang"
         )
     if head_type is None:
         return ["vllm: markov_rank 0 builds an empty Markov head in vLLM's Qwen3DSparkModel (not run here)"]
@@ -81,7 +82,7 @@ def _sglang_dspark(drafter: Any, head_type: str | None) -> list[str]:
     if head_type is None:
         raise InteropError(
             "sglang: markov_rank 0 (a DFlash drafter) is refused: SGLang's DSpark model requires markov_rank > 0; "
-            "export without --engine for a DFlash-method engine"
+            "export without --server for a DFlash-method server"
         )
     if drafter.draft_vocab is not None:
         n, v = drafter.draft_vocab.numel(), drafter.geometry.vocab_size
@@ -112,12 +113,12 @@ def _llamacpp_dspark(drafter: Any, head_type: str | None) -> list[str]:
         raise InteropError(
             "llamacpp: markov_rank 0 (a DFlash drafter) is refused: --spec-type draft-dspark asserts the Markov "
             "weights, and llama.cpp's draft-dflash path (block_size - 1 drafts) is not checked against ours; "
-            "export --engine vllm or deepspec"
+            "export --server vllm or deepspec"
         )
     if head_type != "vanilla":
         raise InteropError(
             f"llamacpp: markov_head_type {head_type!r} is refused: llama.cpp's converter and graph know the vanilla "
-            "Markov head only; train seq_head vanilla or export with --engine sglang"
+            "Markov head only; train seq_head vanilla or export with --server sglang"
         )
     return []
 
@@ -130,9 +131,9 @@ _DSPARK_RULES = {
 }
 
 
-def dspark_additions(cfg: dict[str, Any], state: dict[str, torch.Tensor], drafter: Any, engine: str | None) -> None:
-    """Write, in place, the config keys and tensors the engine reads beyond the generic layout."""
-    names = wanted(engine)
+def dspark_additions(cfg: dict[str, Any], state: dict[str, torch.Tensor], drafter: Any, server: str | None) -> None:
+    """Write, in place, the config keys and tensors the server reads beyond the generic layout."""
+    names = wanted(server)
     if "vllm" in names:
         cfg["dflash_config"] = {**(cfg.get("dflash_config") or {}), "mask_token_id": drafter.mask_token_id}
     if "deepspec" in names:
@@ -159,16 +160,16 @@ def sglang_aux_ids(layer_ids: list[int]) -> tuple[list[int], str | None]:
     return [t + 1 for t in layer_ids], note
 
 
-def refuse_eagle3(engine: str | None) -> None:
-    if engine == "deepspec":
+def refuse_eagle3(server: str | None) -> None:
+    if server == "deepspec":
         raise InteropError("deepspec: only --format dspark-hf (Qwen3DSparkModel) is checked against DeepSpec")
-    if engine == "llamacpp":
+    if server == "llamacpp":
         raise InteropError("llamacpp: only --format dspark-hf is converted for llama.cpp here (draft-dspark)")
 
 
-def eagle3_additions(cfg: dict[str, Any], layer_ids: list[int], engine: str | None) -> list[str]:
+def eagle3_additions(cfg: dict[str, Any], layer_ids: list[int], server: str | None) -> list[str]:
     """SGLang reads ``eagle_config``; vLLM the top-level ids (already in its convention). Returns notes."""
-    if "sglang" not in wanted(engine):
+    if "sglang" not in wanted(server):
         return []
     ids, note = sglang_aux_ids(layer_ids)
     cfg["eagle_config"] = {**cfg.get("eagle_config", {}), "eagle_aux_hidden_state_layer_ids": ids}

@@ -1,7 +1,7 @@
-"""``export --engine``: each engine's published loading rules, re-implemented here from its own source, load our export.
+"""``export --server``: each server's published loading rules, re-implemented here from its own source, load our export.
 
 Each ``*_load`` function below takes a checkpoint's ``{tensor name: shape}`` and its config.json dict and returns what
-that engine would load, or raises ``ValueError`` where the engine raises. They are written from the engines' code
+that server would load, or raises ``ValueError`` where the server raises. They are written from the servers' code
 (repository, path, commit of the copy read), never from our writer:
 
 - vLLM ``vllm-project/vllm``: ``vllm/model_executor/models/qwen3_dspark.py`` @ 0302ff40 (``load_weights``,
@@ -33,7 +33,7 @@ from dspark_lightning.testing import random_target
 RANK = 8
 
 
-# --- shared by the engine re-implementations ---------------------------------------------------------------------
+# --- shared by the server re-implementations ---------------------------------------------------------------------
 def layer_shapes(cfg, i, prefix="layers"):
     d, H, Hkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     Dh, inter = cfg.get("head_dim") or d // H, cfg["intermediate_size"]
@@ -75,9 +75,9 @@ def conf_shapes(d, r, with_markov):
     return {"confidence_head.proj.weight": (1, d + (r if with_markov else 0)), "confidence_head.proj.bias": (1,)}
 
 
-def check_shape(name, got, want, engine):
+def check_shape(name, got, want, server):
     if tuple(got) != tuple(want):
-        raise ValueError(f"{engine}: {name} has shape {tuple(got)}, the model builds {tuple(want)}")
+        raise ValueError(f"{server}: {name} has shape {tuple(got)}, the model builds {tuple(want)}")
 
 
 # --- vLLM --------------------------------------------------------------------------------------------------------
@@ -252,9 +252,9 @@ def drafter(target, head="vanilla", conf=True, vocab=None):
     return d.eval()
 
 
-def exported(d, target, tmp_path, engine=None, fmt="dspark-hf"):
-    out = tmp_path / f"{fmt}-{engine}"
-    res = export_serving(d, target, fmt, out, engine=engine, overwrite=True)
+def exported(d, target, tmp_path, server=None, fmt="dspark-hf"):
+    out = tmp_path / f"{fmt}-{server}"
+    res = export_serving(d, target, fmt, out, server=server, overwrite=True)
     with safe_open(str(out / "model.safetensors"), framework="pt") as f:
         shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     return shapes, json.loads((out / "config.json").read_text()), res
@@ -285,7 +285,7 @@ def test_vllm_rules_bite_on_the_generic_export(targets, tmp_path):
 @pytest.mark.parametrize("head", ["gated", "rnn"])
 def test_vllm_export_refuses_gated_and_rnn_heads_in_one_line(targets, tmp_path, head):
     with pytest.raises(InteropError, match=rf"^vllm: markov_head_type '{head}' is refused: .*; train a vanilla"):
-        export_serving(drafter(targets["four"], head), targets["four"], "dspark-hf", tmp_path / "o", engine="vllm")
+        export_serving(drafter(targets["four"], head), targets["four"], "dspark-hf", tmp_path / "o", server="vllm")
     assert not (tmp_path / "o").exists()
 
 
@@ -306,13 +306,13 @@ SGLANG_REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize("kw,refusal,engine_error", SGLANG_REFUSALS, ids=["dflash", "reduced", "no_conf"])
-def test_sglang_refusals_are_what_sglang_would_reject(targets, tmp_path, kw, refusal, engine_error):
+@pytest.mark.parametrize("kw,refusal,server_error", SGLANG_REFUSALS, ids=["dflash", "reduced", "no_conf"])
+def test_sglang_refusals_are_what_sglang_would_reject(targets, tmp_path, kw, refusal, server_error):
     t = targets["four"]
     with pytest.raises(InteropError, match=rf"^sglang: .*{refusal}"):
-        export_serving(drafter(t, **kw), t, "dspark-hf", tmp_path / "o", engine="sglang")
+        export_serving(drafter(t, **kw), t, "dspark-hf", tmp_path / "o", server="sglang")
     shapes, cfg, _ = exported(drafter(t, **kw), t, tmp_path)  # the generic export, as SGLang would read it
-    with pytest.raises(ValueError, match=engine_error):
+    with pytest.raises(ValueError, match=server_error):
         sglang_dspark_load(shapes, cfg, t.geometry.vocab_size)
 
 
@@ -339,7 +339,7 @@ def test_sglang_eagle3_other_first_layers_follow_pr_25454_or_are_refused(targets
     assert sglang_eagle3_load(shapes, cfg, since_25454=False)["taps"] == [3, 4, 5]  # what the note warns of
     assert len(res.notes) == 1 and "sglang PR #25454 and later; older SGLang adds +1" in res.notes[0]
     with pytest.raises(InteropError, match=r"^sglang: EAGLE-3 tapping layer 0 first is refused"):
-        export_serving(eagle3(targets["four"]), targets["four"], "eagle3-hf", tmp_path / "o", engine="sglang")
+        export_serving(eagle3(targets["four"]), targets["four"], "eagle3-hf", tmp_path / "o", server="sglang")
 
 
 # --- DeepSpec tests ----------------------------------------------------------------------------------------------
@@ -356,30 +356,30 @@ def test_deepspec_export_ships_the_targets_embedding_and_head(targets, tmp_path,
 def test_deepspec_export_holds_the_targets_tensors_and_loads_back(targets, tmp_path):
     t = targets["four"]
     out = tmp_path / "ds"
-    export_serving(drafter(t, "rnn"), t, "dspark-hf", out, engine="deepspec", dtype="fp32")
+    export_serving(drafter(t, "rnn"), t, "dspark-hf", out, server="deepspec", dtype="fp32")
     with safe_open(str(out / "model.safetensors"), framework="pt") as f:
         assert torch.equal(f.get_tensor("embed_tokens.weight"), t.embed_tokens.weight)
         assert torch.equal(f.get_tensor("lm_head.weight"), t.lm_head.weight)
     assert load_drafter(out, t).seq_head is not None
     with pytest.raises(InteropError, match=r"^deepspec: a reduced draft vocabulary is refused"):
-        export_serving(drafter(t, vocab=40), t, "dspark-hf", tmp_path / "o", engine="deepspec")
+        export_serving(drafter(t, vocab=40), t, "dspark-hf", tmp_path / "o", server="deepspec")
 
 
-# --- all engines, and the command line ---------------------------------------------------------------------------
-def test_one_export_for_all_engines_loads_in_each(targets, tmp_path):
+# --- all servers, and the command line ---------------------------------------------------------------------------
+def test_one_export_for_all_servers_loads_in_each(targets, tmp_path):
     t = targets["four"]
     shapes, cfg, _ = exported(drafter(t), t, tmp_path, "all")
     assert vllm_dspark_load(shapes, cfg, 260)["missing"] == sglang_dspark_load(shapes, cfg, 260)["missing"] == []
     assert deepspec_load(shapes, cfg) == {"missing": [], "unexpected": []}
     with pytest.raises(InteropError, match="^vllm: markov_head_type 'gated'"):
-        export_serving(drafter(t, "gated"), t, "dspark-hf", tmp_path / "o", engine="all")
+        export_serving(drafter(t, "gated"), t, "dspark-hf", tmp_path / "o", server="all")
 
 
-def test_cli_engine_option(tiny_target, tmp_path, capsys):
+def test_cli_server_option(tiny_target, tmp_path, capsys):
     native = save_drafter(drafter(tiny_target), tmp_path / "native", tiny_target)
-    main(["export", "--drafter", str(native), "--out", str(tmp_path / "v"), "--engine", "vllm"])
+    main(["export", "--drafter", str(native), "--out", str(tmp_path / "v"), "--server", "vllm"])
     assert json.loads((tmp_path / "v" / "config.json").read_text())["dflash_config"] == {"mask_token_id": 1}
     with pytest.raises(SystemExit) as exc:
-        main(["export", "--drafter", str(native), "--out", str(tmp_path / "x"), "--engine", "tgi"])
+        main(["export", "--drafter", str(native), "--out", str(tmp_path / "x"), "--server", "tgi"])
     err = capsys.readouterr().err.splitlines()[-1]
-    assert exc.value.code == 2 and err.startswith("dspark-lightning export: error: unknown engine 'tgi'")
+    assert exc.value.code == 2 and err.startswith("dspark-lightning export: error: unknown server 'tgi'")
