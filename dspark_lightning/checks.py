@@ -1,4 +1,6 @@
-"""Up-front checks of user input, shared by the commands, ``decode()`` and the recipe loader.
+"""The validators of user input every floor uses: numbers in range, paths, files, block sizes, token ids, positions.
+Each argument is checked by the boundary that receives it (``decode()``, a command, the recipe checks in
+``lightning/recipe_checks.py``, a scheduler's constructor) with these.
 
 A bad argument must be refused before any work starts (a model loaded, a prompt decoded, a file written), with a
 message naming the argument and its allowed range; :class:`UsageError` is a ``ValueError``, so the console script
@@ -261,7 +263,7 @@ def data_positions(target: Any, data: Any) -> None:
     limit = positions_of(target)
     if limit is None:
         return
-    max_length, new = _get(data, "max_length"), _get(_get(data, "regen"), "max_new_tokens")
+    max_length, new = section_get(data, "max_length"), section_get(section_get(data, "regen"), "max_new_tokens")
     if isinstance(max_length, int) and max_length > limit:
         raise UsageError(f"data.max_length={max_length} is above the {limit} positions of the target "
                          f"{target.name!r}; use at most {limit}")  # fmt: skip
@@ -270,206 +272,10 @@ def data_positions(target: Any, data: Any) -> None:
                          f"the target {target.name!r}; use less than {limit}")  # fmt: skip
 
 
-def _get(section: Any, key: str, default: Any = None) -> Any:
+def section_get(section: Any, key: str, default: Any = None) -> Any:
     """``section[key]`` for a dict or a jsonargparse Namespace (recipes arrive as either)."""
     if section is None:
         return default
     if isinstance(section, dict):
         return section.get(key, default)
     return getattr(section, key, default)
-
-
-def data_args(data: Any, datamodule: Any = None) -> None:
-    """A recipe's ``data:`` section (``fit``, ``prepare``): sizes and fractions in range before the target answers a
-    single prompt (a negative batch size would otherwise fail only after regeneration, or loop). ``datamodule``: the
-    class the section builds (``DSparkDataModule``: passed in by the Lightning commands, as this leaf imports no layer
-    above it), whose non-optional arguments must not be null."""
-    if datamodule is not None:
-        not_null("data", data, datamodule)
-    for key, low in (("batch_size", 1), ("max_length", 2), ("max_anchors", 1), ("min_supervised", 0),
-                     ("num_workers", 0), ("shuffle_buffer", 1)):  # fmt: skip
-        at_least(f"data.{key}", _get(data, key), low)
-    probability("data.heldout_fraction", _get(data, "heldout_fraction"))
-    regen = _get(data, "regen")
-    for key in ("batch_size", "max_new_tokens", "concurrency", "max_turns"):
-        at_least(f"data.regen.{key}", _get(regen, key), 1)
-    temperature("data.regen.temperature", _get(regen, "temperature"))
-    in_range("data.regen.top_p", _get(regen, "top_p"), 0.0, 1.0, open_low=True)
-    at_least("data.regen.top_k", _get(regen, "top_k"), 1)
-    regen_dtype = _get(regen, "dtype")
-    if regen_dtype not in (None, "fastest"):
-        from .devices import DTYPES
-
-        if str(regen_dtype).lower().removeprefix("torch.") not in DTYPES:
-            raise UsageError(f"data.regen.dtype must be null, fastest or one of {', '.join(sorted(set(DTYPES)))}; "
-                             f"got {short(regen_dtype)}")  # fmt: skip
-    work, target = _get(data, "work_dir"), _get(data, "target")
-    if isinstance(work, str) and "://" not in work:
-        path_length("data.work_dir", work)
-    if isinstance(target, str) and os.path.isdir(target):
-        regular_entries("data.target", target)
-
-
-def model_args(model: Any) -> None:
-    """A recipe's ``model:`` section, the parts cheap to check before the target loads: the block size (a huge one
-    allocates hundreds of GB at construction) and the mask token's sign (its upper bound needs the vocabulary)."""
-    block_size("model.block_size", _get(model, "block_size"))
-    mask = _get(model, "mask_token_id")
-    if mask is not None:
-        at_least("model.mask_token_id", mask, 0)
-
-
-def rank_args(rank: int | None, world_size: int | None) -> None:
-    """``--rank`` / ``--world_size`` of a sharded command: 0 <= rank < world_size."""
-    at_least("--rank", rank, 0)
-    at_least("--world_size", world_size, 1)
-    if rank is not None and world_size is not None and rank >= world_size:
-        raise UsageError(f"--rank {rank} is not below --world_size {world_size}")
-
-
-def _int_or_fraction(name: str, value: Any, low: int, fraction_low_open: bool) -> None:
-    """An integer >= ``low`` (a count) or a float in [0, 1] / (0, 1] (a fraction), as Lightning reads them."""
-    if value is None:
-        return
-    if isinstance(value, float) and not isinstance(value, bool):
-        in_range(name, value, 0.0, 1.0, open_low=fraction_low_open)
-    elif isinstance(value, bool) or not isinstance(value, int) or value < low:
-        what = "(0, 1]" if fraction_low_open else "[0, 1]"
-        raise UsageError(f"{name} must be an integer >= {low} or a fraction in {what}, got {value!r}")
-
-
-def trainer_args(trainer: Any) -> None:
-    """A recipe's ``trainer:`` options that Lightning divides by or loops on, in range before anything is built
-    (``val_check_interval: 0`` or ``accumulate_grad_batches: 0`` would otherwise fail deep in the loop, and
-    ``max_steps: 0`` train nothing and export an untrained drafter)."""
-    if trainer is None:
-        return
-    for key, low in (("accumulate_grad_batches", 1), ("log_every_n_steps", 1), ("check_val_every_n_epoch", 1),
-                     ("num_nodes", 1), ("min_steps", 0), ("min_epochs", 0), ("num_sanity_val_steps", -1),
-                     ("reload_dataloaders_every_n_epochs", 0)):  # fmt: skip
-        at_least(f"trainer.{key}", _get(trainer, key), low)
-    for key in ("max_steps", "max_epochs"):
-        v = _get(trainer, key)
-        if v is not None and v != -1 and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise UsageError(f"trainer.{key} must be -1 (no limit) or an integer >= 1, got {v!r}")
-    _int_or_fraction("trainer.val_check_interval", _get(trainer, "val_check_interval"), 1, True)
-    for key in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "overfit_batches"):
-        _int_or_fraction(f"trainer.{key}", _get(trainer, key), 0, False)
-    in_range("trainer.gradient_clip_val", _get(trainer, "gradient_clip_val"), 0.0)
-    devices = _get(trainer, "devices")
-    if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
-        devices = int(devices)
-    bad = (isinstance(devices, bool) or (isinstance(devices, int) and devices != -1 and devices < 1)
-           or (isinstance(devices, list | tuple) and (not devices or any(
-               isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in devices))))  # fmt: skip
-    if bad:
-        raise UsageError(f"trainer.devices must be 'auto', -1 (all), a count >= 1 or a non-empty list of device "
-                         f"indices, got {devices!r}")  # fmt: skip
-
-
-_MISSING = object()
-
-
-def _admits_none(hint: Any) -> bool:
-    import types
-    import typing
-
-    if hint is None or hint is Any or hint is type(None):
-        return True
-    origin = typing.get_origin(hint)
-    if origin is typing.Union or origin is types.UnionType:
-        return any(_admits_none(a) for a in typing.get_args(hint))
-    return False
-
-
-def _dataclass_of(hint: Any) -> Any:
-    import dataclasses
-    import typing
-
-    for h in (hint, *typing.get_args(hint)):
-        if dataclasses.is_dataclass(h):
-            return h
-    return None
-
-
-def not_null(prefix: str, section: Any, cls: Any) -> None:
-    """Keys of ``cls`` (its ``__init__`` or dataclass fields) typed without ``None`` must not be given ``null``
-    (``model.block_size: null`` would otherwise reach the drafter as None); nested dataclasses (``data.regen``) and
-    ``class_path`` components (``model.backbone.init_args``) are followed."""
-    import importlib
-    import inspect
-    import typing
-
-    if section is None or cls is None:
-        return
-    try:
-        hints = typing.get_type_hints(cls.__init__ if not hasattr(cls, "__dataclass_fields__") else cls)
-        params = [p for p in inspect.signature(cls).parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD
-                  or p.kind is p.KEYWORD_ONLY]  # fmt: skip
-    except Exception:  # noqa: BLE001 - hints that do not resolve: jsonargparse checks the types itself
-        return
-    for p in params:
-        value, hint = _get(section, p.name, _MISSING), hints.get(p.name)
-        if value is None and hint is not None and not _admits_none(hint):
-            raise UsageError(f"{prefix}.{p.name} must not be null: it is {_type_name(hint)}")
-        if value is _MISSING or value is None:
-            continue
-        sub = _dataclass_of(hint)
-        if sub is not None:
-            not_null(f"{prefix}.{p.name}", value, sub)
-        elif isinstance(_get(value, "class_path"), str):
-            module, _, name = _get(value, "class_path").rpartition(".")
-            try:
-                component = getattr(importlib.import_module(module), name)
-            except (ImportError, AttributeError, ValueError):
-                continue  # jsonargparse names an unknown class itself
-            not_null(f"{prefix}.{p.name}.init_args", _get(value, "init_args"), component)
-
-
-def _type_name(hint: Any) -> str:
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(hint, f"{hint}")
-
-
-def lightning_args(cfg: Any, classes: dict[str, Any]) -> None:
-    """What ``fit`` / ``validate`` / ``test`` check before anything is built, beyond :func:`model_args` and
-    :func:`data_args`: the trainer's counts, no ``null`` for a required value, the folders it writes."""
-    trainer_args(_get(cfg, "trainer"))
-    for prefix, cls in classes.items():
-        not_null(prefix, _get(cfg, prefix), cls)
-    output_dir("trainer.default_root_dir", _get(_get(cfg, "trainer"), "default_root_dir"))
-    output_dir("data.work_dir", _get(_get(cfg, "data"), "work_dir"))
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def decode_inputs(prompts: Any, max_new_tokens: Any, temperature: Any, seed: Any, seeds: Any,
-                  dtypes: tuple = ()) -> None:  # fmt: skip
-    """What ``decode()`` takes beyond :func:`~.infer.decode.check_decode_args`, checked before anything is built:
-    the required numbers are not None, seeds are ints, the prompts are a string, a tensor or a list (never bytes, a
-    dict or a number, which iterate into something else), dtype names exist. A scheduler spec is checked where it is
-    built (:func:`~.infer.schedulers.build_scheduler`)."""
-    if max_new_tokens is None or temperature is None:
-        raise UsageError(f"{'max_new_tokens' if max_new_tokens is None else 'temperature'} must be given, got None")
-    if not _is_int(seed):
-        raise UsageError(f"seed must be an int, got {seed!r}")
-    if seeds is not None and (not isinstance(seeds, list | tuple) or not all(_is_int(s) for s in seeds)):
-        raise UsageError(f"seeds must be ints, in a list with one per prompt, got {short(seeds)}")
-    import torch
-
-    if not isinstance(prompts, str | list | tuple | torch.Tensor):
-        raise UsageError(f"prompts must be a string, a list of prompts or a tensor of token ids, got "
-                         f"{type(prompts).__name__}")  # fmt: skip
-    if isinstance(prompts, list | tuple) and prompts and not isinstance(prompts[0], int | dict):
-        for i, p in enumerate(prompts):  # a list of prompts: each one a string, turns, token ids or a tensor
-            if not isinstance(p, str | list | tuple | torch.Tensor) or isinstance(p, bool):
-                raise UsageError(f"prompt {i} must be a string, a list of turns or token ids, got {type(p).__name__}")
-    from .devices import resolve_dtype
-
-    for name, value in dtypes:
-        if isinstance(value, str):
-            try:
-                resolve_dtype(value, "cpu")
-            except ValueError as exc:
-                raise UsageError(f"{name}: {exc}") from None

@@ -203,7 +203,7 @@ def decode(
     if isinstance(prompts, Iterator):  # a generator or iterator of prompts: read once, as a list
         prompts = list(prompts)
     check_decode_args(max_new_tokens, temperature, top_k, top_p, batch_size)
-    checks.decode_inputs(prompts, max_new_tokens, temperature, seed, seeds,
+    _check_inputs(prompts, max_new_tokens, temperature, seed, seeds,
                          (("dtype", dtype), ("drafter_dtype", drafter_dtype)))  # fmt: skip
     scheduler = build_scheduler(scheduler)  # its spec checked before the target is loaded
     stop = check_stop(stop)
@@ -283,6 +283,41 @@ def check_positions(target, encoded: list[list[int]], max_new_tokens: int, block
     longest = max(len(p) for p in encoded) + max_new_tokens + block_size + 1
     if limit is not None and longest > limit:
         raise ValueError(f"prompt + max_new_tokens + block needs {longest} positions; the target supports {limit}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_inputs(prompts: Any, max_new_tokens: Any, temperature: Any, seed: Any, seeds: Any,
+                  dtypes: tuple = ()) -> None:  # fmt: skip
+    """What ``decode()`` takes beyond :func:`check_decode_args`, checked before anything is built:
+    the required numbers are not None, seeds are ints, the prompts are a string, a tensor or a list (never bytes, a
+    dict or a number, which iterate into something else), dtype names exist. A scheduler spec is checked where it is
+    built (:func:`~.schedulers.build_scheduler`)."""
+    if max_new_tokens is None or temperature is None:
+        raise checks.UsageError(
+            f"{'max_new_tokens' if max_new_tokens is None else 'temperature'} must be given, got None"
+        )
+    if not _is_int(seed):
+        raise checks.UsageError(f"seed must be an int, got {seed!r}")
+    if seeds is not None and (not isinstance(seeds, list | tuple) or not all(_is_int(s) for s in seeds)):
+        raise checks.UsageError(f"seeds must be ints, in a list with one per prompt, got {checks.short(seeds)}")
+    if not isinstance(prompts, str | list | tuple | torch.Tensor):
+        raise checks.UsageError(f"prompts must be a string, a list of prompts or a tensor of token ids, got "
+                         f"{type(prompts).__name__}")  # fmt: skip
+    if isinstance(prompts, list | tuple) and prompts and not isinstance(prompts[0], int | dict):
+        for i, p in enumerate(prompts):  # a list of prompts: each one a string, turns, token ids or a tensor
+            if not isinstance(p, str | list | tuple | torch.Tensor) or isinstance(p, bool):
+                raise checks.UsageError(
+                    f"prompt {i} must be a string, a list of turns or token ids, got {type(p).__name__}"
+                )
+    for name, value in dtypes:
+        if isinstance(value, str):
+            try:
+                resolve_dtype(value, "cpu")
+            except ValueError as exc:
+                raise checks.UsageError(f"{name}: {exc}") from None
 
 
 def bind_scheduler(engine: Engine, target, max_requests: int, drafter=None) -> None:

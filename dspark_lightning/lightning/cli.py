@@ -33,6 +33,7 @@ from ..errors import one_line_error  # noqa: E402
 from ..export import DrafterLoadError  # noqa: E402
 from ..export.plan import check_servable, plan_args  # noqa: E402
 from ..registry import RegistryError  # noqa: E402
+from . import recipe_checks  # noqa: E402
 from .callbacks import DrafterExport, TrainingDiverged, calibrate_after_fit, calibrate_args  # noqa: E402,F401
 from .checkpoint_io import AtomicCheckpointIO, checkpoint_problem  # noqa: E402
 from .datamodule import DSparkDataModule  # noqa: E402
@@ -111,9 +112,11 @@ class DSparkCLI(LightningCLI):
         """Check the recipe before anything is built, then build it; a component that cannot be built from its
         arguments (``rank: -1``, a tensor of negative size) is a recipe error, reported in one line."""
         cfg = self.config.get(self.subcommand, self.config)
-        checks.lightning_args(cfg, {"model": DSparkModule, "data": DSparkDataModule})  # trainer counts, nulls, dirs
-        checks.model_args(cfg.get("model"))
-        checks.data_args(cfg.get("data"), DSparkDataModule)
+        recipe_checks.lightning_args(
+            cfg, {"model": DSparkModule, "data": DSparkDataModule}
+        )  # trainer counts, nulls, dirs
+        recipe_checks.model_args(cfg.get("model"))
+        recipe_checks.data_args(cfg.get("data"), DSparkDataModule)
         checks.output_dir("--export_dir", cfg.get("export_dir"))
         calibrate_args(cfg.get("calibrate"))  # refused before training, not after it
         servers, _ = plan_args(cfg.get("export"))

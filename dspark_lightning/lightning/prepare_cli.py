@@ -17,9 +17,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from .. import checks
 from ..data.cache import verify_cache
 from ..data.prepare import SPLITS, DataPaths
+from . import recipe_checks
 from .datamodule import DSparkDataModule
 
 
@@ -57,9 +57,9 @@ def _parse(prog: str, argv: list[str], extra: bool) -> tuple[DSparkDataModule, A
         parser.add_argument("--verify", action="store_true", help="hash every shard once the data is merged")
         parser.add_argument("--device", type=str | None, default=None, help="default: this rank's GPU, else cpu")
     cfg = parser.parse_args(_data_section_only(argv))
-    checks.data_args(cfg.data, DSparkDataModule)
+    recipe_checks.data_args(cfg.data, DSparkDataModule)
     if extra:
-        checks.rank_args(cfg.rank, cfg.world_size)
+        recipe_checks.rank_args(cfg.rank, cfg.world_size)
     return parser.instantiate_classes(cfg).data, cfg
 
 

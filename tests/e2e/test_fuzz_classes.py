@@ -132,9 +132,9 @@ def gen_nulls(rng: random.Random) -> list[Case]:
     import inspect
     import typing
 
-    from dspark_lightning.checks import _admits_none, _dataclass_of
     from dspark_lightning.lightning.datamodule import DSparkDataModule
     from dspark_lightning.lightning.module import DSparkModule
+    from dspark_lightning.lightning.recipe_checks import _admits_none, _dataclass_of
 
     keys = []
 

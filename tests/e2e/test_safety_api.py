@@ -142,21 +142,21 @@ def test_the_api_case_ids_are_unique():
 
 
 def test_recipe_checks_refuse_every_bad_trainer_value():
-    """checks.trainer_args: each bad value of each option alone, the good ones of a recipe accepted."""
-    from dspark_lightning import checks
+    """recipe_checks.trainer_args: each bad value of each option alone, the good ones of a recipe accepted."""
+    from dspark_lightning.lightning import recipe_checks
 
     from .test_fuzz_classes import TRAINER
 
     good = {"max_steps": 8, "val_check_interval": 4, "check_val_every_n_epoch": None, "log_every_n_steps": 2,
             "devices": 1, "accumulate_grad_batches": 1, "max_epochs": -1, "limit_val_batches": 0.5}  # fmt: skip
-    checks.trainer_args(good)
-    checks.trainer_args({"devices": "auto", "val_check_interval": 1.0, "max_steps": -1})
+    recipe_checks.trainer_args(good)
+    recipe_checks.trainer_args({"devices": "auto", "val_check_interval": 1.0, "max_steps": -1})
     import yaml
 
     for key, values in TRAINER.items():
         for raw in values:
             with pytest.raises(ValueError, match=f"trainer.{key}") as e:
-                checks.trainer_args({**good, key: yaml.safe_load(raw)})
+                recipe_checks.trainer_args({**good, key: yaml.safe_load(raw)})
             assert "\n" not in str(e.value)
 
 
