@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 CLI := $(VENV)/bin/dspark-lightning
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup run test test-fast lint long gpu-wheels gpu-check gpu-check-cpu llamacpp-tools
+.PHONY: setup run gemma test test-fast lint long gpu-wheels gpu-check gpu-check-cpu llamacpp-tools
 
 $(VENV)/.setup-done: pyproject.toml scripts/setup.sh plugins/dspark_example_head/pyproject.toml
 	bash scripts/setup.sh
@@ -16,6 +16,11 @@ setup: $(VENV)/.setup-done
 
 run: setup
 	$(VENV)/bin/dspark-lightning fit --config recipes/smollm2_dspark.yaml
+
+# A target the user brings (issue 39): Gemma 3 270M from its PyPI GGUF packages, same budget as `make run`, timed.
+gemma: setup
+	mkdir -p outputs/gemma3_270m_dspark
+	/usr/bin/time -v -o outputs/gemma3_270m_dspark/time.log $(VENV)/bin/dspark-lightning fit --config recipes/gemma3_270m_dspark.yaml
 
 # llama.cpp's tools from the pinned source, compiled once per CPU into the user cache (4 min 19 s on a clean 2-core EPYC, then cached):
 # the tests load every exported GGUF with llama.cpp's own loader.

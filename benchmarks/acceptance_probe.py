@@ -59,7 +59,7 @@ def markdown(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--drafter", required=True)
-    ap.add_argument("--target", default="smollm2-135m-instruct")
+    ap.add_argument("--target", default=None, help="default: the drafter's own target (its layers and chat format)")
     ap.add_argument("--prompts_per_domain", type=int, default=3)
     ap.add_argument("--max_new_tokens", type=int, default=128)
     ap.add_argument("--gammas", type=int, nargs="+", default=[7, 3])
@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     for T in a.temperatures:
         for g in a.gammas:
             run = out / "runs" / f"T{T:g}_g{g}"
-            args = ["eval", "--drafter", f"probe={a.drafter}", "--target", a.target, "--scheduler", "static",
+            args = ["eval", "--drafter", f"probe={a.drafter}", *(["--target", a.target] if a.target else []),
+                    "--scheduler", "static",
                     "--gamma", str(g), "--temperature", str(T), "--batch_size", "1", "--seed", "0",
                     "--prompts_per_domain", str(a.prompts_per_domain), "--max_new_tokens", str(a.max_new_tokens),
                     "--out", str(run)]  # fmt: skip

@@ -8,6 +8,7 @@
     dspark-lightning bench --drafter name=path ... --out DIR     (side-by-side throughput)
     dspark-lightning export --drafter DIR --format dspark-hf --out DIR   (layouts vLLM / SGLang serve)
     dspark-lightning calibrate|threshold-sweep|serve-bench --drafter DIR ...   (STS, Figure 5, Figures 7-8)
+    dspark-lightning target import --gguf FILE --out DIR         (a GGUF as an HF model directory, offline)
 
 Inference subcommands never import Lightning. Bad input, a full disk (naming the path and the space it needs), a
 folder another command is writing to, a closed or full stdout and any other OS error give a one-line error and exit
@@ -38,6 +39,7 @@ INFER_COMMANDS = {  # subcommand -> (module, function); none of them imports Lig
     "serve-bench": ("dspark_lightning.eval.cli", "run_serve_bench"),
     "export": ("dspark_lightning.export.cli", "run_export"),
     "llamacpp": ("dspark_lightning.export.llamacpp", "run_llamacpp"),
+    "target": ("dspark_lightning.targets.gguf_import", "run_target"),  # bring your own target: GGUF -> HF directory
     "write-prompts": ("dspark_lightning.data.self_prompts", "run_write_prompts"),  # no recipe: a prompt file
 }
 
@@ -67,6 +69,7 @@ inference and evaluation (no Lightning import):
   serve-bench       closed-loop concurrency study of schedulers
   export            write a drafter in a layout vLLM / SGLang / DeepSpec / llama.cpp serve
   llamacpp          llama.cpp's pinned source (its GGUF converter) and tools: `llamacpp source|build`
+  target            bring your own target: `target import --gguf FILE --out DIR` (an HF model directory, offline)
 
 Bad input gives a one-line `dspark-lightning COMMAND: error: ...` and exit code 2.
 The training commands' options follow (LightningCLI):

@@ -23,12 +23,20 @@ import torch
 GREEDY_TOKENS = 24
 
 
-def random_target(vocab: int = 260, hidden: int = 64, layers: int = 4, init: float = 0.3, seed: int = 0, **config: Any):
-    """A tiny random Llama target whose greedy continuations vary (large init), with the tiny-debug tokenizer.
+FAMILIES = ("llama", "qwen3", "gemma3", "mistral")  # the shapes of real targets the tests build tiny random copies of
 
-    ``config``: other ``LlamaConfig`` fields (e.g. heads and widths of a real model's shape, for timings).
+
+def random_target(vocab: int = 260, hidden: int = 64, layers: int = 4, init: float | None = None, seed: int = 0,
+                  family: str = "llama", **config: Any):  # fmt: skip
+    """A tiny random target whose greedy continuations vary (large init), with the tiny-debug tokenizer.
+
+    ``family``: ``llama``; ``qwen3`` (per-head QK-norm); ``gemma3`` (sliding-window layers mixed with global ones,
+    window 4 so short tests cross it, QK-norm, embeddings scaled by sqrt(d), sandwich norms, GELU, tied head);
+    ``mistral`` (every layer sliding, window 4). ``init``: the weights' std (default 0.3; Gemma 0.02: with its
+    scaled, tied embeddings a larger one repeats the last token).
+    ``config``: other config fields (e.g. heads and widths of a real model's shape, for timings).
     """
-    from transformers import LlamaConfig, LlamaForCausalLM
+    import transformers as tf
 
     from .targets import load_target
 
@@ -39,16 +47,31 @@ def random_target(vocab: int = 260, hidden: int = 64, layers: int = 4, init: flo
         "num_hidden_layers": layers,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
-        "initializer_range": init,
+        "initializer_range": init if init is not None else 0.02 if family == "gemma3" else 0.3,
         "tie_word_embeddings": False,
         "max_position_embeddings": 512,
         "eos_token_id": None,
         "bos_token_id": None,
         "pad_token_id": 0,
     }
-    cfg = LlamaConfig(**{**fields, **config})  # derived fields (head_dim) follow the overrides
+    if family == "qwen3":
+        fields["head_dim"] = hidden // 4
+        cfg_cls, model_cls = tf.Qwen3Config, tf.Qwen3ForCausalLM
+    elif family == "gemma3":
+        pattern = ["sliding_attention", "sliding_attention", "full_attention"]
+        fields.update(head_dim=hidden // 4, query_pre_attn_scalar=hidden // 4, sliding_window=4,
+                      layer_types=[pattern[i % 3] for i in range(layers)], tie_word_embeddings=True)  # fmt: skip
+        cfg_cls, model_cls = tf.Gemma3TextConfig, tf.Gemma3ForCausalLM
+    elif family == "mistral":
+        fields["sliding_window"] = 4
+        cfg_cls, model_cls = tf.MistralConfig, tf.MistralForCausalLM
+    elif family == "llama":
+        cfg_cls, model_cls = tf.LlamaConfig, tf.LlamaForCausalLM
+    else:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    cfg = cfg_cls(**{**fields, **config})  # derived fields (head_dim) follow the overrides
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).eval()
+    model = model_cls(cfg).eval()
     return load_target(model, layer_ids=list(range(min(3, layers - 1))), tokenizer=load_target("tiny-debug").tokenizer)
 
 

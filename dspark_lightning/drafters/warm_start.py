@@ -27,6 +27,9 @@ class WarmStart:
     """copy the target's final norm into the drafter's (else the fresh ones of docs/algorithm.md §3.1)"""
 
 
+# Target families whose decoder layer is the drafter's layer (pre-norm RMSNorm with weight w, SwiGLU, RoPE). Not
+# Gemma: its norms scale by (1 + w), its MLP is GELU and it adds post-attention and post-MLP norms.
+SAME_LAYERS = ("llama", "mistral", "qwen2", "qwen3")
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 _MLP = ("gate_proj", "up_proj", "down_proj")
 
@@ -44,6 +47,13 @@ def _copy(dst: nn.Module, src: nn.Module, what: str) -> None:
 def warm_start(drafter: nn.Module, target, cfg: WarmStart) -> list[int]:
     """Initialise ``drafter`` (a :class:`~dspark_lightning.drafters.Drafter` with a dense backbone) from
     ``target``; returns the copied target layer ids."""
+    kind = getattr(target.model.config, "model_type", "?")
+    if kind not in SAME_LAYERS:
+        raise ValueError(
+            f"model.warm_start copies target layers into Qwen3-style drafter layers, which compute the same function "
+            f"only for {', '.join(SAME_LAYERS)} targets; this target is {kind!r} (its norms, activation or layer "
+            "layout differ): remove model.warm_start to train from the standard initialisation"
+        )
     bb = getattr(drafter, "backbone", None)
     layers = getattr(bb, "layers", None)
     if layers is None or not hasattr(bb, "fc"):

@@ -120,7 +120,7 @@ def export_serving(
     finish = None
     if fmt == "dspark-hf":
         notes = check_dspark(drafter)
-        notes += refuse_dspark(drafter, HEADS.get(type(drafter.seq_head)), server)
+        notes += refuse_dspark(drafter, HEADS.get(type(drafter.seq_head)), server, target)
         state = dspark_state(drafter, with_target_vocab)
         config = dspark_config(drafter, target, tdtype, int(num_anchors))
         dspark_additions(config, state, drafter, server)
@@ -132,7 +132,7 @@ def export_serving(
                 f"per-position STS temperatures have no server config key: written to {CALIBRATION_FILE} "
                 "(read back by load_drafter; SGLang's scalar sts_temperatures is not set)"
             )
-        gguf, why_not = gguf_wanted(drafter, HEADS.get(type(drafter.seq_head)), server)
+        gguf, why_not = gguf_wanted(drafter, HEADS.get(type(drafter.seq_head)), server, target)
         notes += why_not
         if gguf:
             finish = _gguf_writer(

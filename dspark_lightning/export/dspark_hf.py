@@ -35,6 +35,7 @@ from .common import (
     vocab_maps,
 )
 from .files import DrafterLoadError, weights_sha256
+from .servers import scaled_embedding
 
 ARCH = "Qwen3DSparkModel"
 HEADS = {VanillaMarkovHead: "vanilla", GatedMarkovHead: "gated", RNNHead: "rnn"}
@@ -155,7 +156,7 @@ def dspark_state(drafter: Drafter, with_target_vocab: bool = False) -> dict[str,
         state.update(vocab_maps(drafter.draft_vocab, drafter.geometry.vocab_size))
         state["lm_head.weight"] = drafter.draft_head_weight().detach().clone()
     if with_target_vocab:  # for server builds that insist on the drafter's own copies
-        state["embed_tokens.weight"] = drafter.embed.weight.detach().clone()
+        state["embed_tokens.weight"] = scaled_embedding(drafter)
         state.setdefault("lm_head.weight", drafter.lm_head.weight.detach().clone())
     return state
 
@@ -304,7 +305,7 @@ def _load_weights(drafter: Drafter, state: dict[str, torch.Tensor]) -> None:
     missing, unexpected = drafter.load_state_dict(ours, strict=False)
     if missing or unexpected:
         raise ValueError(f"missing tensors {sorted(missing)[:4]}, unexpected {sorted(unexpected)[:4]}")
-    shared = {"embed_tokens.weight": drafter.embed.weight, "lm_head.weight": drafter.draft_head_weight()}
+    shared = {"embed_tokens.weight": scaled_embedding(drafter), "lm_head.weight": drafter.draft_head_weight()}
     for name, ref in shared.items():
         if name in state and not _equal_up_to_rounding(state[name], ref):
             raise ValueError(

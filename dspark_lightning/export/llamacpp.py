@@ -150,6 +150,12 @@ def check_target(tdir: Path) -> None:
         arch = (json.loads((tdir / "config.json").read_text()).get("architectures") or ["?"])[0]
     except (OSError, ValueError):
         arch = "?"
+    check_target_arch(arch)
+
+
+def check_target_arch(arch: str) -> None:
+    """Refuse an HF architecture whose llama.cpp graph does not record layer inputs (e.g. ``Gemma3ForCausalLM``:
+    ``src/models/gemma3.cpp`` never sets ``t_layer_inp``, and ``llm_graph_result`` asserts it when asked)."""
     if arch not in LAYER_INPUT_TARGETS:
         known = ", ".join(sorted(LAYER_INPUT_TARGETS))
         raise InteropError(

@@ -51,7 +51,7 @@ def serving_format(drafter: Any) -> str:
     return "dspark-hf" if isinstance(drafter, Drafter) else "eagle3-hf"
 
 
-def check_servable(drafter: Any, servers: list[str]) -> None:
+def check_servable(drafter: Any, servers: list[str], target: Any = None) -> None:
     """Raise :class:`InteropError` in one line naming the servers and the option when ``drafter`` (trained or not)
     could not be exported for one of ``servers``."""
     if not servers:
@@ -60,7 +60,7 @@ def check_servable(drafter: Any, servers: list[str]) -> None:
         if serving_format(drafter) == "dspark-hf":
             check_dspark(drafter, trained=False)
             for server in servers:
-                refuse_dspark(drafter, HEADS.get(type(drafter.seq_head)), server)
+                refuse_dspark(drafter, HEADS.get(type(drafter.seq_head)), server, target)
         else:
             check_eagle3(drafter, trained=False)
             for server in servers:

@@ -43,7 +43,7 @@ def wanted(server: str | None) -> tuple[str, ...]:
     return () if server is None else STRICT_IN_ALL if server == "all" else (server,)
 
 
-def gguf_wanted(drafter: Any, head_type: str | None, server: str | None) -> tuple[bool, list[str]]:
+def gguf_wanted(drafter: Any, head_type: str | None, server: str | None, target: Any = None) -> tuple[bool, list[str]]:
     """Whether to write llama.cpp's GGUF: always for ``llamacpp`` (its rules ran in :func:`refuse_dspark`), for
     ``all`` when llama.cpp's rules pass (else a note says why not)."""
     if server == "llamacpp":
@@ -51,34 +51,55 @@ def gguf_wanted(drafter: Any, head_type: str | None, server: str | None) -> tupl
     if server != "all":
         return False, []
     try:
-        _llamacpp_dspark(drafter, head_type)
+        _llamacpp_dspark(drafter, head_type, target)
     except InteropError as exc:
         return False, [f"no draft.gguf in this all-servers folder: {exc}"]
     return True, []
 
 
 # --- dspark-hf --------------------------------------------------------------------------------------------------
-def refuse_dspark(drafter: Any, head_type: str | None, server: str | None) -> list[str]:
-    """Raise :class:`InteropError` naming the server for what it would load wrongly or reject; return notes."""
+def refuse_dspark(drafter: Any, head_type: str | None, server: str | None, target: Any = None) -> list[str]:
+    """Raise :class:`InteropError` naming the server for what it would load wrongly or reject; return notes.
+    ``target`` (when known) adds the rules about the target itself (its architecture in llama.cpp)."""
     notes = []
     for name in wanted(server):
-        notes += _DSPARK_RULES[name](drafter, head_type)
+        notes += _DSPARK_RULES[name](drafter, head_type, target)
     return notes
 
 
-def _vllm_dspark(drafter: Any, head_type: str | None) -> list[str]:
+def embed_scale(drafter: Any) -> float:
+    """The factor the target's embedding module multiplies its rows by (Gemma: sqrt(d)); the drafter embeds its block
+    tokens with that module, so a server must embed with the same scaled rows."""
+    scale = getattr(drafter.embed, "embed_scale", None)
+    return 1.0 if scale is None else float(scale)
+
+
+def scaled_embedding(drafter: Any) -> torch.Tensor:
+    """The rows the drafter's block input reads: the target's embedding times its scale (a copy)."""
+    w = drafter.embed.weight.detach()
+    scale = embed_scale(drafter)
+    return w.clone() if scale == 1.0 else w * torch.tensor(scale, dtype=w.dtype)
+
+
+def _vllm_dspark(drafter: Any, head_type: str | None, target: Any = None) -> list[str]:
     if head_type in ("gated", "rnn"):
         raise InteropError(
             f"vllm: markov_head_type {head_type!r} is refused: vLLM's Qwen3 DSpark loader has no "
             f"markov_head.{'gate_proj' if head_type == 'gated' else 'joint_proj'} and raises on it; "
             "train a vanilla head or export with --server sglang"
         )
+    notes = []
+    if embed_scale(drafter) != 1.0:
+        notes.append(
+            f"vllm: the target scales its token embeddings by {embed_scale(drafter):.4g}: wrote the scaled rows as "
+            "embed_tokens, which vLLM's Qwen3 DSpark loads as its own instead of sharing the target's"
+        )
     if head_type is None:
-        return ["vllm: markov_rank 0 builds an empty Markov head in vLLM's Qwen3DSparkModel (not run here)"]
-    return []
+        notes.append("vllm: markov_rank 0 builds an empty Markov head in vLLM's Qwen3DSparkModel (not run here)")
+    return notes
 
 
-def _sglang_dspark(drafter: Any, head_type: str | None) -> list[str]:
+def _sglang_dspark(drafter: Any, head_type: str | None, target: Any = None) -> list[str]:
     if head_type is None:
         raise InteropError(
             "sglang: markov_rank 0 (a DFlash drafter) is refused: SGLang's DSpark model requires markov_rank > 0; "
@@ -96,10 +117,16 @@ def _sglang_dspark(drafter: Any, head_type: str | None) -> list[str]:
             "but static, even with enable_confidence_head false, and raises on its missing weights; "
             "train with a confidence head"
         )
+    if embed_scale(drafter) != 1.0:
+        raise InteropError(
+            f"sglang: the target scales its token embeddings by {embed_scale(drafter):.4g} (Gemma) and the drafter "
+            "embeds with those scaled rows; SGLang's DSpark model is not checked to load a drafter's own embed_tokens "
+            "instead of the target's unscaled table; export --server vllm or deepspec"
+        )
     return []
 
 
-def _deepspec_dspark(drafter: Any, head_type: str | None) -> list[str]:
+def _deepspec_dspark(drafter: Any, head_type: str | None, target: Any = None) -> list[str]:
     if drafter.draft_vocab is not None:
         raise InteropError(
             "deepspec: a reduced draft vocabulary is refused: DeepSpec's Qwen3DSparkModel has a (vocab_size, d) "
@@ -108,7 +135,7 @@ def _deepspec_dspark(drafter: Any, head_type: str | None) -> list[str]:
     return []
 
 
-def _llamacpp_dspark(drafter: Any, head_type: str | None) -> list[str]:
+def _llamacpp_dspark(drafter: Any, head_type: str | None, target: Any = None) -> list[str]:
     if head_type is None:
         raise InteropError(
             "llamacpp: markov_rank 0 (a DFlash drafter) is refused: --spec-type draft-dspark asserts the Markov "
@@ -120,6 +147,11 @@ def _llamacpp_dspark(drafter: Any, head_type: str | None) -> list[str]:
             f"llamacpp: markov_head_type {head_type!r} is refused: llama.cpp's converter and graph know the vanilla "
             "Markov head only; train seq_head vanilla or export with --server sglang"
         )
+    if target is not None:
+        from .llamacpp import check_target_arch
+
+        model = target.model  # a model built from a config names no architectures: its class is the name
+        check_target_arch((getattr(model.config, "architectures", None) or [type(model).__name__])[0])
     return []
 
 
@@ -136,9 +168,11 @@ def dspark_additions(cfg: dict[str, Any], state: dict[str, torch.Tensor], drafte
     names = wanted(server)
     if "vllm" in names:
         cfg["dflash_config"] = {**(cfg.get("dflash_config") or {}), "mask_token_id": drafter.mask_token_id}
+    if "vllm" in names and embed_scale(drafter) != 1.0:
+        state["embed_tokens.weight"] = scaled_embedding(drafter)
     if "deepspec" in names:
         cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": drafter.geometry.rope_theta}
-        state["embed_tokens.weight"] = drafter.embed.weight.detach().clone()
+        state["embed_tokens.weight"] = scaled_embedding(drafter)
         state["lm_head.weight"] = drafter.lm_head.weight.detach().clone()
 
 

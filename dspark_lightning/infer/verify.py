@@ -51,9 +51,40 @@ class HFVerifier:
                 f"target {target.name!r}: its KV cache has sliding-window or non-standard layers; "
                 "the verifier supports full-attention HF caches (DynamicCache with DynamicLayer)"
             )
+        self.windows = target.windows
+        if len(self.windows) > 1:
+            self._check_mask_mapping(target)
         self.kv = RaggedCache(layers, flat=layout == "flat", device=self.device)
         self.pad_id = 0
         self.held: dict[int, int] = {}  # request id -> committed length (host-side, for compaction checks)
+
+    @staticmethod
+    def _check_mask_mapping(target) -> None:
+        """Sliding-window layers beside global ones get their own mask: the model's forward must take one mask per
+        layer type (HF models with ``layer_types`` read ``attention_mask`` as a dict keyed by type), else one 4D mask
+        would give every layer the same attention, a different function."""
+        import inspect
+
+        try:
+            src = inspect.getsource(type(target.decoder).forward)
+        except (OSError, TypeError):
+            src = ""
+        if "causal_mask_mapping" not in src:
+            raise NotImplementedError(
+                f"target {target.name!r}: sliding-window layers, and its forward takes no per-layer-type masks; "
+                "the verifier cannot give those layers their window"
+            )
+
+    def _masks(self, allowed: torch.Tensor, q_owner, q_pos, S_old: int) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The attention mask(s) of one forward: one 4D mask when every layer attends alike, else one per layer type;
+        a sliding layer's keys are cut to its window (HF's rule: positions > q - window)."""
+        model, L = self.target.model, q_pos.shape[1]
+        masks = {}
+        for kind, window in self.windows.items():
+            ok = allowed if window is None else self.kv.attend(q_owner, q_pos, window=window - 1)
+            ok[:, torch.arange(L), S_old + torch.arange(L)] = True
+            masks[kind] = attention_mask_4d(ok, model, self.dtype)
+        return masks if len(masks) > 1 else next(iter(masks.values()))
 
     def remove(self, ids: list[int]) -> None:
         if ids:
@@ -86,7 +117,7 @@ class HFVerifier:
         allowed[:, torch.arange(L), S_old + torch.arange(L)] = True  # padding queries see themselves (no NaN)
         out = self.target(
             inp,
-            attention_mask=attention_mask_4d(allowed, self.target.model, self.dtype),
+            attention_mask=self._masks(allowed, q_owner, q_pos, S_old),
             past_key_values=self.cache,
             position_ids=q_pos,
             use_cache=True,

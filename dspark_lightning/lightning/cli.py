@@ -65,6 +65,7 @@ class DSparkCLI(LightningCLI):
         parser.link_arguments("data.target", "model.target")
         parser.link_arguments("data.layer_ids", "model.layer_ids")
         parser.link_arguments("data.system_prompt", "model.system_prompt")
+        parser.link_arguments("data.chat_template", "model.chat_template")
         parser.link_arguments("data.target_dtype", "model.target_dtype")
         parser.add_argument("--validate_before_fit", type=bool, default=True, help="validate once at step 0 (τ̂ start)")
         parser.add_argument(
@@ -127,7 +128,7 @@ class DSparkCLI(LightningCLI):
         except (RuntimeError, TypeError, IndexError) as exc:
             raise checks.UsageError(f"the recipe's model or data cannot be built: {one_line_error(exc)}") from None
         check_built(self.model)
-        check_servable(self.model.drafter, servers)  # the recipe's servers, before any data work
+        check_servable(self.model.drafter, servers, self.model.target)  # the recipe's servers, before any data work
         if self.subcommand == "fit" and locks.is_primary_process():  # the ranks of one run share its folders
             for folder in (cfg.get("trainer", {}).get("default_root_dir"), cfg.get("data", {}).get("work_dir")):
                 if folder and "://" not in str(folder):

@@ -38,6 +38,8 @@ class DSparkDataModule(L.LightningDataModule):
             recipe without one would otherwise train against some default target without saying so).
         layer_ids: tapped target layers (null = the docs/algorithm.md §3.2 rule).
         system_prompt: system prompt of the shared chat format (null = the template's default).
+        chat_template: a Jinja chat template for a target without one (a base model; null = the tokenizer's own,
+            else raw concatenated text): how its prompts and responses are laid out in every stage.
         sources: registered prompt sources, each ``{name: ..., <its args>}`` (see ``dspark_lightning.data.sources``).
         heldout_fraction: fraction of prompts held out for validation / evaluation / calibration.
         split_seed: seed of the hash-based train / held-out split.
@@ -74,6 +76,7 @@ class DSparkDataModule(L.LightningDataModule):
         target: str,
         layer_ids: list[int] | None = None,
         system_prompt: str | None = None,
+        chat_template: str | None = None,
         sources: list[dict[str, Any]] | None = None,
         heldout_fraction: float = 0.05,
         split_seed: int = 42,
@@ -106,6 +109,7 @@ class DSparkDataModule(L.LightningDataModule):
         if cache_url is not None and not streaming:
             raise ValueError("data.cache_url is read by the streaming reader: set data.streaming: true")
         self.target_name, self.layer_ids, self.system_prompt = target, layer_ids, system_prompt
+        self.chat_template = chat_template
         self.sources = list(sources if sources is not None else DEFAULT_SOURCES)
         for spec in self.sources:  # unknown source names / arguments fail here, before any expensive work
             build_source(spec)
@@ -135,7 +139,7 @@ class DSparkDataModule(L.LightningDataModule):
     def _target_kwargs(self) -> dict[str, Any]:
         return {
             "layer_ids": self.layer_ids,
-            "chat": ChatFormat(system_prompt=self.system_prompt),
+            "chat": ChatFormat(system_prompt=self.system_prompt, template=self.chat_template),
             "dtype": resolve_dtype(self.target_dtype, "auto"),
         }
 
@@ -158,6 +162,8 @@ class DSparkDataModule(L.LightningDataModule):
             return load_target(self.target_name, **kw, device=device)
 
         target_id = {"name": self.target_name, "layer_ids": self.layer_ids, "system_prompt": self.system_prompt}
+        if self.chat_template is not None:  # data prepared before the key existed keeps its fingerprint
+            target_id["chat_template"] = self.chat_template
         kind = self.prepare_device or ("cuda" if torch.cuda.is_available() else "cpu")
         target_id["dtype"] = dtype_name(resolve_dtype(self.target_dtype, kind))  # the data depends on it too
 

@@ -56,6 +56,7 @@ class DSparkModule(L.LightningModule):
         target: embedded target name or HF model path (linked from ``data.target``).
         layer_ids: tapped target layers (linked from ``data.layer_ids``; null = the docs/algorithm.md §3.2 rule).
         system_prompt: chat format system prompt (linked from ``data.system_prompt``).
+        chat_template: chat template of a target without one (linked from ``data.chat_template``).
         target_dtype: the frozen target's dtype (linked from ``data.target_dtype``; null = bf16 when CUDA is
             available, else fp32). Under a ``*-true`` precision it must be that precision's dtype, since the drafter
             shares the target's embedding and LM head.
@@ -83,6 +84,7 @@ class DSparkModule(L.LightningModule):
         target: str = "tiny-debug",
         layer_ids: list[int] | None = None,
         system_prompt: str | None = None,
+        chat_template: str | None = None,
         mask_token_id: int | None = None,
         loss: LossConfig | None = None,
         optim: OptimConfig | None = None,
@@ -98,7 +100,7 @@ class DSparkModule(L.LightningModule):
         check_hparams(self.loss_cfg, self.optim_cfg, block_size)
         self.curriculum = [p if isinstance(p, Phase) else Phase(**p) for p in curriculum or []]
         check_curriculum(self.curriculum, block_size)
-        chat = ChatFormat(system_prompt=system_prompt)
+        chat = ChatFormat(system_prompt=system_prompt, template=chat_template)
         tgt = load_target(target, layer_ids=layer_ids, chat=chat, dtype=resolve_dtype(target_dtype, "auto"))
         self.__dict__["_target"] = tgt  # not a sub-module: never trained, saved or wrapped by DDP
         self.drafter = build_drafter(tgt, block_size, drafter=drafter, backbone=backbone, seq_head=seq_head,

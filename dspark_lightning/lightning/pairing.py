@@ -38,7 +38,7 @@ _FIX = {
     "layer_ids": "model.layer_ids = data.layer_ids",
     "hidden_size": "the same target on both sides",
     "vocab_size": "the same target on both sides",
-    "chat format": "model.system_prompt = data.system_prompt",
+    "chat format": "model.system_prompt = data.system_prompt, model.chat_template = data.chat_template",
     "target dtype": "model.target_dtype = data.target_dtype",
 }
 

@@ -127,15 +127,38 @@ def _tokenizer_next_to(name_or_path: str) -> Any:
         ) from exc
 
 
+MASK_NAMES = ("<mask>", "[MASK]", "<|mask|>")  # a tokenizer's own mask token, where it has one
+RESERVED_NAMES = ("<unused0>", "<|reserved_special_token_0|>", "<|reserved_0|>")  # never-trained reserved tokens
+
+
 def default_mask_token_id(target: Target) -> int:
-    """A token id that never occurs in templated data (docs/algorithm.md §3.1): a known unused special token."""
+    """A token id that never occurs in templated data (docs/algorithm.md §3.1), for any target: the embedded
+    target's known token; else the tokenizer's own mask token (Gemma's ``<mask>``); else the first padded embedding
+    row past the tokenizer (Qwen3's choice: a row no text encodes to); else a reserved unused token; else the last
+    additional special token that is not BOS / EOS / PAD; else the last row."""
     tok = target.tokenizer
     token = MASK_TOKENS.get(target.name)
     if token is not None:
         return int(tok.convert_tokens_to_ids(token))
+    V = target.geometry.vocab_size
+    unk = getattr(tok, "unk_token_id", None)
+    vocab = tok.get_vocab()
+
+    def known(name: str | None) -> int | None:
+        tid = vocab.get(name) if name else None
+        return int(tid) if tid is not None and tid != unk and 0 <= tid < V else None
+
+    for name in (getattr(tok, "mask_token", None), *MASK_NAMES):
+        if (tid := known(name)) is not None:
+            return tid
+    if len(tok) < V:
+        return len(tok)
+    for name in RESERVED_NAMES:
+        if (tid := known(name)) is not None:
+            return tid
     used = {tok.eos_token_id, tok.bos_token_id, tok.pad_token_id}
     for t in reversed(getattr(tok, "additional_special_tokens", None) or []):
         tid = tok.convert_tokens_to_ids(t)
         if tid not in used:
             return int(tid)
-    return int(target.geometry.vocab_size - 1)
+    return int(V - 1)

