@@ -96,7 +96,24 @@ def _vllm_dspark(drafter: Any, head_type: str | None, target: Any = None) -> lis
         )
     if head_type is None:
         notes.append("vllm: markov_rank 0 builds an empty Markov head in vLLM's Qwen3DSparkModel (not run here)")
+    arch = target_arch(target)
+    if arch is not None and arch not in VLLM_CHECKED_TARGETS:
+        notes.append(f"vllm: target architecture {arch!r}: the drafter taps its layers' hidden states, which vLLM must "
+                     "emit for this architecture (its EAGLE-3 auxiliary states); not checked here")  # fmt: skip
     return notes
+
+
+# Target architectures whose vLLM model emits the auxiliary hidden states a DSpark drafter taps (``SupportsEagle3`` in
+# copies of vllm/model_executor/models/{llama,qwen3}.py in the index); for the others the export says it is unchecked.
+VLLM_CHECKED_TARGETS = ("LlamaForCausalLM", "Qwen3ForCausalLM")
+
+
+def target_arch(target: Any) -> str | None:
+    """The target's HF architecture name (a model built from a config names none: its class is the name)."""
+    if target is None:
+        return None
+    model = target.model
+    return (getattr(model.config, "architectures", None) or [type(model).__name__])[0]
 
 
 def _sglang_dspark(drafter: Any, head_type: str | None, target: Any = None) -> list[str]:
@@ -150,8 +167,7 @@ def _llamacpp_dspark(drafter: Any, head_type: str | None, target: Any = None) ->
     if target is not None:
         from .llamacpp import check_target_arch
 
-        model = target.model  # a model built from a config names no architectures: its class is the name
-        check_target_arch((getattr(model.config, "architectures", None) or [type(model).__name__])[0])
+        check_target_arch(target_arch(target))
     return []
 
 

@@ -267,6 +267,37 @@ class DSparkDataModule(L.LightningDataModule):
                 "fit does not regenerate or extract features on a machine with an accelerator"
             )
         job.run(rank=0, world_size=1)
+        self.report_roofline()
+
+    def report_roofline(self) -> list[dict]:
+        """Print each data stage's tokens/s against this machine's roof and store the table in
+        ``prepare_stats.json`` (``roofline``): the matrix-product throughput in the stage's dtype and the read
+        bandwidth, measured here in a few seconds (:func:`~dspark_lightning.profiling.roofline.stage_roofline`).
+        Timings are of the run that did the work; on another machine than the one that prepared, the roofs differ."""
+        from ..atomic import atomic_write
+        from ..devices import cpu_model
+        from ..profiling import roofline as rf
+
+        path = DataPaths(Path(self.work_dir)).stats
+        try:
+            stats = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return []
+        device = torch.device(self._device())
+        target = self.target
+        regen = self._resolved_regen(device.type)
+        regen_dtype = resolve_dtype(regen.dtype, device) if regen.dtype is not None else target.dtype
+        dtypes = {target.dtype, regen_dtype}
+        flops = {str(d).removeprefix("torch."): rf.matmul_flops(device=device, dtype=d) for d in dtypes}
+        bandwidth = rf.memory_bandwidth(device=device)
+        rows = rf.stage_roofline(target, stats, flops, bandwidth, regen_dtype, regen.concurrency)
+        if rows:
+            print("[dspark-lightning] " + rf.stage_text(rows, flops, bandwidth), flush=True)
+            stats["roofline"] = {"device": cpu_model() if device.type == "cpu" else str(device), "rows": rows,
+                                 "matmul_gflop_s": {k: round(v / 1e9, 1) for k, v in flops.items()},
+                                 "read_gb_s": round(bandwidth / 1e9, 2)}  # fmt: skip
+            atomic_write(path, json.dumps(stats, indent=2) + "\n")
+        return rows
 
     def setup(self, stage: str | None = None) -> None:
         if not self._checked:

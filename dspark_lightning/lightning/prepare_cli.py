@@ -116,6 +116,7 @@ def _prepare(dm: DSparkDataModule, cfg: Any, job: Any, rank: int, world: int, la
         job.run(rank, world)
     if rank == 0 and job.is_done():
         print(f"[dspark-lightning] prepared data for {world} rank(s) -> {DataPaths(Path(dm.work_dir)).prepared}")
+        dm.report_roofline()
         if cfg.verify:
             _verify(dm)
     elif world > 1 and not launched:

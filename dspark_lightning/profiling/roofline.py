@@ -120,6 +120,60 @@ def roofline_text(rows: list[dict], nbytes: StepBytes, machine: Machine, context
     return "\n".join(lines)
 
 
+# --- the data stages ---------------------------------------------------------------------------------------------
+def stage_roofline(target, stats: dict, machine_flops: dict[str, float], bandwidth: float,
+                   regen_dtype: torch.dtype, concurrency: int) -> list[dict]:  # fmt: skip
+    """How close each data stage of ``prepare`` came to this machine's roof (``prepare_stats.json``'s ``stats``).
+
+    - regeneration decodes: per new token a step reads the weights once for the ``concurrency`` requests it serves
+      and computes 2 flops per weight (plus attention over the context); its roof is the lower of the compute roof
+      and ``concurrency`` tokens per weight read, in the regeneration dtype;
+    - features are one prefill forward per conversation, decoder layers only (the cache holds the final-norm hidden
+      states; the LM head runs at training time): compute-bound.
+    Attention is counted over half the mean conversation length (the features' ``tokens / samples``).
+    ``machine_flops``: matrix-product flop/s per dtype name; ``bandwidth``: read bytes/s."""
+    nb = step_bytes(target)
+    g = target.geometry
+    head = g.vocab_size * g.hidden_size
+    feats = [v for k, v in stats.items() if k.startswith("features_") and v.get("samples")]
+    mean_len = sum(v["tokens"] for v in feats) / max(1, sum(v["samples"] for v in feats)) if feats else 256
+    attn = nb.attn_per_pair * mean_len / 2
+    rows = []
+    for name, st in stats.items():
+        if not isinstance(st, dict) or not st.get("tokens") or not (st.get("wall_s") or st.get("seconds")):
+            continue
+        if name.startswith("regenerate_"):
+            dt = str(regen_dtype).removeprefix("torch.")
+            per_tok = 2 * nb.params + attn
+            weight_bytes = nb.params * torch.empty((), dtype=regen_dtype).element_size()
+            compute = machine_flops[dt] / per_tok
+            memory = concurrency * bandwidth / weight_bytes
+            roof, bound = (compute, "compute") if compute <= memory else (memory, f"memory at {concurrency} requests")
+        elif name.startswith("features_"):
+            dt = str(target.dtype).removeprefix("torch.")
+            per_tok = 2 * (nb.params - head) + attn
+            roof, bound = machine_flops[dt] / per_tok, "compute"
+        else:
+            continue
+        tok_s = st["tokens"] / (st.get("seconds") or st["wall_s"])
+        rows.append({"stage": name, "dtype": dt, "tokens": int(st["tokens"]), "tok_s": round(tok_s, 1),
+                     "gflop_per_tok": round(per_tok / 1e9, 3), "gflop_s": round(tok_s * per_tok / 1e9, 1),
+                     "roof_tok_s": round(roof, 1), "of_roof": round(tok_s / roof, 3), "bound": bound})  # fmt: skip
+    return rows
+
+
+def stage_text(rows: list[dict], machine_flops: dict[str, float], bandwidth: float) -> str:
+    roofs = ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in machine_flops.items())
+    head = "  stage                 dtype      tokens     tok/s   GFLOP/tok   GFLOP/s   roof tok/s   of roof   bound"
+    lines = [f"data stages against this machine's roof (matrix products: {roofs}; read bandwidth "
+             f"{bandwidth / 1e9:.1f} GB/s):", head]  # fmt: skip
+    for r in rows:
+        lines.append(f"  {r['stage']:<20}  {r['dtype']:<8}  {r['tokens']:8d}  {r['tok_s']:8.1f}   "
+                     f"{r['gflop_per_tok']:9.3f}   {r['gflop_s']:7.1f}   {r['roof_tok_s']:10.1f}   "
+                     f"{r['of_roof']:6.1%}   {r['bound']}")  # fmt: skip
+    return "\n".join(lines)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)

@@ -191,3 +191,19 @@ def test_target_dtype(tmp_path):
     assert datamodule(tmp_path, target_dtype="bf16").target.model.dtype == torch.bfloat16
     with pytest.raises(ValueError, match="int8"):
         datamodule(tmp_path, target_dtype="int8")
+
+
+def test_prepare_prints_and_stores_each_stage_against_the_roof(tmp_path, capsys):
+    """The end of `prepare` says how close regeneration and feature extraction came to this machine's roof, and
+    prepare_stats.json keeps the table (a stage without work, here none, has no row)."""
+    work = tmp_path / "data"
+    code, out, _ = cli(["prepare", "--config", TINY, f"--data.work_dir={work}", *DATA], capsys)
+    assert code == 0
+    assert "data stages against this machine's roof" in out
+    doc = json.loads(DataPaths(work).stats.read_text())["roofline"]
+    stages = {r["stage"] for r in doc["rows"]}
+    assert {"regenerate_train", "features_train", "features_heldout"} <= stages
+    assert all(0 < r["of_roof"] and r["roof_tok_s"] > 0 and r["tok_s"] > 0 for r in doc["rows"])
+    assert doc["read_gb_s"] > 0 and doc["matmul_gflop_s"]["float32"] > 0
+    for r in doc["rows"]:
+        assert f"{r['stage']:<20}" in out

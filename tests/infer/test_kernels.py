@@ -135,3 +135,29 @@ def test_step_bytes_and_roofline_arithmetic(tiny_target):
     assert rows[1]["x_floor"] == pytest.approx(1.0)
     assert "x floor" in rf.roofline_text(rows, sb, machine, 10)
     assert rf.memory_bandwidth(nbytes=1 << 20, repeats=1) > 0 and rf.matmul_flops(n=64, repeats=1) > 0
+
+
+def test_data_stage_roofline_arithmetic(tiny_target):
+    """Regeneration: 2 flops per weight and token, roofed by compute or by one weight read per step of `concurrency`
+    tokens; features: the decoder layers only (no LM head), compute-bound."""
+    nb = rf.step_bytes(tiny_target)
+    g = tiny_target.geometry
+    head = g.vocab_size * g.hidden_size
+    stats = {
+        "regenerate_train": {"tokens": 1000, "seconds": 2.0, "wall_s": 2.5},
+        "features_train": {"tokens": 4000, "samples": 40, "wall_s": 1.0},
+        "curation": {"sources": {}},  # not a stage
+    }
+    flops, bw = {"float32": 1e9}, 1e9
+    rows = rf.stage_roofline(tiny_target, stats, flops, bw, torch.float32, concurrency=4)
+    regen, feats = rows
+    attn = nb.attn_per_pair * 100 / 2  # half the mean conversation length (4000 / 40)
+    assert regen["stage"] == "regenerate_train" and regen["tok_s"] == 500.0  # decode seconds, not wall
+    assert regen["gflop_per_tok"] == pytest.approx((2 * nb.params + attn) / 1e9, abs=1e-3)
+    compute, memory = 1e9 / (2 * nb.params + attn), 4 * 1e9 / (4 * nb.params)
+    assert regen["roof_tok_s"] == pytest.approx(min(compute, memory), rel=1e-3)
+    assert regen["bound"] == ("compute" if compute <= memory else "memory at 4 requests")
+    assert feats["tok_s"] == 4000.0 and feats["bound"] == "compute"
+    assert feats["roof_tok_s"] == pytest.approx(1e9 / (2 * (nb.params - head) + attn), rel=1e-3)
+    assert feats["of_roof"] == pytest.approx(4000.0 / feats["roof_tok_s"], rel=1e-2)
+    assert "of roof" in rf.stage_text(rows, flops, bw)

@@ -444,3 +444,10 @@ def test_warm_start_refuses_a_target_whose_layers_are_not_the_drafters(gemma):
 
     with pytest.raises(ValueError, match="this target is 'gemma3_text'"):
         warm_start(drafter(gemma), gemma, WarmStart())
+
+
+def test_vllm_export_says_when_the_targets_hidden_states_are_unchecked(gemma, tmp_path, targets):
+    _, _, res = exported(drafter(gemma), gemma, tmp_path, "vllm")
+    assert any("target architecture 'Gemma3ForCausalLM'" in n and "not checked" in n for n in res.notes)
+    _, _, res = exported(drafter(targets["four"]), targets["four"], tmp_path, "vllm")
+    assert not any("target architecture" in n for n in res.notes)
