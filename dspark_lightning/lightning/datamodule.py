@@ -288,7 +288,7 @@ class DSparkDataModule(L.LightningDataModule):
         regen = self._resolved_regen(device.type)
         regen_dtype = resolve_dtype(regen.dtype, device) if regen.dtype is not None else target.dtype
         dtypes = {target.dtype, regen_dtype}
-        flops = {str(d).removeprefix("torch."): rf.matmul_flops(device=device, dtype=d) for d in dtypes}
+        flops = {str(d).removeprefix("torch."): rf.best_matmul_flops(device=device, dtype=d) for d in dtypes}
         bandwidth = rf.memory_bandwidth(device=device)
         rows = rf.stage_roofline(target, stats, flops, bandwidth, regen_dtype, regen.concurrency)
         if rows:

@@ -48,6 +48,13 @@ def matmul_flops(n: int = 1024, repeats: int = 5, device: torch.device | None = 
     return 2 * n**3 / best
 
 
+def best_matmul_flops(device: torch.device | None = None, dtype: torch.dtype = torch.float32,
+                      sizes: tuple[int, ...] = (1024, 2048)) -> float:  # fmt: skip
+    """The compute roof for a data stage: the best product throughput over a few sizes (a large forward's products
+    reach the larger size's rate, which a single 1024-cube measurement can understate on a busy or throttled CPU)."""
+    return max(matmul_flops(n=n, repeats=5 if n <= 1024 else 3, device=device, dtype=dtype) for n in sizes)
+
+
 @dataclass
 class StepBytes:
     """Bytes a verification step must read: the weights (once per step) and the KV cache (per cached token)."""
