@@ -33,6 +33,7 @@ def run(cmd: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     from dspark_lightning import load_target
+    from dspark_lightning.atomic import atomic_write
     from dspark_lightning.devices import cpu_model
     from dspark_lightning.export import llamacpp as lc
     from dspark_lightning.export import load_drafter, read_config, recorded_target_args
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         spec = lc.speculative_command(gguf, draft, PROMPT, 32, n_max=drafter.block_size, threads=2)
         report["draft_dspark"] = run(spec)
         draft.unlink()  # a 300 MB artefact of this check, not kept
-    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    atomic_write(out / "report.json", json.dumps(report, indent=1) + "\n")
     print(json.dumps({k: v.get("returncode") if isinstance(v, dict) else v for k, v in report.items()}, indent=1))
 
 

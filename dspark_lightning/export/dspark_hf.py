@@ -305,9 +305,9 @@ def _load_weights(drafter: Drafter, state: dict[str, torch.Tensor]) -> None:
     missing, unexpected = drafter.load_state_dict(ours, strict=False)
     if missing or unexpected:
         raise ValueError(f"missing tensors {sorted(missing)[:4]}, unexpected {sorted(unexpected)[:4]}")
-    shared = {"embed_tokens.weight": scaled_embedding(drafter), "lm_head.weight": drafter.draft_head_weight()}
+    shared = {"embed_tokens.weight": lambda: scaled_embedding(drafter), "lm_head.weight": drafter.draft_head_weight}
     for name, ref in shared.items():
-        if name in state and not _equal_up_to_rounding(state[name], ref):
+        if name in state and not _equal_up_to_rounding(state[name], ref()):
             raise ValueError(
                 f"{name} differs from the target's: this drafter owns its {name.split('.')[0]}, "
                 "ours share the target's (load it with the target it was trained for)"

@@ -77,7 +77,8 @@ class HFVerifier:
 
     def _masks(self, allowed: torch.Tensor, q_owner, q_pos, S_old: int) -> torch.Tensor | dict[str, torch.Tensor]:
         """The attention mask(s) of one forward: one 4D mask when every layer attends alike, else one per layer type;
-        a sliding layer's keys are cut to its window (HF's rule: positions > q - window)."""
+        a sliding layer's keys are cut to its window (HF's rule: positions > q - window). Padding queries see
+        themselves (no NaN)."""
         model, L = self.target.model, q_pos.shape[1]
         masks = {}
         for kind, window in self.windows.items():
@@ -113,8 +114,6 @@ class HFVerifier:
         S_old = self.kv.length
         self.kv.append(q_owner, q_pos)
         allowed = self.kv.attend(q_owner, q_pos)  # (rows, L, S_old + L)
-        L = inp.shape[1]
-        allowed[:, torch.arange(L), S_old + torch.arange(L)] = True  # padding queries see themselves (no NaN)
         out = self.target(
             inp,
             attention_mask=self._masks(allowed, q_owner, q_pos, S_old),

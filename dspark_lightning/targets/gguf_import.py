@@ -113,37 +113,36 @@ def write_sentencepiece(gguf: Path, out: Path) -> bool:
 
 
 def import_gguf(gguf: str | Path, out: str | Path, overwrite: bool = False) -> Path:
-    """Write the HF model directory of ``gguf`` into ``out`` (built beside it and renamed into place). Returns ``out``.
+    """Write the HF model directory of ``gguf`` into ``out``. Returns ``out``.
 
-    An existing ``out`` made from the same file (same sha256) is kept; another one needs ``overwrite``."""
-    import shutil
-
-    from .embedded import build_once
+    An existing ``out`` made from the same file (same sha256) is kept; another one needs ``overwrite``. The folder is
+    built beside ``out`` and swapped in (:func:`~dspark_lightning.atomic.atomic_dir`: fsync'd, and a full disk, an
+    error or a kill leaves the previous folder as it was)."""
+    from ..atomic import atomic_dir
 
     src, final = Path(gguf).expanduser(), Path(out).expanduser()
     _check_gguf(src)
     digest = sha256_file(src)
     rec_file = final / IMPORT_RECORD
-    if final.exists():
+    if final.exists() and any(final.iterdir()):
         same = rec_file.is_file() and json.loads(rec_file.read_text()).get("sha256") == digest
         if same and (final / "config.json").is_file():
             return final
         if not overwrite:
             raise FileExistsError(f"{final} exists (not an import of {src.name}); pass --overwrite to replace it")
-        shutil.rmtree(final)
-
-    def build(tmp: Path) -> None:
-        log.warning("importing %s into %s (one time: dequantising the weights, converting the tokenizer)", src, final)
-        model, tok = load_gguf(src)
+    log.warning("importing %s into %s (one time: dequantising the weights, converting the tokenizer)", src, final)
+    model, tok = load_gguf(src)
+    with atomic_dir(final, tag="import", what="target import") as tmp:
         write_hf_dir(model, tok, tmp, {"gguf": src.name, "sha256": digest, "architecture": model.config.model_type})
         write_sentencepiece(src, tmp)
-
-    return build_once(final, build)
+    return final
 
 
 def run_target(argv: list[str]) -> None:
     """``dspark-lightning target import --gguf FILE --out DIR``: a GGUF as an HF model directory (prints it)."""
     import argparse
+
+    from ..locks import folder_lock
 
     ap = argparse.ArgumentParser(prog="dspark-lightning target", description=run_target.__doc__)
     sub = ap.add_subparsers(dest="what", required=True)
@@ -152,4 +151,6 @@ def run_target(argv: list[str]) -> None:
     imp.add_argument("--out", required=True, help="the HF model directory to write (data.target in a recipe)")
     imp.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     a = ap.parse_args(argv)
-    print(import_gguf(a.gguf, a.out, overwrite=a.overwrite))
+    out = Path(a.out).expanduser()
+    with folder_lock(out.parent, "target import"):  # one writer of <out> (it is swapped in as a whole)
+        print(import_gguf(a.gguf, out, overwrite=a.overwrite))

@@ -68,3 +68,47 @@ def test_import_refuses_bad_input_in_one_line(tiny_gguf, tmp_path, capsys):
         assert e.value.code == 2 and len(err) == 1 and err[0].startswith("dspark-lightning target: error: "), err
         assert words in err[0], err[0]
     assert (busy / "notes.txt").read_text() == "mine" and not (tmp_path / "o").exists()
+
+
+def test_a_second_writer_is_refused_and_a_failed_import_keeps_the_previous(tiny_gguf, tmp_path, capsys, monkeypatch):
+    import os
+    import subprocess
+    import sys
+
+    from dspark_lightning.cli import main
+    from dspark_lightning.targets import gguf_import
+
+    out = tmp_path / "targets" / "tiny"
+    hold = (
+        "import sys, time; from dspark_lightning import locks; locks.acquire(sys.argv[1], 'x'); "
+        "print('ok', flush=True); time.sleep(300)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", hold, str(out.parent)], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    try:
+        assert proc.stdout.readline().strip() == "ok"
+        with pytest.raises(SystemExit) as e:
+            main(["target", "import", "--gguf", str(tiny_gguf[1]), "--out", str(out)])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert e.value.code == 2 and len(err) == 1 and f"pid {proc.pid}" in err[0] and "in use" in err[0], err
+        assert not out.exists()
+    finally:
+        proc.kill()
+        proc.wait()
+    main(["target", "import", "--gguf", str(tiny_gguf[1]), "--out", str(out)])
+    capsys.readouterr()
+    record = out / "dspark_import.json"
+    record.write_text(json.dumps({**json.loads(record.read_text()), "sha256": "0" * 64}))  # another file's import
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+
+    def broken(*_a, **_k):
+        raise OSError(28, "No space left on device")  # the disk fills while the new folder is written
+
+    monkeypatch.setattr(gguf_import, "write_sentencepiece", broken)
+    with pytest.raises(SystemExit):
+        main(["target", "import", "--gguf", str(tiny_gguf[1]), "--out", str(out), "--overwrite"])
+    err = capsys.readouterr().err.strip().splitlines()
+    errors = [ln for ln in err if "error:" in ln]  # transformers' progress bars come first
+    assert errors == err[-1:] and err[-1].startswith("dspark-lightning target: error: ") and str(out) in err[-1], err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before  # the previous import, whole
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".tiny.")]  # no temp folder left
