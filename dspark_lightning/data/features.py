@@ -240,3 +240,108 @@ def extract_features(
     The returned iterator's ``.stats`` (:class:`ExtractionStats`) holds tokens and compute seconds.
     """
     return FeatureStream(target, tokenized, feature_dtype, batch_tokens, progress)
+
+
+UNSUMMARISED = -1  # target_top of a captured sample's unsupervised positions (its law is not computed there)
+
+
+def captured_sample(row: dict, captured: dict, max_length: int, min_supervised: int = 1) -> dict | None:
+    """A feature sample of tokenised ``row`` from the features its regeneration computed, or ``None`` when they do
+    not belong to it (the row then takes the feature pass).
+
+    ``captured`` (``data.regenerate``'s capture): ``tokens``, the rendered prompt (``prompt_len`` tokens) and the
+    response tokens as the target sampled them, and ``context`` / ``hidden`` of positions ``0..n-1`` (``n =
+    len(tokens) - 1``: the final sampled token was never run). The sample is those tokens, cut to ``max_length``: the
+    response as the target emits it when serving, not its text re-encoded (which may split differently). It belongs
+    to ``row`` when the row renders the same prompt; the loss mask is the row's over the prompt and 1 over the
+    response. Position ``n``, when kept, is the final token (an end-of-turn), whose features are zeros: training never
+    reads them (the last position is neither an anchor nor the target law of a label). Template glue after the
+    end-of-turn token is not part of the sample."""
+    tokens, P = captured["tokens"], captured["prompt_len"]
+    n = captured["context"].shape[0]
+    ids = row["input_ids"]
+    shared = min(P, len(ids))
+    if list(ids[:shared]) != list(tokens[:shared]):
+        return None
+    S = min(len(tokens), max_length)
+    mask = [*row["loss_mask"][: min(P, S)], *[1] * (S - min(P, S))]
+    if sum(mask) < min_supervised:
+        return None
+    context, hidden = captured["context"][:S], captured["hidden"][:S]
+    if S == n + 1:
+        context = torch.cat([context, context.new_zeros((1, context.shape[1]))])
+        hidden = torch.cat([hidden, hidden.new_zeros((1, hidden.shape[1]))])
+    return {
+        "id": row["id"],
+        "domain": row.get("domain", ""),
+        "input_ids": torch.tensor(tokens[:S], dtype=torch.int32),
+        "loss_mask": torch.tensor(mask, dtype=torch.uint8),
+        "context": context,
+        "hidden": hidden,
+    }
+
+
+class CapturedFeatureStream(Iterator[dict]):
+    """Feature samples from regeneration's captures where they cover a row (:func:`captured_sample`), then the
+    feature pass (:class:`FeatureStream`) over the rest. ``parts`` yields ``{id: captured}`` batches; features are
+    rounded to ``feature_dtype`` and get the target-law summary like the pass's.
+
+    The target-law summary of a captured sample is computed where its loss mask is 1, the only positions a loss
+    term reads it at (elsewhere: log-sum-exp 0, argmax :data:`UNSUMMARISED`); most of a conversation is its prompt.
+
+    ``stats`` counts the feature pass (its tokens and compute seconds: what the roofline compares);
+    ``captured_samples`` / ``captured_tokens`` / ``summary_s`` the rest."""
+
+    def __init__(self, target: Any, tokenized: list[dict], parts: Iterator[dict], feature_dtype: str, max_length: int,
+                 batch_tokens: int = 4096, progress: bool = True, min_supervised: int = 1) -> None:  # fmt: skip
+        self.target, self.tokenized, self.parts, self.max_length = target, tokenized, parts, max_length
+        self.feature_dtype = resolve_feature_dtype(feature_dtype)
+        self.batch_tokens, self.progress, self.min_supervised = batch_tokens, progress, min_supervised
+        self.stats = ExtractionStats()
+        self.captured_samples = self.captured_tokens = 0
+        self.summary_s = 0.0
+        self.fallback: list[dict] = []
+        self._gen = self._run()
+
+    def __next__(self) -> dict:
+        return next(self._gen)
+
+    def _run(self) -> Iterator[dict]:
+        by_id = {r["id"]: r for r in self.tokenized}
+        done: set[str] = set()
+        for part in self.parts:
+            samples = []
+            for sid, cap in part.items():
+                if sid in by_id and sid not in done:
+                    s = captured_sample(by_id[sid], cap, self.max_length, self.min_supervised)
+                    if s is not None:
+                        samples.append(s)
+                        done.add(sid)
+            yield from self._finish(samples)
+        self.fallback = [r for r in self.tokenized if r["id"] not in done]
+        if self.fallback:
+            stream = FeatureStream(self.target, self.fallback, self.feature_dtype, self.batch_tokens, self.progress)
+            yield from stream
+            self.stats = stream.stats
+
+    def _finish(self, samples: list[dict]) -> Iterator[dict]:
+        if not samples:
+            return
+        t0 = time.perf_counter()
+        dt = self.feature_dtype
+        for s in samples:
+            s["context"], s["hidden"] = s["context"].float().to(dt), s["hidden"].float().to(dt)
+        # the law of supervised positions only: a loss term at position t reads it only where loss_mask[t] = 1
+        sel = [s["loss_mask"].bool() for s in samples]
+        rows = torch.cat([s["hidden"][m] for s, m in zip(samples, sel, strict=True)])
+        lse, top = target_law_summary(self.target, rows.float())
+        self.summary_s += time.perf_counter() - t0
+        at = 0
+        for s, m in zip(samples, sel, strict=True):
+            S, k = s["hidden"].shape[0], int(m.sum())
+            s["target_lse"] = torch.zeros(S, dtype=torch.float32).masked_scatter_(m, lse[at : at + k])
+            s["target_top"] = torch.full((S,), UNSUMMARISED, dtype=torch.int32).masked_scatter_(m, top[at : at + k])
+            at += k
+            self.captured_samples += 1
+            self.captured_tokens += S
+            yield s

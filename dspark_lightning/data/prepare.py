@@ -35,9 +35,9 @@ from .. import checks
 from ..atomic import atomic_write
 from .cache import FeatureCache, cache_meta, describe_estimate, merge_caches, write_cache
 from .curate import needs_tokenizer
-from .features import extract_features, tokenize_conversations
+from .features import CapturedFeatureStream, extract_features, tokenize_conversations
 from .mixture import curated_mixture, mixture
-from .regenerate import generation_settings, load_conversations, regenerate, same_settings
+from .regenerate import generation_settings, load_captured, load_conversations, regenerate, same_settings
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "heldout")
@@ -75,12 +75,20 @@ class RegenConfig:
     responses are then the bf16 target's, while features and labels still come from the target itself. ``fastest``:
     bf16 where this machine runs it faster (CUDA; a CPU with bf16 units, measured once), else the target's own
     precision; the data's fingerprint records what it chose."""
+    capture_features: bool = False
+    """backend dspark, cached features: keep the target features the regeneration computes (prompt prefill, each
+    response token) and cache those instead of running the target again over every conversation; rows they do not
+    cover (a response the tokeniser re-encodes differently, fixed text) still take the feature pass. The features
+    are then those of the regenerating copy (``dtype``): benchmarks/results/data/capture_drift/ measures how far bf16
+    ones sit from fp32 serving."""
 
     def __post_init__(self) -> None:
         from .regenerate import BACKENDS
 
         if self.backend not in BACKENDS:
             raise ValueError(f"data.regen.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.capture_features and self.backend != "dspark":
+            raise ValueError("data.regen.capture_features needs backend: dspark (the features come from our engine)")
         if self.backend == "openai":
             self.server()  # checks base_url and model now, not after the target is loaded
         elif self.base_url is not None or self.model is not None:
@@ -97,15 +105,16 @@ class RegenConfig:
     def settings(self) -> dict[str, Any]:
         """What :func:`regenerate` takes (``dtype`` chooses the target it is given; the server fields are one
         ``server``)."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("dtype", *_SERVER_FIELDS)}
+        out = {k: v for k, v in asdict(self).items() if k not in ("dtype", "capture_features", *_SERVER_FIELDS)}
         return {**out, "server": self.server()}
 
     def identity(self) -> dict[str, Any]:
         """What the prepared data depends on: every field, ``dtype`` only when set and the server's URL and model only
         for backend openai (older fingerprints stay valid); timeouts and retries never change the data."""
         out = asdict(self)
-        if out["dtype"] is None:
-            del out["dtype"]
+        for k in ("dtype", "capture_features"):  # unset: older fingerprints stay valid
+            if not out[k]:
+                del out[k]
         for k in _SERVER_FIELDS:
             if self.backend != "openai" or k in ("timeout_s", "retries"):
                 del out[k]
@@ -350,12 +359,17 @@ class PrepareJob:
         extra = {} if self.regen.dtype is None else {"regen_dtype": self.regen.dtype}
         cfg = generation_settings(target, seed=self.seed, extra_settings=extra, **self.regen.settings())
         self._seed_from_merged(split, part, {p.id: p for p in mine}, cfg)
+        capture = rd / f"captured_{split}" if self._captures() else None
         st = regenerate(target, mine, part, seed=self.seed, progress=self.progress, extra_settings=extra,
-                        **self.regen.settings())  # fmt: skip
+                        capture_dir=capture, **self.regen.settings())  # fmt: skip
         if st["written"]:  # a fully resumed stage keeps the statistics of the run that did the work
             stats[f"regenerate_{split}"] = {**st, "wall_s": time.perf_counter() - t0}
         fixed = f" ({st['fixed']} of them fixed text, not decoded)" if st.get("fixed") else ""
         _log(f"  {st['written']} written{fixed}, {st['skipped']} reused from the file")
+
+    def _captures(self) -> bool:
+        """Whether regeneration keeps its features for the cache (``regen.capture_features`` with cached features)."""
+        return self.regen.capture_features and self.features == "cached"
 
     def _seed_from_merged(self, split: str, part: Path, prompts: dict[str, Any], cfg: dict[str, Any]) -> None:
         """Start a new rank file from an earlier merged JSONL (an older layout, or a recipe that changed elsewhere),
@@ -383,8 +397,15 @@ class PrepareJob:
         ntok = sum(len(r["input_ids"]) for r in rows)
         _log(f"feature cache {out}: " + describe_estimate(ntok, target, self.feature_dtype, len(rows)))
         t0 = time.perf_counter()
-        stream = extract_features(target, rows, feature_dtype=self.feature_dtype, progress=self.progress)
-        meta = cache_meta(target, self.feature_dtype, split=split)
+        captured = rd / f"captured_{split}"
+        if self._captures() and captured.is_dir():
+            stream = CapturedFeatureStream(target, rows, load_captured(captured), self.feature_dtype, self.max_length,
+                                           progress=self.progress, min_supervised=self.min_supervised)  # fmt: skip
+            source = {"feature_source": f"regeneration ({self.regen.dtype or str(target.dtype)}) where captured"}
+        else:
+            stream = extract_features(target, rows, feature_dtype=self.feature_dtype, progress=self.progress)
+            source = {}
+        meta = cache_meta(target, self.feature_dtype, split=split, **source)
         write_cache(
             stream,
             out,
@@ -400,6 +421,12 @@ class PrepareJob:
             "tokens_per_s": stream.stats.tokens_per_second,
             "cache_bytes": sum(f.stat().st_size for f in out.iterdir()),
         }
+        if isinstance(stream, CapturedFeatureStream):  # the pass above ran only over the rows captures missed
+            stats[f"features_{split}"].update(samples=len(stream.fallback), captured_samples=stream.captured_samples,
+                                              captured_tokens=stream.captured_tokens,
+                                              summary_s=round(stream.summary_s, 2))  # fmt: skip
+            _log(f"  {stream.captured_samples} of {len(rows)} conversations cached from regeneration's features, "
+                 f"{len(stream.fallback)} through the feature pass")  # fmt: skip
 
     # --- merge ---------------------------------------------------------------------------------------------------
     def merge(self, world_size: int) -> dict[str, Any]:

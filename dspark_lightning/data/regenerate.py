@@ -40,7 +40,7 @@ from typing import Any
 import torch
 
 from .. import checks
-from ..atomic import append_durable, atomic_writer
+from ..atomic import append_durable, atomic_write, atomic_writer
 from .sources import PromptRecord
 
 log = logging.getLogger(__name__)
@@ -209,11 +209,13 @@ def _split_output(target: Any, out: list[int]) -> tuple[str, int, bool]:
 class EngineRegenerator:
     """Continuous batching over conversations with our decoding engine (see the module docstring)."""
 
-    def __init__(self, target: Any, cfg: dict[str, Any], concurrency: int) -> None:
-        from ..infer.generation import generation_engine  # data/'s one seam into the runtime
+    def __init__(self, target: Any, cfg: dict[str, Any], concurrency: int, capture: bool = False) -> None:
+        from ..infer.generation import FeatureTrace, generation_engine  # data/'s one seam into the runtime
 
         self.target, self.cfg, self.concurrency = target, cfg, concurrency
-        self.engine = generation_engine(target, cfg["temperature"], cfg["top_k"], cfg["top_p"])
+        self.trace = FeatureTrace() if capture else None
+        self.engine = generation_engine(target, cfg["temperature"], cfg["top_k"], cfg["top_p"], trace=self.trace)
+        self.captured: dict[str, dict[str, Any]] = {}  # record id -> its last turn's features (capture only)
 
     def answer(self, recs: list[PromptRecord]) -> tuple[list[dict], int, int]:
         """Regenerate every turn of ``recs``; returns (rows in input order, generated tokens, rows dropped)."""
@@ -235,10 +237,30 @@ class EngineRegenerator:
                 eng.step()
             for r in [r for r in eng.requests if r.done and r.rid in running]:
                 i, t = running.pop(r.rid)
-                if conv.answer(i, *_split_output(self.target, r.output)) and t + 1 < len(conv.turns[i]):
+                kept = conv.answer(i, *_split_output(self.target, r.output))
+                if kept and t + 1 < len(conv.turns[i]):
                     waiting.appendleft((i, t + 1))  # the conversation's next turn goes first
+                if self.trace is not None:
+                    self._capture(recs[i].id, r, last=kept and t + 1 >= len(conv.turns[i]))
             eng.requests = [r for r in eng.requests if not r.done]  # finished requests leave the engine
         return conv.result()
+
+    def _capture(self, rid: str, r: Any, last: bool) -> None:
+        """Keep the features of a conversation's last turn: its whole rendered history was prefilled and every
+        response token but the final one (never fed back) was run, so positions 0..n-1 of ``tokens`` have them."""
+        context, hidden = self.trace.pop(r.rid)
+        if not last:
+            return
+        tokens = [*r.prompt, *r.output]
+        n = len(tokens) - 1
+        if context.shape[0] < n:  # cannot happen with a complete trace; the row then takes the feature pass
+            return
+        self.captured[rid] = {"tokens": tokens, "prompt_len": len(r.prompt), "context": context[:n].clone(),
+                              "hidden": hidden[:n].clone()}  # fmt: skip
+
+    def take_captured(self, ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The captured features of ``ids`` (those that have them), forgotten here."""
+        return {i: self.captured.pop(i) for i in ids if i in self.captured}
 
 
 def _answer_batch(target: Any, recs: list[PromptRecord], cfg: dict[str, Any]) -> tuple[list[dict], int, int]:
@@ -403,6 +425,7 @@ def regenerate(
     progress: bool = True,
     extra_settings: dict[str, Any] | None = None,
     server: Any = None,
+    capture_dir: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Answer every user turn of ``prompts`` with ``target`` and append rows to ``out_path`` (resumable).
 
@@ -412,6 +435,9 @@ def regenerate(
     ``concurrency`` conversations in flight).
     ``temperature=0`` is greedy. Rows with an empty response at any turn are dropped. ``extra_settings`` are recorded
     in every row's ``gen`` and checked on resume like the sampling settings (prepare records ``regen_dtype`` there).
+    ``capture_dir`` (backend ``dspark``): the target features of each conversation's last turn, as the decoding
+    computed them, are saved there (:func:`save_captured`, one file per batch, written before the batch's rows) so
+    that the feature stage needs no second forward for them (:mod:`.features`' ``captured_sample``).
     Returns stats:
     ``written``, ``skipped`` (already in the file), ``dropped_empty``, ``tokens``, ``seconds``, ``tokens_per_s``.
     """
@@ -425,6 +451,8 @@ def regenerate(
         raise ValueError(f"regenerate: duplicate prompt ids {dup[:5]} (rows are keyed by id)")
     if backend not in BACKENDS:
         raise ValueError(f"regenerate: backend must be one of {BACKENDS}, got {backend!r}")
+    if capture_dir is not None and backend != "dspark":
+        raise ValueError(f"regenerate: capturing features needs backend 'dspark' (our engine), not {backend!r}")
     if (backend == "openai") != (server is not None):
         raise ValueError("regenerate: backend 'openai' needs a server (base_url and model), and only it takes one")
     for name, value in (("batch_size", batch_size), ("concurrency", concurrency), ("max_new_tokens", max_new_tokens)):
@@ -458,8 +486,10 @@ def regenerate(
 
     start = time.perf_counter()
     bar = tqdm(total=len(prompts), initial=stats["skipped"], unit="conv", desc="regenerate", disable=not progress)
+    engine_regen = None
     if backend == "dspark":
-        worker, step = EngineRegenerator(target, cfg, concurrency).answer, max(batch_size, 4 * concurrency)
+        engine_regen = EngineRegenerator(target, cfg, concurrency, capture=capture_dir is not None)
+        worker, step = engine_regen.answer, max(batch_size, 4 * concurrency)
     elif backend == "openai":
         from .regen_server import ServerRegenerator
 
@@ -469,6 +499,10 @@ def regenerate(
         worker, step = (lambda recs: _answer_batch(target, recs, cfg)), batch_size
     for b in range(0, len(todo), step):
         rows, n_tok, dropped = worker(todo[b : b + step])
+        if capture_dir is not None and rows:  # before the rows: a row on file may lack features, never the reverse
+            stats["captured"] = stats.get("captured", 0) + save_captured(
+                capture_dir, engine_regen.take_captured(row["id"] for row in rows)
+            )
         if rows:  # one durable append per batch; a failed one (a full disk) is cut back, never half a row
             append_durable(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
         stats["written"] += len(rows)
@@ -482,6 +516,30 @@ def regenerate(
     if stats["dropped_empty"]:
         log.warning("regenerate: dropped %d conversations with an empty response", stats["dropped_empty"])
     return stats
+
+
+def save_captured(directory: str | os.PathLike, captured: dict[str, dict[str, Any]]) -> int:
+    """Write one batch of captured features (``{id: {"tokens", "context", "hidden"}}``) as a new ``part-*.pt`` file
+    of ``directory``, atomically; returns how many conversations it holds."""
+    import io
+
+    if not captured:
+        return 0
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
+    torch.save(captured, buf)
+    k = len(list(d.glob("part-*.pt")))
+    while (d / f"part-{k:05d}.pt").exists():
+        k += 1
+    atomic_write(d / f"part-{k:05d}.pt", buf.getvalue())
+    return len(captured)
+
+
+def load_captured(directory: str | os.PathLike) -> Iterable[dict[str, dict[str, Any]]]:
+    """The batches :func:`save_captured` wrote into ``directory``, one dict at a time (none if it does not exist)."""
+    for part in sorted(Path(directory).glob("part-*.pt")):
+        yield torch.load(part, map_location="cpu", weights_only=True)
 
 
 def load_conversations(path: str | os.PathLike) -> list[dict]:

@@ -110,6 +110,7 @@ class Engine:
         self._extend_s = 0.0  # last round's drafter-cache update time (part of the drafting cost)
         self.backlog = ContextBacklog()  # features of skipped steps, extended when drafting resumes
         self.clock = RoundClock(dev)  # device-timeline intervals, read after the round's own synchronisations
+        self.trace = None  # an optional FeatureTrace (infer.generation): the target features of committed positions
 
     @property
     def block_size(self) -> int:
@@ -157,6 +158,8 @@ class Engine:
         if self.proposer is not None:
             self.proposer.add(ids)
             self.proposer.extend(ids, out.context, torch.zeros_like(lengths_h), lengths_h, hidden=out.hidden)
+        if self.trace is not None:
+            self.trace.extend(ids, out.context, out.hidden, lengths_h)
         now = time.perf_counter()
         for r, tok in zip(new, first, strict=True):
             r.anchor, r.pos, r.t_first = tok, len(r.prompt), now
@@ -189,6 +192,8 @@ class Engine:
         clock.span(t_verify, t_verified, self._adder("verify"))
         result = self._accept(batch, proposal, p, lengths, survivals)
         committed = self._commit(batch, result, lengths)
+        if self.trace is not None:  # the anchor and the accepted drafts: the positions this round committed
+            self.trace.extend(batch.ids, out.context, out.hidden, torch.tensor(result.accepted) + 1)
         t_committed = clock.mark()
         clock.span(t_verified, t_committed, self._adder("accept"))
         if self.proposer is not None:

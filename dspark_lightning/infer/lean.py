@@ -40,7 +40,7 @@ def attention(q, K, V, mask, causal: bool, scale: float, gqa: bool, fp32: bool =
     whose bf16 output is token for token HF ``generate()``'s (tests/infer/test_devices.py)."""
     if fp32 and q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16):
         dtype, m = q.dtype, mask.float() if mask is not None and mask.is_floating_point() else mask
-        q, K, V = q.float(), K.float(), V.float()
+        q, K, V = q.float(), K.float(), V.float()  # K, V: no copy from the verifier's fp32 cache
         out = F.scaled_dot_product_attention(q, K, V, attn_mask=m, is_causal=causal, scale=scale, enable_gqa=gqa)
         return out.to(dtype)
     return F.scaled_dot_product_attention(q, K, V, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa)
@@ -120,7 +120,7 @@ class LeanVerifier:
             raise NotImplementedError(f"the lean verifier cannot run target {target.name!r}: {why}; use verifier='hf'")
         self.target = target
         self.layout = layout
-        self.fp32_attention = False  # see attention(); set by infer.generation for regeneration
+        self._fp32_attention = False  # see attention() and the property; set by infer.generation for regeneration
         self.progress = progress
         p = next(target.model.parameters())
         self.device, self.dtype = p.device, p.dtype
@@ -157,6 +157,21 @@ class LeanVerifier:
         self.v: list[torch.Tensor] = []
         self._alloc(0, capacity)
 
+    @property
+    def fp32_attention(self) -> bool:
+        """Attention in fp32 over a bf16/fp16 target on a CPU (see :func:`attention`); the KV cache is then kept in
+        fp32 too, so a step casts only its own new entries, never the whole context."""
+        return self._fp32_attention
+
+    @fp32_attention.setter
+    def fp32_attention(self, on: bool) -> None:
+        self._fp32_attention = bool(on)
+        self._alloc(self.k[0].shape[0] if self.k else 0, self.cap)
+
+    def _cache_dtype(self) -> torch.dtype:
+        wide = self._fp32_attention and self.device.type == "cpu" and self.dtype in (torch.bfloat16, torch.float16)
+        return torch.float32 if wide else self.dtype
+
     def linears(self) -> list[Linear]:
         return _products(self.layers, self.head)
 
@@ -172,10 +187,10 @@ class LeanVerifier:
 
     # --- cache -----------------------------------------------------------------------------
     def _alloc(self, rows: int, cap: int) -> None:
-        shape = (rows, self.Hkv, cap, self.Dh)
+        shape, dtype = (rows, self.Hkv, cap, self.Dh), self._cache_dtype()
         old_k, old_v = self.k, self.v
-        self.k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
-        self.v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.layers]
+        self.k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in self.layers]
+        self.v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in self.layers]
         for new, old in zip(self.k + self.v, old_k + old_v, strict=False):
             r, s = min(rows, old.shape[0]), min(cap, old.shape[2])
             new[:r, :, :s] = old[:r, :, :s]
@@ -296,6 +311,7 @@ class LeanVerifier:
             if L.q_norm is not None:
                 q, k = rms_norm(q, L.q_norm), rms_norm(k, L.k_norm)
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+            k, v = k.to(self.k[li].dtype), v.to(self.k[li].dtype)  # an fp32 cache under fp32 attention
             if single:  # every row writes the same columns: a plain slice
                 self.k[li][rows, :, c0 : c0 + W] = k
                 self.v[li][rows, :, c0 : c0 + W] = v
