@@ -26,7 +26,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -82,8 +82,17 @@ class RegenConfig:
     are then those of the regenerating copy (``dtype``): benchmarks/results/data/capture_drift/ measures how far bf16
     ones sit from fp32 serving."""
 
+    answers_per_prompt: int = 1
+    """train prompts answered this many times, each from its own sampling stream (the extra answers' ids are
+    ``<prompt id>#<j>``); needs ``temperature > 0`` (greedy answers repeat). DeepSpec regenerates at T = 0.7, top-p
+    0.8. Held-out prompts are answered once."""
+
     def __post_init__(self) -> None:
         from .regenerate import BACKENDS
+
+        checks.at_least("data.regen.answers_per_prompt", self.answers_per_prompt, 1)
+        if self.answers_per_prompt > 1 and not self.temperature:
+            raise ValueError("data.regen.answers_per_prompt > 1 needs temperature > 0: greedy answers are all the same")
 
         if self.backend not in BACKENDS:
             raise ValueError(f"data.regen.backend must be one of {BACKENDS}, got {self.backend!r}")
@@ -105,15 +114,16 @@ class RegenConfig:
     def settings(self) -> dict[str, Any]:
         """What :func:`regenerate` takes (``dtype`` chooses the target it is given; the server fields are one
         ``server``)."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("dtype", "capture_features", *_SERVER_FIELDS)}
+        skip = ("dtype", "capture_features", "answers_per_prompt", *_SERVER_FIELDS)  # prepare acts on these
+        out = {k: v for k, v in asdict(self).items() if k not in skip}
         return {**out, "server": self.server()}
 
     def identity(self) -> dict[str, Any]:
         """What the prepared data depends on: every field, ``dtype`` only when set and the server's URL and model only
         for backend openai (older fingerprints stay valid); timeouts and retries never change the data."""
         out = asdict(self)
-        for k in ("dtype", "capture_features"):  # unset: older fingerprints stay valid
-            if not out[k]:
+        for k, unset in (("dtype", None), ("capture_features", False), ("answers_per_prompt", 1)):
+            if out[k] == unset:  # older fingerprints stay valid
                 del out[k]
         for k in _SERVER_FIELDS:
             if self.backend != "openai" or k in ("timeout_s", "retries"):
@@ -178,6 +188,16 @@ def prompts_by_split(
     return {
         s: mixture(sources, s, heldout_fraction, split_seed, curation=curation, tokenizer=tokenizer) for s in SPLITS
     }
+
+
+def several_answers(prompts: list, k: int) -> list:
+    """Each prompt to be answered, then ``k - 1`` copies under ids ``<id>#1 .. <id>#<k-1>``: the answers' sampling
+    streams are seeded from the id, so each copy gets its own answer (fixed text is kept once)."""
+    if k == 1:
+        return prompts
+    return [
+        q for p in prompts for q in (p, *([] if p.responses else [replace(p, id=f"{p.id}#{j}") for j in range(1, k)]))
+    ]
 
 
 def tokenized_split(target: Any, paths: DataPaths, split: str, ids: set[str], max_length: int, min_sup: int) -> list:
@@ -280,7 +300,9 @@ class PrepareJob:
 
     @cached_property
     def prompts(self) -> dict[str, list]:
-        return prompts_by_split(self.sources, self.heldout_fraction, self.split_seed, self.curation, self._tokenizer())
+        out = prompts_by_split(self.sources, self.heldout_fraction, self.split_seed, self.curation, self._tokenizer())
+        out["train"] = several_answers(out["train"], self.regen.answers_per_prompt)
+        return out
 
     @cached_property
     def curation_report(self) -> Any:

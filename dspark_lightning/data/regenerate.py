@@ -122,11 +122,14 @@ class _Conversations:
         self.n_tok: list[list[int]] = [[] for _ in recs]
         self.stopped: list[list[bool]] = [[] for _ in recs]
         self.alive, self.tokens = set(range(len(recs))), 0
+        self.prompt_tokens = 0  # rendered prompt tokens of the turns asked (the prefill work)
 
     def ask(self, target: Any, i: int, t: int) -> tuple[list[int], int]:
         """Append user turn t of conversation i; returns its rendered prompt ids and its sampling seed."""
         self.history[i].append({"role": "user", "content": self.turns[i][t]})
-        return target.render_prompt(self.history[i]), _row_seed(self.cfg["seed"], self.recs[i].id, t)
+        prompt = target.render_prompt(self.history[i])
+        self.prompt_tokens += len(prompt)
+        return prompt, _row_seed(self.cfg["seed"], self.recs[i].id, t)
 
     def budget(self, i: int, prompt: list[int]) -> int:
         """New tokens this turn may take: ``max_new_tokens``, cut to the target's positions after the prompt; a
@@ -216,6 +219,8 @@ class EngineRegenerator:
         self.trace = FeatureTrace() if capture else None
         self.engine = generation_engine(target, cfg["temperature"], cfg["top_k"], cfg["top_p"], trace=self.trace)
         self.captured: dict[str, dict[str, Any]] = {}  # record id -> its last turn's features (capture only)
+        self.on_finished: Any = None  # called with 1 as each conversation ends (a progress bar's update)
+        self.prompt_tokens = 0  # prompt tokens prefilled so far (with the generated ones: the target's work)
 
     def answer(self, recs: list[PromptRecord]) -> tuple[list[dict], int, int]:
         """Regenerate every turn of ``recs``; returns (rows in input order, generated tokens, rows dropped)."""
@@ -230,6 +235,7 @@ class EngineRegenerator:
                 prompt, seed = conv.ask(self.target, i, t)
                 budget = conv.budget(i, prompt)
                 if not budget:
+                    self._finished()
                     continue
                 req = eng.add([prompt], budget, seeds=[seed])[0]
                 running[req.rid] = (i, t)
@@ -240,10 +246,17 @@ class EngineRegenerator:
                 kept = conv.answer(i, *_split_output(self.target, r.output))
                 if kept and t + 1 < len(conv.turns[i]):
                     waiting.appendleft((i, t + 1))  # the conversation's next turn goes first
+                else:
+                    self._finished()
                 if self.trace is not None:
                     self._capture(recs[i].id, r, last=kept and t + 1 >= len(conv.turns[i]))
             eng.requests = [r for r in eng.requests if not r.done]  # finished requests leave the engine
+        self.prompt_tokens += conv.prompt_tokens
         return conv.result()
+
+    def _finished(self) -> None:
+        if self.on_finished is not None:
+            self.on_finished(1)
 
     def _capture(self, rid: str, r: Any, last: bool) -> None:
         """Keep the features of a conversation's last turn: its whole rendered history was prefilled and every
@@ -490,6 +503,7 @@ def regenerate(
     if backend == "dspark":
         engine_regen = EngineRegenerator(target, cfg, concurrency, capture=capture_dir is not None)
         worker, step = engine_regen.answer, max(batch_size, 4 * concurrency)
+        engine_regen.on_finished = bar.update  # the bar moves as each conversation ends, not once per batch
     elif backend == "openai":
         from .regen_server import ServerRegenerator
 
@@ -508,10 +522,13 @@ def regenerate(
         stats["written"] += len(rows)
         stats["dropped_empty"] += dropped
         stats["tokens"] += n_tok
-        bar.update(len(rows) + dropped)
+        if engine_regen is None:
+            bar.update(len(rows) + dropped)
         bar.set_postfix(tok_s=f"{stats['tokens'] / max(time.perf_counter() - start, 1e-9):.1f}")
     bar.close()
     stats["seconds"] = time.perf_counter() - start
+    if engine_regen is not None:
+        stats["prompt_tokens"] = engine_regen.prompt_tokens
     stats["tokens_per_s"] = stats["tokens"] / stats["seconds"] if stats["seconds"] > 0 else 0.0
     if stats["dropped_empty"]:
         log.warning("regenerate: dropped %d conversations with an empty response", stats["dropped_empty"])

@@ -116,6 +116,9 @@ class DSparkDataModule(L.LightningDataModule):
         self.heldout_fraction, self.split_seed, self.work_dir = heldout_fraction, split_seed, work_dir
         self.curation = None if curation is None else as_config(curation, Curation, "data.curation")
         self.regen = as_config(regen, RegenConfig, "data.regen")
+        if self.regen.answers_per_prompt > 1 and features != "cached":
+            raise ValueError("data.regen.answers_per_prompt > 1 adds answers to the prepared cache: it needs "
+                             "data.features: cached")  # fmt: skip
         self.max_length, self.min_supervised = max_length, min_supervised
         self.features, self.feature_dtype, self.target_dtype = features, feature_dtype, target_dtype
         self.streaming, self.cache_url, self.shuffle_buffer = streaming, cache_url, shuffle_buffer

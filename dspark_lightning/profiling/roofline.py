@@ -132,9 +132,10 @@ def stage_roofline(target, stats: dict, machine_flops: dict[str, float], bandwid
                    regen_dtype: torch.dtype, concurrency: int) -> list[dict]:  # fmt: skip
     """How close each data stage of ``prepare`` came to this machine's roof (``prepare_stats.json``'s ``stats``).
 
-    - regeneration decodes: per new token a step reads the weights once for the ``concurrency`` requests it serves
-      and computes 2 flops per weight (plus attention over the context); its roof is the lower of the compute roof
-      and ``concurrency`` tokens per weight read, in the regeneration dtype;
+    - regeneration prefills each prompt and decodes: per token run (prompt tokens, where the stage counted them, and
+      new tokens) 2 flops per weight (plus attention over the context), a decode step reading the weights once for
+      the ``concurrency`` requests it serves; its roof is the lower of the compute roof and ``concurrency`` tokens
+      per weight read, in the regeneration dtype;
     - features are one prefill forward per conversation, decoder layers only (the cache holds the final-norm hidden
       states; the LM head runs at training time): compute-bound.
     Attention is counted over half the mean conversation length (the features' ``tokens / samples``).
@@ -162,8 +163,9 @@ def stage_roofline(target, stats: dict, machine_flops: dict[str, float], bandwid
             roof, bound = machine_flops[dt] / per_tok, "compute"
         else:
             continue
-        tok_s = st["tokens"] / (st.get("seconds") or st["wall_s"])
-        rows.append({"stage": name, "dtype": dt, "tokens": int(st["tokens"]), "tok_s": round(tok_s, 1),
+        run = st["tokens"] + st.get("prompt_tokens", 0)  # regeneration: the prompts' prefill is target work too
+        tok_s = run / (st.get("seconds") or st["wall_s"])
+        rows.append({"stage": name, "dtype": dt, "tokens": int(run), "tok_s": round(tok_s, 1),
                      "gflop_per_tok": round(per_tok / 1e9, 3), "gflop_s": round(tok_s * per_tok / 1e9, 1),
                      "roof_tok_s": round(roof, 1), "of_roof": round(tok_s / roof, 3), "bound": bound})  # fmt: skip
     return rows
