@@ -227,7 +227,10 @@ class EngineRegenerator:
         from collections import deque
 
         eng, conv = self.engine, _Conversations(recs, self.cfg, checks.positions_of(self.target))
-        waiting = deque((i, 0) for i in range(len(recs)))
+        # shortest prompts first: requests decoding together then have similar lengths, and a step's attention
+        # (every row padded to the longest) wastes less; rows come back in input order and each has its own seed
+        order = sorted(range(len(recs)), key=lambda i: len(recs[i].system or "") + len(recs[i].turns[0]))
+        waiting = deque((i, 0) for i in order)
         running: dict[int, tuple[int, int]] = {}  # request id -> (conversation, turn)
         while waiting or running:
             while waiting and len(running) < self.concurrency:
