@@ -167,7 +167,8 @@ def stage_roofline(target, stats: dict, machine_flops: dict[str, float], bandwid
         tok_s = run / (st.get("seconds") or st["wall_s"])
         rows.append({"stage": name, "dtype": dt, "tokens": int(run), "tok_s": round(tok_s, 1),
                      "gflop_per_tok": round(per_tok / 1e9, 3), "gflop_s": round(tok_s * per_tok / 1e9, 1),
-                     "roof_tok_s": round(roof, 1), "of_roof": float(f"{tok_s / roof:.3g}"), "bound": bound})  # fmt: skip
+                     "roof_tok_s": round(roof, 1), "of_roof": float(f"{tok_s / roof:.3g}"),
+                     "bound": bound})  # fmt: skip
     return rows
 
 
