@@ -93,7 +93,7 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     info = {"recipe": a.recipe, "prompts": len(prompts), "samples": len(samples), "positions": int(cap_c.shape[0]),
             "supervised_positions": int(top_r.numel()), "regen_dtype": str(next(regen_target.parameters()).dtype),
-            "target_dtype": str(target.dtype), "regen_tok_s": round(st["tokens_per_s"], 1), "cpu": cpu_model(),
+            "target_dtype": str(target.dtype), "new_tokens": st["tokens"], "cpu": cpu_model(),
             "machine": platform.machine(), "threads": torch.get_num_threads(), "commit": commit,
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}  # fmt: skip
     out = Path(a.out)

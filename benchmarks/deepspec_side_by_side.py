@@ -799,17 +799,22 @@ def main(argv: list[str] | None = None) -> None:
         doc["checks"]["lr_gap_to_deepspec"] = {arm: lr_gap(ds_lr, doc["arms"][arm]["lr"]) for arm in orders}
         doc["checks"].update(doc["arms"]["deepspec"]["checks"])
 
+    for arm, v in doc["arms"].items():  # per-step sequences go beside the report, not into it
+        per_step = {"lr": v.pop("lr"), "loss": v.pop("loss")}
+        (out / f"per_step_{arm}.json").write_text(json.dumps(per_step) + "\n")
+    write_report(doc, out)  # the training record is kept even if the evaluation fails
     if not a.skip_eval:
         gamma = int(recipe.get("model", {}).get("block_size", 7))
         drafters = {arm: v["drafter"] for arm, v in doc["arms"].items()}
         doc["eval"] = evaluate(drafters, out, gamma=gamma, prompts=a.prompts_per_domain,
                                max_new_tokens=a.max_new_tokens)  # fmt: skip
-    for arm, v in doc["arms"].items():  # per-step sequences go beside the report, not into it
-        per_step = {"lr": v.pop("lr"), "loss": v.pop("loss")}
-        (out / f"per_step_{arm}.json").write_text(json.dumps(per_step) + "\n")
+        write_report(doc, out)
+    print(markdown(doc))
+
+
+def write_report(doc: dict, out: Path) -> None:
     (out / "side_by_side.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
     (out / "side_by_side.md").write_text(markdown(doc))
-    print(markdown(doc))
 
 
 if __name__ == "__main__":
