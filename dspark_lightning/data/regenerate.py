@@ -271,8 +271,9 @@ class EngineRegenerator:
         n = len(tokens) - 1
         if context.shape[0] < n:  # cannot happen with a complete trace; the row then takes the feature pass
             return
-        self.captured[rid] = {"tokens": tokens, "prompt_len": len(r.prompt), "context": context[:n].clone(),
-                              "hidden": hidden[:n].clone()}  # fmt: skip
+        # FeatureTrace.pop concatenated fresh tensors: a slice of them owns nothing else worth a copy
+        self.captured[rid] = {"tokens": tokens, "prompt_len": len(r.prompt), "context": context[:n],
+                              "hidden": hidden[:n]}  # fmt: skip
 
     def take_captured(self, ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         """The captured features of ``ids`` (those that have them), forgotten here."""
