@@ -12,8 +12,7 @@ import argparse
 
 import torch
 
-from dspark_lightning.calibration import ece, ece_floor, fit_sts
-from dspark_lightning.eval.calibrate import Rollouts, heldout_prompts
+from dspark_lightning.calibration import Rollouts, ece, ece_floor, fit_sts, heldout_prompts
 
 
 def main() -> None:

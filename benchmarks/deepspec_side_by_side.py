@@ -405,7 +405,7 @@ def convert_deepspec_dir(path: Path, target: Any, out: Path | None = None) -> tu
 
     Raises :class:`DeepSpecImportError` (one line) for a checkpoint of another geometry (hidden size, vocabulary,
     target depth, heads, FFN width, RoPE, tapped layers), shapes that do not fit, or a component ours lacks."""
-    from dspark_lightning.export import DrafterLoadError, load_drafter, save_drafter
+    from dspark_lightning.checkpoint import DrafterLoadError, load_drafter, save_drafter
     from dspark_lightning.export.dspark_hf import NAMES, read_weights
 
     path = Path(path)

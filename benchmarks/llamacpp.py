@@ -36,8 +36,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from matrix import commit, cpu_model  # noqa: E402
 
+from dspark_lightning.checkpoint import recorded_target_args  # noqa: E402
 from dspark_lightning.eval.prompts import eval_prompts  # noqa: E402
-from dspark_lightning.export import export_drafter, recorded_target_args  # noqa: E402
+from dspark_lightning.export import export_drafter  # noqa: E402
 from dspark_lightning.export import llamacpp as lc  # noqa: E402
 from dspark_lightning.targets import load_target  # noqa: E402
 from dspark_lightning.targets.embedded import SMOLLM2, SMOLLM2_GGUF, embedded_path, smollm2_gguf_dir  # noqa: E402

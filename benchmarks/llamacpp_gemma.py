@@ -34,9 +34,9 @@ def run(cmd: list[str]) -> dict:
 def main(argv: list[str] | None = None) -> None:
     from dspark_lightning import load_target
     from dspark_lightning.atomic import atomic_write
+    from dspark_lightning.checkpoint import load_drafter, read_config, recorded_target_args
     from dspark_lightning.devices import cpu_model
     from dspark_lightning.export import llamacpp as lc
-    from dspark_lightning.export import load_drafter, read_config, recorded_target_args
     from dspark_lightning.export.common import write_hf
     from dspark_lightning.export.dspark_hf import dspark_config, dspark_state
     from dspark_lightning.targets.embedded import gemma3_gguf

@@ -19,7 +19,7 @@ def load_target(*args: Any, **kwargs: Any):
 
 
 def load_drafter(*args: Any, **kwargs: Any):
-    """See :func:`dspark_lightning.export.load_drafter`."""
-    from .export import load_drafter as _load
+    """See :func:`dspark_lightning.checkpoint.load_drafter`."""
+    from .checkpoint import load_drafter as _load
 
     return _load(*args, **kwargs)

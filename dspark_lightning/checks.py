@@ -225,7 +225,7 @@ def drafter_config(path: str | os.PathLike) -> dict[str, Any]:
     cfg = read_json(p / "config.json", "drafter config")
     if not isinstance(cfg, dict):
         raise UsageError(f"drafter config {p / 'config.json'} is not a JSON object")
-    if "format_version" not in cfg and "architectures" in cfg:  # a serving layout: export/serving.py checks it
+    if "format_version" not in cfg and "architectures" in cfg:  # a serving layout: its registered reader checks it
         return cfg
     parts = ("drafter", "drafter_args") if "drafter" in cfg else ("backbone", "seq_head", "conf_head", "mask_token_id")
     missing = [

@@ -195,8 +195,8 @@ def _dispatch(argv: list[str], args: list[str] | None, command: str) -> None:
         from yaml import YAMLError
 
         from .atomic import DiskFullError, disk_full_message, is_disk_full
+        from .checkpoint import DrafterLoadError
         from .data.cache import CacheError
-        from .export import DrafterLoadError
         from .locks import FolderLockedError
         from .registry import RegistryError
 

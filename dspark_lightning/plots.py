@@ -12,6 +12,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 from .atomic import atomic_writer  # noqa: E402
 
 
+def save_figure(fig, path: str | Path, dpi: int) -> Path:
+    """``fig.savefig`` through a temp file next to ``path`` (all or nothing)."""
+    path = Path(path)
+    with atomic_writer(path) as f:
+        fig.savefig(f, format=path.suffix.lstrip(".") or "png", dpi=dpi)
+    return path
+
+
 def plot_sps(table, path: str | Path) -> Path:
     """SPS(B) measured and smoothed, plus the time per verification forward."""
     path = Path(path)

@@ -20,7 +20,8 @@ floors (this module is a leaf the components import), and the only one tests/uni
 
 Kinds: ``backbone``, ``seq_head``, ``conf_head``, ``drafter`` (models, ``drafters/``), ``scheduler``, ``verifier``,
 ``proposer`` (the runtime, ``infer/``: a proposer factory ``(drafter, layout=, conf_temperatures=)`` named by a
-drafter class's ``proposer_name``) and ``prompt_source`` (``data/sources.py``).
+drafter class's ``proposer_name``), ``prompt_source`` (``data/sources.py``) and ``layout`` (readers of serving
+directories for ``checkpoint.load_drafter``: ``claims(cfg)``, ``read(path, cfg, target)``; ``export/serving.py``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-KINDS = ("backbone", "seq_head", "conf_head", "drafter", "scheduler", "verifier", "proposer", "prompt_source")
+KINDS = ("backbone", "seq_head", "conf_head", "drafter", "scheduler", "verifier", "proposer", "prompt_source", "layout")
 BUILTINS = (  # the modules whose import registers the built-in components (see the module docstring)
     "dspark_lightning.drafters",
     "dspark_lightning.data.sources",
@@ -47,6 +48,7 @@ BUILTINS = (  # the modules whose import registers the built-in components (see 
     "dspark_lightning.infer.verify",
     "dspark_lightning.infer.draft",
     "dspark_lightning.infer.chain",
+    "dspark_lightning.export.serving",
 )
 ENTRY_POINT_GROUP = "dspark_lightning.plugins"
 

@@ -85,8 +85,8 @@ def _head(spec: Any, geometry, kwargs: dict[str, Any]):
 
 def check_seq_head(spec: Any, block_size: int = 4, seed: int = 0, **kwargs: Any) -> None:
     """Run every conformance check on a sequential head (registered name or class, plus its kwargs)."""
+    from .checkpoint import load_drafter, save_drafter
     from .drafters import ConfidenceHead, DenseBackbone, SeqHead, compose
-    from .export import load_drafter, save_drafter
     from .infer import decode
 
     target = random_target()

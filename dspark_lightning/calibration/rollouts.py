@@ -1,6 +1,5 @@
-"""The rows STS is fitted on (:mod:`dspark_lightning.calibration` holds the maths): rollouts of real speculative
-decoding with full-length verification on prompts held out from training and from ``eval``, and their split into
-fitting and held-out rounds. The ``calibrate`` command (eval/cli.py) runs them, fits and writes the files.
+"""The rows STS is fitted on (:mod:`.sts` holds the maths): rollouts of real speculative decoding with full-length
+verification on prompts held out from training and from ``eval``, and their split into fitting and held-out rounds.
 """
 
 from __future__ import annotations

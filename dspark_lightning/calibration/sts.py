@@ -1,8 +1,7 @@
 """Sequential Temperature Scaling (STS, docs/algorithm.md §5) and the calibration metrics of docs/algorithm.md §2.
 
-A leaf: tensors in, numbers out, plus the calibration files next to a drafter's weights. The rollouts that produce
-the rows (real decoding on held-out prompts) and the ``calibrate`` command are the evaluation layer's
-(:mod:`dspark_lightning.eval.calibrate`).
+Tensors in, numbers out. The rows come from :mod:`.rollouts` (real decoding on held-out prompts); the file the fit
+is written to is :mod:`dspark_lightning.checkpoint.calibration`'s.
 
 Rows are decoding rounds with full-length verification (ℓ = γ, or shorter after an accepted stop):
 raw confidence logits z (N, γ), accepted drafts m (N,), effective lengths ℓ (N,). Position k is
@@ -17,6 +16,8 @@ import warnings
 from dataclasses import dataclass, field
 
 import torch
+
+from ..checkpoint.calibration import check_temperatures
 
 N_BINS = 20
 MIN_ROWS = 200  # docs/algorithm.md §5
@@ -184,96 +185,3 @@ def fit_sts(
         grid=grid.tolist(),
         copied=copied,
     )
-
-
-def _number(t: object) -> bool:
-    return isinstance(t, int | float) and not isinstance(t, bool) and math.isfinite(t)
-
-
-def check_temperatures(temps: object, where: str) -> None:
-    """Temperatures divide the logits: only finite positive numbers are meaningful (NaN turns every score NaN)."""
-    if not (isinstance(temps, list | tuple) and temps and all(_number(t) and t > 0 for t in temps)):
-        raise ValueError(f"{where}: temperatures must be a non-empty list of finite numbers > 0, got {temps!r}")
-
-
-# --- storage next to the weights, selection at decode time (the rollouts that feed fit_sts: eval/calibrate.py) ---
-def calibration_file(temperature: float) -> str:
-    """One STS file per serving temperature (docs/algorithm.md §5)."""
-    return f"calibration_T{float(temperature):g}.json"
-
-
-def save_calibration(
-    drafter_dir,
-    res: STSResult,
-    *,
-    temperature: float,
-    dataset: dict,
-    weights_sha256: str,
-    heldout: tuple[list[PositionReport], list[PositionReport]] | None = None,
-):
-    """Write ``calibration_T<T>.json`` next to the weights; ``heldout`` = (raw, STS) reports on unseen prompts.
-    The file is replaced atomically: a full disk or a kill leaves the previous calibration whole."""
-    import json
-    from dataclasses import asdict
-    from pathlib import Path
-
-    from .atomic import atomic_write
-
-    path = Path(drafter_dir) / calibration_file(temperature)
-    check_temperatures(res.temperatures, f"refusing to write {path}")
-    doc = {
-        "temperatures": res.temperatures,
-        "sampling_temperature": float(temperature),
-        "bins": N_BINS,
-        "grid": {"min": min(res.grid), "max": max(res.grid), "size": len(res.grid)},
-        "dataset": dataset,
-        "rows_per_position": [r.rows for r in res.after],
-        "copied_positions": res.copied,
-        "before": [asdict(r) for r in res.before],
-        "after": [asdict(r) for r in res.after],
-        "weights_sha256": weights_sha256,
-    }
-    if heldout is not None:
-        doc["heldout"] = {"before": [asdict(r) for r in heldout[0]], "after": [asdict(r) for r in heldout[1]]}
-    atomic_write(path, json.dumps(doc, indent=1) + "\n")  # a full disk leaves the previous file as it was
-    return path
-
-
-def load_calibrations(drafter_dir, weights_sha256: str) -> dict[float, list[float]]:
-    """{sampling temperature: STS temperatures} of every calibration file whose weights hash matches."""
-    import json
-    from pathlib import Path
-
-    out = {}
-    for f in sorted(Path(drafter_dir).glob("calibration_T*.json")):
-        try:
-            doc = json.loads(f.read_text())
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise ValueError(f"calibration file {f} is not readable JSON ({exc}); recalibrate or remove it") from None
-        if not isinstance(doc, dict):
-            raise ValueError(f"calibration file {f} is not a JSON object (it holds a {type(doc).__name__}); "
-                             "recalibrate or remove it")  # fmt: skip
-        if doc.get("weights_sha256") != weights_sha256:
-            warnings.warn(f"{f} was fitted for other weights; ignoring it", stacklevel=2)
-            continue
-        temps, sampling = doc.get("temperatures"), doc.get("sampling_temperature")
-        check_temperatures(temps, f"calibration file {f}")
-        if not (_number(sampling) and sampling >= 0):
-            raise ValueError(f"calibration file {f}: sampling_temperature must be a finite number >= 0, got {sampling}")
-        out[float(sampling)] = [float(t) for t in temps]
-    return out
-
-
-def temperatures_for(drafter, sampling_temperature: float) -> list[float] | None:
-    """The STS temperatures for this serving temperature (first γ entries), or the drafter's fixed ones, or None."""
-    cals = getattr(drafter, "calibrations", None) or {}
-    g = getattr(drafter, "block_size", None)
-    for T, temps in cals.items():
-        if abs(T - float(sampling_temperature)) < 1e-6:
-            return temps[:g]
-    if cals:
-        warnings.warn(
-            f"no STS calibration for T = {sampling_temperature:g} (have {sorted(cals)}); using raw confidences",
-            stacklevel=3,
-        )
-    return getattr(drafter, "conf_temperatures", None)

@@ -1,4 +1,4 @@
-"""Save / load a drafter as a directory: config.json + model.safetensors (+ calibration.json later).
+"""Save / load a drafter as a directory: config.json + model.safetensors (+ calibration_T<T>.json files).
 
 The directory records the block convention, the target name, its layer ids and chat format, the
 registered names and hyperparameters of every part, a SHA-256 of the weights and one of the rest of
@@ -22,12 +22,12 @@ from safetensors.torch import load_file
 from safetensors.torch import save as save_safetensors
 
 from ..atomic import atomic_dir, atomic_write, recover_dir
-from ..calibration import load_calibrations
 from ..checks import UsageError, drafter_config
 from ..drafters import CONVENTION, Drafter, build_drafter
 from ..drafters.drafter import check_draft_vocab
 from ..locks import LOCK_FILE
 from ..targets import ChatFormat, load_target
+from .calibration import load_calibrations
 from .files import (
     EXPORT_TAG,
     FORMAT_VERSION,
@@ -42,7 +42,6 @@ from .files import (
     read_config,
     weights_sha256,
 )
-from .serving import load_serving_drafter
 
 
 def save_drafter(
@@ -170,8 +169,8 @@ def load_drafter(
     """
     path = Path(path)
     cfg = read_config(path)
-    if is_serving_config(cfg):  # a serving layout (DeepSpec / vLLM / SGLang), see serving.py
-        drafter = load_serving_drafter(path, cfg, target, device if device is not None else map_location, dtype)
+    if is_serving_config(cfg):  # a serving layout (DeepSpec / vLLM / SGLang): read by a registered layout reader
+        drafter = read_layout(path, cfg, target, device if device is not None else map_location, dtype)
         check_finite(drafter.state_dict(), str(path))
         return drafter
     if cfg.get("format_version") != FORMAT_VERSION:
@@ -201,6 +200,25 @@ def load_drafter(
     drafter.source_dir = str(path)
     drafter.calibrations = load_calibrations(path, cfg["weights_sha256"])  # {sampling T: STS temperatures}
     return drafter.eval()
+
+
+def read_layout(path: Path, cfg: dict[str, Any], target: Any, device=None, dtype=None) -> Drafter:
+    """A working drafter from a serving directory (config.json names an HF architecture instead of our
+    ``format_version``), read by the first registered ``layout`` whose ``claims(cfg)`` is true and placed like
+    :func:`load_drafter` places ours. A layout reader is ``claims(cfg) -> bool`` and ``read(path, cfg, target) ->
+    Drafter`` (the built-in one: ``export/serving.py``, DeepSpec's ``Qwen3DSparkModel``)."""
+    from ..registry import get, names
+
+    for name in names("layout"):
+        reader = get("layout", name)
+        if reader.claims(cfg):
+            drafter = reader.read(path, cfg, target)
+            drafter.source_dir = str(path)
+            return place_drafter(drafter, target, device, dtype).eval()
+    raise DrafterLoadError(
+        f"{path / 'config.json'}: architectures {cfg.get('architectures')} is not a layout load_drafter reads "
+        f"(ours, or a registered layout: {', '.join(names('layout'))})"
+    )
 
 
 def load_drafter_checked(path: str | os.PathLike, target: Any, dtype: Any = None) -> Any:

@@ -210,8 +210,7 @@ def write_bench(doc: dict, out: str | Path) -> dict[str, Path]:
 
 
 def plot_bench(doc: dict, path: Path) -> Path:
-    from ..plots import panel_grid, plt
-    from .report import save_figure
+    from ..plots import panel_grid, plt, save_figure
 
     cells = list(dict.fromkeys((r["temperature"], r["batch"], r["prompt_set"]) for r in doc["rows"]))
     fig, axes = panel_grid(len(cells), panel=(3.2, 3.8))

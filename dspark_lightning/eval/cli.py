@@ -9,7 +9,6 @@ dspark-lightning calibrate --drafter outputs/compare/dspark/tb/version_0/drafter
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,8 +16,7 @@ from types import SimpleNamespace
 from jsonargparse import ArgumentParser
 
 from .. import checks
-from ..atomic import atomic_write
-from ..export import load_drafter_checked
+from ..checkpoint import load_drafter_checked
 from ..infer.cli import (
     LAYOUTS,
     add_device_args,
@@ -156,7 +154,7 @@ def load_drafters(specs: list[str], target_name: str | None, a=None):
             raise ValueError("give --target or at least one --drafter")
         target_name = pairs[0][2]["target"]["name"]
     device, dtype, ddtype = (a.device, a.dtype, a.drafter_dtype) if a is not None else ("auto", "auto", "auto")
-    from ..export import recorded_target_args
+    from ..checkpoint import recorded_target_args
 
     recorded = recorded_target_args(pairs[0][1]) if pairs else {}  # the first drafter's layers and chat format
     target = load_target_checked(target_name, dtype=dtype, device=device, **recorded)
@@ -258,18 +256,23 @@ def run_bench(argv: list[str]) -> None:
 
 
 def calibrate_parser() -> ArgumentParser:
+    from ..calibration import DOMAINS as CAL_DOMAINS
+    from ..calibration import MIN_CLASS, MIN_ROWS
+
     p = ArgumentParser(prog="dspark-lightning calibrate", description="Fit STS confidence temperatures.",
                        exit_on_error=False)  # fmt: skip
     p.add_argument("--drafter", type=str, required=True, help="exported drafter directory (the file is saved there)")
     p.add_argument("--temperature", type=float, default=1.0, help="serving temperature the calibration is for")
-    p.add_argument("--domains", type=str, nargs="+", default=["math", "code", "chat"])
+    p.add_argument("--domains", type=str, nargs="+", default=list(CAL_DOMAINS))
     p.add_argument("--prompts_per_domain", type=int, default=16, help="STS pool prompts per domain")
     p.add_argument("--heldout_fraction", type=float, default=0.5, help="prompts kept out of the fit and scored after")
     p.add_argument("--max_new_tokens", type=int, default=128)
     p.add_argument("--batch_size", type=int, default=8)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--min_rows", type=int, default=200, help="fewer rounds at a position: copy the previous T")
-    p.add_argument("--min_class", type=int, default=10, help="fewer surviving or failing rounds: copy the previous T")
+    p.add_argument("--min_rows", type=int, default=MIN_ROWS, help="fewer rounds at a position: copy the previous T")
+    p.add_argument(
+        "--min_class", type=int, default=MIN_CLASS, help="fewer surviving or failing rounds: copy the previous T"
+    )
     p.add_argument("--report_dir", type=str | None, default=None, help="also write report JSON, PNGs and rollouts.pt")
     p.add_argument("--rollouts", type=str | None, default=None, help="refit from a saved rollouts.pt (no decoding)")
     add_device_args(p)
@@ -277,102 +280,12 @@ def calibrate_parser() -> ArgumentParser:
 
 
 def run_calibrate(argv: list[str]) -> None:
-    """``dspark-lightning calibrate``; holds the drafter folder's lock (one writer of its calibration files)."""
-    from .. import locks
+    """``dspark-lightning calibrate``: :func:`dspark_lightning.calibration.calibrate` with the parsed flags."""
+    from ..calibration import calibrate
 
-    a = calibrate_parser().parse_args(argv)
-    check_calibrate_args(a)
-    with locks.folder_lock(a.drafter, "calibrate") if locks.is_primary_process() else contextlib.nullcontext():
-        _calibrate(a)
-
-
-def _calibrate(a) -> None:
-    import json
-
-    import torch
-
-    from ..calibration import fit_sts, position_reports, save_calibration
-    from ..export import read_config
-    from .calibrate import heldout_prompts, rollouts
-    from .report import calibration_markdown, plot_reliability
-
-    ro = load_rollouts(a.rollouts) if a.rollouts else None
-    target, drafters = load_drafters([a.drafter], None, a)
-    drafter = next(iter(drafters.values()))
-    if ro is None:
-        from .calibrate import calibration_prompts
-
-        prompts = calibration_prompts(a.domains, a.prompts_per_domain)
-        ro = rollouts(target, drafter, prompts, temperature=a.temperature, max_new_tokens=a.max_new_tokens,
-                      seed=a.seed, batch_size=a.batch_size, progress=True)  # fmt: skip
-    width, g = int(ro.z.shape[1]), getattr(drafter, "block_size", None)
-    if g is not None and width != g:
-        raise ValueError(f"the rollouts hold {width} confidences per round, drafter {a.drafter} drafts blocks of {g}: "
-                         "they were recorded with another drafter; record them with this one")  # fmt: skip
-    held_ids = heldout_prompts(a.prompts_per_domain, len(a.domains), a.heldout_fraction)
-    held = torch.isin(ro.prompt, torch.tensor(held_ids, dtype=torch.long))
-    if bool(held.all()):
-        raise ValueError("every prompt is held out: lower --heldout_fraction or raise --prompts_per_domain")
-    res = fit_sts(*ro.rows(~held), min_rows=a.min_rows, min_class=a.min_class)
-    ones = torch.ones(len(res.temperatures), dtype=torch.float64)
-    heldout = None
-    if bool(held.any()):
-        heldout = tuple(position_reports(*ro.rows(held), t) for t in (ones, torch.tensor(res.temperatures)))
-    dataset = {
-        "domains": a.domains,
-        "prompts_per_domain": a.prompts_per_domain,
-        "heldout_fraction": a.heldout_fraction,
-        "rounds": int(ro.z.shape[0]),
-        "fit_rounds": int((~held).sum()),
-        "heldout_rounds": int(held.sum()),
-        "max_new_tokens": a.max_new_tokens,
-        "seed": a.seed,
-    }
-    sha = read_config(a.drafter)["weights_sha256"]
-    path = save_calibration(a.drafter, res, temperature=a.temperature, dataset=dataset, weights_sha256=sha,
-                            heldout=heldout)  # fmt: skip
-    doc = json.loads(path.read_text())
-    print(calibration_markdown(doc))
-    if a.report_dir:
-        out = Path(a.report_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write(out / "calibration_report.json", json.dumps(doc, indent=1) + "\n")
-        atomic_write(out / "calibration_report.md", calibration_markdown(doc) + "\n")
-        if not a.rollouts:
-            ro.save(out / "rollouts.pt")
-        rows = held if heldout is not None else ~held
-        which = "held-out" if heldout is not None else "fit set"
-        plot_reliability(*ro.rows(rows), ones.tolist(), res.temperatures, out, title=f"{which}, T = {a.temperature:g}")
-    print(f"[dspark-lightning] STS temperatures -> {path}", file=sys.stderr)
-
-
-def check_calibrate_args(a) -> None:
-    checks.drafter_config(a.drafter)
-    checks.temperature("--temperature", a.temperature)
-    for d in a.domains:
-        check_choice("--domains", d, DOMAINS)
-    checks.at_least("--prompts_per_domain", a.prompts_per_domain, 1)
-    checks.in_range("--heldout_fraction", a.heldout_fraction, 0.0, 1.0)
-    checks.at_least("--max_new_tokens", a.max_new_tokens, 1)
-    checks.at_least("--batch_size", a.batch_size, 1)
-    checks.at_least("--min_rows", a.min_rows, 0)
-    checks.at_least("--min_class", a.min_class, 0)
-    checks.output_dir("--report_dir", a.report_dir)
-    check_device_args(a)
-
-
-def load_rollouts(path: str):
-    """A ``rollouts.pt`` saved by an earlier ``calibrate --report_dir`` (tensors only, never unpickled objects)."""
-    from .calibrate import Rollouts
-
-    checks.input_file("--rollouts", path)
-    try:
-        return Rollouts.load(path)
-    except Exception as exc:  # noqa: BLE001 - torch.load / the dataclass reject a foreign file in many ways
-        msg = " ".join(str(exc).split())[:200] or type(exc).__name__
-        raise checks.UsageError(
-            f"--rollouts {path} is not a saved rollouts file ({type(exc).__name__}: {msg})"
-        ) from None
+    a = calibrate_parser().parse_args(argv).as_dict()
+    a["rollouts_file"] = a.pop("rollouts")
+    calibrate(**a)
 
 
 def sweep_parser() -> ArgumentParser:

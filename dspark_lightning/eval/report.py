@@ -1,4 +1,5 @@
-"""Markdown tables and PNG plots for ``eval`` and ``bench`` (matplotlib imported lazily)."""
+"""Markdown tables and PNG plots for ``eval``, ``bench`` and ``serve-bench`` (matplotlib imported lazily); the
+calibration report is :mod:`dspark_lightning.calibration.report`."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from ..atomic import atomic_write, atomic_writer
+from ..atomic import atomic_write
+from ..markdown import cell as _f
+from ..markdown import table as _table
 
 
 def write_outputs(doc: dict, out: str | Path, files: dict[str, Callable | None]) -> dict[str, Path]:
@@ -25,22 +28,6 @@ def write_outputs(doc: dict, out: str | Path, files: dict[str, Callable | None])
         else:
             make(doc, path)
     return paths
-
-
-def save_figure(fig, path: str | Path, dpi: int) -> Path:
-    """``fig.savefig`` through a temp file next to ``path`` (all or nothing)."""
-    path = Path(path)
-    with atomic_writer(path) as f:
-        fig.savefig(f, format=path.suffix.lstrip(".") or "png", dpi=dpi)
-    return path
-
-
-def _f(v, spec: str = ".2f") -> str:
-    return "–" if v is None or v != v else format(v, spec)  # None or nan
-
-
-def _table(head: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
 
 
 def eval_markdown(doc: dict) -> str:
@@ -111,7 +98,7 @@ def acceptance_figure(acceptance: dict, title: str = ""):
 
 def plot_acceptance(acceptance: dict, path: str | Path, title: str = "") -> Path:
     """:func:`acceptance_figure` as a PNG."""
-    from ..plots import plt
+    from ..plots import plt, save_figure
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -168,77 +155,6 @@ def bench_markdown(doc: dict) -> str:
     return "\n".join(lines)
 
 
-def plot_reliability(z, m, ell, temps_before, temps_after, out_dir: str | Path, title: str = "") -> list[Path]:
-    """One reliability diagram per block position (the paper's Figure 6): survival p_k against realised
-    prefix acceptance in 20 equal-width bins, raw and after STS, with the bin counts."""
-    import torch
-
-    from ..calibration import N_BINS, survival_probs
-    from ..plots import plt
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    before, after = survival_probs(z, torch.as_tensor(temps_before)), survival_probs(z, torch.as_tensor(temps_after))
-    for k in range(z.shape[1]):
-        rows = ell >= k + 1
-        y = (m[rows] >= k + 1).double()
-        fig, (ax, axc) = plt.subplots(2, 1, figsize=(4.2, 4.8), sharex=True, height_ratios=[3, 1])
-        ax.plot([0, 1], [0, 1], "k--", lw=0.8, label="perfect")
-        for p_all, label in ((before, "raw"), (after, "STS")):
-            p = p_all[rows, k]
-            b = (p * N_BINS).floor().long().clamp(max=N_BINS - 1)
-            n = torch.bincount(b, minlength=N_BINS)
-            mp = torch.bincount(b, weights=p, minlength=N_BINS) / n.clamp(min=1)
-            my = torch.bincount(b, weights=y, minlength=N_BINS) / n.clamp(min=1)
-            keep = n > 0
-            ax.plot(mp[keep].tolist(), my[keep].tolist(), "o-", ms=3, label=label)
-            centers = ((torch.arange(N_BINS) + 0.5) / N_BINS).tolist()
-            axc.bar(centers, n.tolist(), width=1 / N_BINS, alpha=0.5, label=label)
-        ax.set_ylabel("realised survival")
-        ax.set_title(f"position {k + 1} ({int(rows.sum())} rounds) {title}", fontsize=9)
-        ax.legend(fontsize=7)
-        axc.set_xlabel("predicted survival a_k")
-        axc.set_ylabel("rounds")
-        axc.set_yscale("log")
-        fig.tight_layout()
-        path = out_dir / f"reliability_pos{k + 1}.png"
-        save_figure(fig, path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
-    return paths
-
-
-def calibration_markdown(doc: dict) -> str:
-    """Per-position table of a calibration file: T*, and ECE/AUROC/Brier raw → STS on the fit and held-out rounds."""
-    ds = doc["dataset"]
-    lines = [
-        f"STS at sampling temperature {doc['sampling_temperature']:g}: {ds.get('fit_rounds', ds.get('rounds'))} fit "
-        f"rounds, {ds.get('heldout_rounds', 0)} held-out rounds (prompts never used by the fit); "
-        f"{doc['bins']}-bin ECE of the survival a_k against 1[m ≥ k]. Floor: the ECE a perfectly calibrated "
-        "predictor with the STS scores would show on these rows (finite-sample bias; mean of 200 draws).",
-        "",
-    ]
-    held = doc.get("heldout")
-    head = ["position", "T*", "fit ECE raw → STS"]
-    if held:
-        head += ["held-out ECE raw → STS (floor)"]
-        head += [f"held-out {x} raw → STS" for x in ("AUROC", "Brier")] + ["held-out mean a → S"]
-    else:
-        head += ["AUROC raw → STS", "Brier raw → STS", "mean a → S"]
-    rows = []
-    for i, T in enumerate(doc["temperatures"]):
-        fb, fa = doc["before"][i], doc["after"][i]
-        b, f = (held["before"][i], held["after"][i]) if held else (fb, fa)
-        rows.append([
-            str(fa["k"]), f"{T:.3f}", f"{fb['ece']:.2%} → {fa['ece']:.2%}",
-            *([f"{b['ece']:.2%} → {f['ece']:.2%} ({_f(f.get('ece_floor'), '.2%')})"] if held else []),
-            f"{_f(b['auroc'], '.3f')} → {_f(f['auroc'], '.3f')}", f"{b['brier']:.4f} → {f['brier']:.4f}",
-            f"{f['mean_p']:.4f} → {f['mean_y']:.4f}",
-        ])  # fmt: skip
-    return "\n".join(lines + _table(head, rows))
-
-
 def serve_markdown(doc: dict) -> str:
     """Every cell of the serving study, then the scheduler comparison per concurrency."""
     info, rows = doc["info"], doc["rows"]
@@ -288,7 +204,7 @@ def _by_method(doc: dict) -> dict[str, list[dict]]:
 
 def plot_frontier(doc: dict, path: str | Path) -> Path:
     """Aggregate throughput against per-user speed, one line per method through N = 1, 2, 4, ... (Figure 7)."""
-    from ..plots import plt
+    from ..plots import plt, save_figure
 
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
     for i, (m, rs) in enumerate(_by_method(doc).items()):
@@ -314,7 +230,7 @@ def plot_frontier(doc: dict, path: str | Path) -> Path:
 
 def plot_budget(doc: dict, path: str | Path) -> Path:
     """Verified drafts per request-round, and tokens per target forward, against concurrency (Figure 8)."""
-    from ..plots import plt
+    from ..plots import plt, save_figure
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.6, 3.8))
     for i, (m, rs) in enumerate(_by_method(doc).items()):
@@ -359,7 +275,7 @@ def sweep_markdown(doc: dict) -> str:
 
 def plot_threshold_sweep(doc: dict, path: str | Path) -> Path:
     """Stacked accepted/rejected drafts per round against θ with α on a second axis, per domain (Figure 5)."""
-    from ..plots import plt
+    from ..plots import plt, save_figure
     from .sweep import MIN_DRAFTS_FOR_ALPHA
 
     domains = list(dict.fromkeys(r["domain"] for r in doc["rows"]))

@@ -19,8 +19,8 @@ import torch
 from safetensors.torch import save
 
 from ..atomic import atomic_dir, atomic_write, recover_dir
+from ..checkpoint.files import EXPORT_TAG
 from ..locks import LOCK_FILE
-from .files import EXPORT_TAG
 
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"  # sharded checkpoints (HF save_pretrained past max_shard_size)

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 
 from ..atomic import atomic_dir, atomic_write
+from ..checkpoint.files import EXPORT_TAG, artifact_entry, read_config, weights_sha256
+from ..checkpoint.native import load_drafter, save_drafter
 from ..targets import ChatFormat, Target, load_target
 from .common import (
     CALIBRATION_FILE,
@@ -29,9 +31,7 @@ from .common import (
 )
 from .dspark_hf import HEADS, KEEP_FP32, calibration_doc, check_dspark, dspark_config, dspark_state, is_dspark_config
 from .eagle3_hf import check_eagle3, eagle3_config, eagle3_state
-from .files import EXPORT_TAG, artifact_entry, read_config, weights_sha256
 from .llamacpp import GGUF_FILE, OUTTYPES, TARGET_GGUF_FILE, check_target, convert, target_dir
-from .native import load_drafter, save_drafter
 from .servers import (
     check_server,
     dspark_additions,

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from ..checkpoint.files import DrafterLoadError, weights_sha256
 from ..drafters import ConfidenceHead, DenseBackbone, Drafter, MoESWABackbone, assemble, build_part
 from ..drafters.drafter import CONVENTION, check_draft_vocab
 from ..drafters.heads import GatedMarkovHead, RNNHead, VanillaMarkovHead
@@ -34,7 +35,6 @@ from .common import (
     target_config,
     vocab_maps,
 )
-from .files import DrafterLoadError, weights_sha256
 from .servers import scaled_embedding
 
 ARCH = "Qwen3DSparkModel"

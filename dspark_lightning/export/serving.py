@@ -1,25 +1,29 @@
-"""Reading a serving layout back: what :func:`~dspark_lightning.export.load_drafter` calls for a directory whose
-config.json names an HF architecture instead of our ``format_version`` (DeepSpec's checkpoints, sharded or not)."""
+"""Reading a serving layout back: the ``layout`` readers that :func:`~dspark_lightning.checkpoint.load_drafter` asks
+for a directory whose config.json names an HF architecture instead of our ``format_version``.
+
+A third-party layout registers the same two functions: ``@register("layout", "name")`` on a class (or object) with
+``claims(cfg) -> bool`` and ``read(path, cfg, target) -> Drafter``; ``load_drafter`` places the drafter and checks its
+weights.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from ..registry import register
 from .dspark_hf import is_dspark_config, load_dspark_hf
-from .files import DrafterLoadError, is_serving_config, place_drafter
-
-__all__ = ["is_serving_config", "load_serving_drafter"]
 
 
-def load_serving_drafter(path: str | Path, cfg: dict[str, Any], target: Any, device=None, dtype=None):
-    """A working drafter from a serving directory, placed like :func:`~dspark_lightning.export.load_drafter` does."""
-    path = Path(path)
-    if not is_dspark_config(cfg):
-        raise DrafterLoadError(
-            f"{path / 'config.json'}: architectures {cfg.get('architectures')} is not a layout load_drafter reads "
-            "(ours, or Qwen3DSparkModel / DSparkDraftModel with model_type qwen3)"
-        )
-    drafter = load_dspark_hf(path, cfg, target)
-    drafter.source_dir = str(path)
-    return place_drafter(drafter, target, device, dtype).eval()
+@register("layout", "dspark-hf")
+class DSparkHFLayout:
+    """DeepSpec's ``Qwen3DSparkModel`` / ``DSparkDraftModel`` directories (sharded or not), and our ``dspark-hf``
+    export of them."""
+
+    @staticmethod
+    def claims(cfg: dict[str, Any]) -> bool:
+        return is_dspark_config(cfg)
+
+    @staticmethod
+    def read(path: str | Path, cfg: dict[str, Any], target: Any):
+        return load_dspark_hf(Path(path), cfg, target)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from ..calibration import temperatures_for
+from ..checkpoint.calibration import temperatures_for
 from .draft import make_proposer
 from .engine import Engine
 from .protocols import SPSDriven

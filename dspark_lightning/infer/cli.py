@@ -16,7 +16,7 @@ from jsonargparse import ArgumentParser
 
 from .. import checks
 from ..atomic import atomic_write
-from ..export import load_drafter_checked
+from ..checkpoint import load_drafter_checked
 from ..targets import load_target_checked
 from .sampling import GREEDY_EPS
 
@@ -198,7 +198,7 @@ def run_decode(argv: list[str]) -> None:
     prompts = list(a.prompt) + (read_prompts(a.prompts, a.limit) if a.prompts else [])
     if not prompts:
         raise ValueError("give --prompt TEXT or --prompts FILE.jsonl")
-    from ..export import recorded_target_args
+    from ..checkpoint import recorded_target_args
 
     recorded = recorded_target_args(a.drafter) if a.drafter else {}  # the layers and chat format it was trained with
     target = load_target_checked(a.target, dtype=a.dtype, device=a.device, **recorded)
@@ -311,7 +311,7 @@ def run_breakdown(a) -> None:
     from ..profiling import breakdown as bd
 
     check_breakdown_args(a)
-    from ..export import recorded_target_args
+    from ..checkpoint import recorded_target_args
 
     recorded = recorded_target_args(a.drafter) if a.drafter is not None else {}  # the layers it was trained on
     target = load_target_checked(a.target, dtype=a.dtype, device=a.device, **recorded)

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from .. import checks
+from ..checkpoint import check_chat_format, load_drafter, read_config, recorded_target_args
 from ..devices import resolve_device, resolve_dtype
-from ..export import check_chat_format, load_drafter, read_config, recorded_target_args
 from ..targets import load_target
 from .build import make_engine
 from .engine import Engine

@@ -73,7 +73,7 @@ def make_workspace(root: Path) -> Path:
     import torch
 
     from dspark_lightning import create, load_target
-    from dspark_lightning.export import save_drafter
+    from dspark_lightning.checkpoint import save_drafter
 
     root.mkdir(parents=True, exist_ok=True)
     target = load_target("tiny-debug")

@@ -62,7 +62,7 @@ def test_corrupt_cache_shard_is_named_and_left_alone(workdir, capsys):
 
 def test_drafter_for_a_different_target_is_refused(workdir, tmp_path):
     from dspark_lightning import create, load_drafter, load_target
-    from dspark_lightning.export import DrafterLoadError, save_drafter
+    from dspark_lightning.checkpoint import DrafterLoadError, save_drafter
     from dspark_lightning.targets.embedded import build_tiny_target
 
     tiny = load_target("tiny-debug")

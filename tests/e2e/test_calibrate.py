@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from dspark_lightning import create, load_drafter, load_target
-from dspark_lightning.calibration import STSResult, calibration_file, position_reports, save_calibration
-from dspark_lightning.export import read_config, save_drafter
+from dspark_lightning.calibration import STSResult, position_reports, save_calibration
+from dspark_lightning.checkpoint import read_config, save_drafter
+from dspark_lightning.checkpoint.calibration import calibration_file
 from dspark_lightning.infer import decode
 
 from .conftest import run_main
@@ -136,4 +137,4 @@ def test_fit_calibrate_spec_is_checked_before_training(spec, match):
 
     with pytest.raises((UsageError, ValueError), match=match):
         calibrate_args(spec)
-    assert calibrate_args(None) == [] and calibrate_args({"temperatures": [1]})[0][:2] == ["--temperature", "1.0"]
+    assert calibrate_args(None) == [] and calibrate_args({"temperatures": [1]}) == [{"temperature": 1.0}]

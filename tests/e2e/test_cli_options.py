@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dspark_lightning import create, load_target
-from dspark_lightning.export import save_drafter
+from dspark_lightning.checkpoint import save_drafter
 
 from .conftest import ROOT, run_main
 

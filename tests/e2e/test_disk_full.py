@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from dspark_lightning import create, load_target
-from dspark_lightning.calibration import calibration_file
-from dspark_lightning.eval.calibrate import Rollouts
-from dspark_lightning.export import save_drafter
+from dspark_lightning.calibration import Rollouts
+from dspark_lightning.checkpoint import save_drafter
+from dspark_lightning.checkpoint.calibration import calibration_file
 
 from .conftest import TINY, run_main
 

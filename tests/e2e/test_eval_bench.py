@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from dspark_lightning import create, load_target
+from dspark_lightning.checkpoint import save_drafter
 from dspark_lightning.eval.bench import OUTPUT_FILES as BENCH_FILES
 from dspark_lightning.eval.runner import OUTPUT_FILES as EVAL_FILES
-from dspark_lightning.export import save_drafter
 
 from .conftest import run_main
 

@@ -62,10 +62,7 @@ def extend_workspace(root: Path) -> Path:
 
     import torch
 
-    try:
-        from dspark_lightning.eval.calibrate import Rollouts
-    except ImportError:
-        from dspark_lightning.calibration import Rollouts
+    from dspark_lightning.calibration import Rollouts
 
     g = torch.Generator().manual_seed(0)
     n = 480  # 16 prompts x 3 domains (calibrate's defaults), half held out

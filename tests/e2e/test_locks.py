@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dspark_lightning import create, load_target, locks
-from dspark_lightning.export import save_drafter
+from dspark_lightning.checkpoint import save_drafter
 
 from .conftest import TINY, run_main
 

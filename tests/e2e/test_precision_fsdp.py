@@ -60,7 +60,7 @@ def _gather_worker(rank: int, world: int, port: int, out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from dspark_lightning.export import load_drafter, save_drafter
+    from dspark_lightning.checkpoint import load_drafter, save_drafter
     from dspark_lightning.lightning.callbacks import full_drafter_state
     from dspark_lightning.lightning.module import DSparkModule
 

@@ -12,7 +12,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dspark_lightning import create, load_drafter, load_target
-from dspark_lightning.export import DrafterLoadError, export_drafter, read_config, save_drafter, weights_sha256
+from dspark_lightning.checkpoint import DrafterLoadError, read_config, save_drafter, weights_sha256
+from dspark_lightning.export import export_drafter
 from dspark_lightning.infer import decode
 
 from .conftest import TINY, run_main
@@ -32,7 +33,7 @@ def drafter_dir(tmp_path, target):
 
 def _rewrite(path: Path, edit) -> None:
     """Edit config.json and keep its config hash consistent (as a careful forger would)."""
-    from dspark_lightning.export import config_sha256
+    from dspark_lightning.checkpoint import config_sha256
 
     cfg = read_config(path)
     edit(cfg)

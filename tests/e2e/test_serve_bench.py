@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from dspark_lightning import create, load_target
+from dspark_lightning.checkpoint import save_drafter
 from dspark_lightning.eval.serve import DEFAULT_METHODS
 from dspark_lightning.eval.serve import OUTPUT_FILES as SERVE_FILES
 from dspark_lightning.eval.sweep import OUTPUT_FILES as SWEEP_FILES
-from dspark_lightning.export import save_drafter
 from dspark_lightning.infer import SPSTable
 
 from .conftest import run_main

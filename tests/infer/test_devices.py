@@ -13,8 +13,8 @@ import torch
 from infer_helpers import assert_greedy_equal_up_to_ties, chi2_pvalue, exact_marginals, hf_greedy, make_drafter
 
 from dspark_lightning import load_drafter, load_target
+from dspark_lightning.checkpoint import save_drafter
 from dspark_lightning.devices import resolve_device, resolve_dtype
-from dspark_lightning.export import save_drafter
 from dspark_lightning.infer import SamplingParams, decode
 
 MAX_NEW = 16  # bf16 products are slow on a CPU

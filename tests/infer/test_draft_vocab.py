@@ -5,8 +5,8 @@ import torch
 from infer_helpers import chi2_pvalue, exact_marginals, hf_greedy, make_drafter
 
 from dspark_lightning import load_drafter, names
+from dspark_lightning.checkpoint import save_drafter
 from dspark_lightning.drafters.drafter import check_draft_vocab
-from dspark_lightning.export import save_drafter
 from dspark_lightning.infer import SamplingParams, SPSTable, decode, make_proposer
 from dspark_lightning.losses import dspark_loss
 

@@ -72,7 +72,7 @@ def test_decode_command_streams_and_writes_json(tmp_path, capsys):
 def test_decode_command_with_drafter_and_prompt_file(tiny_target, tmp_path, capsys):
     from infer_helpers import make_drafter
 
-    from dspark_lightning.export import save_drafter
+    from dspark_lightning.checkpoint import save_drafter
 
     save_drafter(make_drafter(tiny_target, block_size=3), tmp_path / "d", tiny_target)
     prompts = tmp_path / "p.jsonl"

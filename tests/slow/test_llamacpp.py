@@ -80,7 +80,8 @@ def test_every_product_recipe_exports_for_its_servers(recipe, smol_tiny, tmp_pat
     llama.cpp loads its GGUF. A recipe that names none says why in a comment, and every export refuses it."""
     import yaml
 
-    from dspark_lightning.export import InteropError, export_drafter, save_drafter
+    from dspark_lightning.checkpoint import save_drafter
+    from dspark_lightning.export import InteropError, export_drafter
     from dspark_lightning.export.plan import plan_args, serving_format
     from dspark_lightning.export.servers import SERVERS
     from dspark_lightning.lightning.cli import DSparkCLI
@@ -161,7 +162,7 @@ def test_export_all_includes_the_gguf_and_the_target_gguf(smol_tiny, tmp_path):
 def test_fit_end_export_writes_the_gguf_and_says_how_to_serve_it(smol_tiny, tmp_path):
     """What ``fit`` runs after training for a recipe naming llamacpp: the GGUF beside the native drafter."""
     from dspark_lightning import create, load_target
-    from dspark_lightning.export import save_drafter
+    from dspark_lightning.checkpoint import save_drafter
     from dspark_lightning.export.plan import export_for_servers
 
     hf, target_gguf = smol_tiny

@@ -74,7 +74,7 @@ def test_sts_copies_the_temperature_when_no_round_survives_a_position():
 
 
 def test_heldout_prompts_interleave_within_each_domain():
-    from dspark_lightning.eval.calibrate import heldout_prompts
+    from dspark_lightning.calibration import heldout_prompts
 
     assert heldout_prompts(4, 2, 0.5) == [1, 3, 5, 7]
     assert heldout_prompts(4, 3, 0.25) == [3, 7, 11]
@@ -84,7 +84,7 @@ def test_heldout_prompts_interleave_within_each_domain():
 
 
 def test_rollouts_round_trip(tmp_path):
-    from dspark_lightning.eval.calibrate import Rollouts
+    from dspark_lightning.calibration import Rollouts
 
     z, m, ell = synthetic_rounds(n=50)
     ro = Rollouts(z, m, ell, torch.arange(50) % 5)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark_lightning.export import load_drafter
+from dspark_lightning.checkpoint import load_drafter
 from dspark_lightning.testing import random_target
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "deepspec_side_by_side.py"

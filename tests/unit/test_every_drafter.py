@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dspark_lightning import names
-from dspark_lightning.export import load_drafter, save_drafter
+from dspark_lightning.checkpoint import load_drafter, save_drafter
 from dspark_lightning.lightning.module import DSparkModule, LossConfig
 from dspark_lightning.registry import get
 

@@ -10,17 +10,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dspark_lightning import create
+from dspark_lightning.checkpoint import DrafterLoadError, load_drafter, read_config, save_drafter
 from dspark_lightning.cli import main
 from dspark_lightning.drafters import VanillaMarkovHead
-from dspark_lightning.export import (
-    DrafterLoadError,
-    InteropError,
-    export_drafter,
-    export_serving,
-    load_drafter,
-    read_config,
-    save_drafter,
-)
+from dspark_lightning.export import InteropError, export_drafter, export_serving
 from dspark_lightning.export.common import TARGET_ONLY_KEYS
 from dspark_lightning.testing import assert_decodes_target_greedy
 

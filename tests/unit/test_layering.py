@@ -1,11 +1,14 @@
 """Every file of the package sits on one floor and imports only from its own floor or the floors below.
 
-    base -> targets -> modules -> drafters -> export -> infer -> data -> eval -> lightning -> cli
+    base -> targets -> modules -> drafters -> checkpoint -> export -> infer -> data -> calibration -> eval
+         -> lightning -> cli
 
 ``base`` holds the leaf utilities (atomic I/O, locks, devices, the validators of ``checks``, the registry, the
-calibration maths, the losses, the plot style). ``export`` is the on-disk form of a drafter (native and serving
-layouts), which ``infer.decode`` loads; ``data`` and ``eval`` are the two halves of the application floor (eval reads
-data's prompt sources, never the other way). The package root (``dspark_lightning/__init__.py``: ``load_drafter``,
+losses, the plot style, markdown tables). ``checkpoint`` is the on-disk form of a drafter in our own format
+(calibration files included), which ``infer.decode`` loads; ``export`` writes the serving layouts on top of it and
+the runtime never imports it. ``calibration`` fits the confidence temperatures from real decoding (the runtime) on
+prompts of ``data``. ``data``, ``calibration`` and ``eval`` are the application floors (eval reads data's prompt
+sources, never the other way). The package root (``dspark_lightning/__init__.py``: ``load_drafter``,
 ``load_target``, ``create``) is a facade on the top floor: nothing inside the package imports it.
 
 The edges that are allowed anyway, and the narrow seams between two floors, are listed in :data:`ALLOWED` and
@@ -20,7 +23,10 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[2] / "dspark_lightning"
 
-FLOORS = ("base", "targets", "modules", "drafters", "export", "infer", "data", "eval", "lightning", "cli")
+FLOORS = (
+    "base", "targets", "modules", "drafters", "checkpoint", "export", "infer", "data", "calibration", "eval",
+    "lightning", "cli",
+)  # fmt: skip
 
 # path inside dspark_lightning/ (a file, or a folder for everything under it) -> floor; the longest match wins
 PLACES = {
@@ -29,18 +35,20 @@ PLACES = {
     "devices.py": "base",
     "checks.py": "base",
     "registry.py": "base",
-    "calibration.py": "base",
+    "markdown.py": "base",
     "losses.py": "base",
     "plots.py": "base",
     "errors.py": "base",
     "targets": "targets",
     "modules": "modules",
     "drafters": "drafters",
+    "checkpoint": "checkpoint",
     "export": "export",
     "infer": "infer",
     "profiling": "infer",  # measuring tools beside the runtime (drafting cost, round breakdowns, host reads)
     "infer/cli.py": "eval",  # the decode / profile commands read prompt files through data/ (a front end, like eval/)
     "data": "data",
+    "calibration": "calibration",
     "eval": "eval",
     "testing.py": "eval",  # plugin conformance checks: build, export, reload and decode a drafter
     "lightning": "lightning",
@@ -60,6 +68,7 @@ ALLOWED = {
             "infer/verify.py",
             "infer/draft.py",
             "infer/chain.py",
+            "export/serving.py",
         },
         "the registry loads the built-in components by name on first use (registry.BUILTINS), as timm and vLLM do: "
         "the one back-edge, so that create('drafter', 'dspark') works without importing drafters/ first",
@@ -68,6 +77,7 @@ ALLOWED = {
 
 # (upper floor, lower floor) -> the only files of the lower floor the upper one may import, and why
 SEAMS = {
+    ("infer", "export"): (set(), "the runtime loads drafters through checkpoint/, never through the exporters"),
     ("data", "infer"): (
         {"infer/generation.py"},
         "regeneration decodes with the runtime's engine through generation_engine() only",

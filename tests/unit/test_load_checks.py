@@ -4,7 +4,13 @@ import pytest
 import torch
 
 from dspark_lightning import create, load_target
-from dspark_lightning.export import DrafterLoadError, check_compatible, load_drafter, recorded_target_args, save_drafter
+from dspark_lightning.checkpoint import (
+    DrafterLoadError,
+    check_compatible,
+    load_drafter,
+    recorded_target_args,
+    save_drafter,
+)
 from dspark_lightning.targets import ChatFormat
 
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dspark_lightning.calibration import fit_sts, load_calibrations, save_calibration
-from dspark_lightning.export import (
+from dspark_lightning.calibration import fit_sts, save_calibration
+from dspark_lightning.checkpoint import (
     DrafterLoadError,
     config_sha256,
     load_drafter,
@@ -18,6 +18,7 @@ from dspark_lightning.export import (
     save_drafter,
     weights_sha256,
 )
+from dspark_lightning.checkpoint.calibration import load_calibrations
 from dspark_lightning.lightning.config import LossConfig, OptimConfig, check_hparams
 from dspark_lightning.losses import position_weights
 from dspark_lightning.registry import create

@@ -16,7 +16,9 @@ def test_every_kind_exists_and_builtins_are_registered():
         "verifier",
         "proposer",
         "prompt_source",
+        "layout",
     }
+    assert "dspark-hf" in names("layout")
     assert {"block", "chain"} <= set(names("proposer"))
     assert {"vanilla", "gated", "rnn"} <= set(names("seq_head"))
     assert "dense" in names("backbone")

@@ -25,8 +25,9 @@ import torch
 from safetensors import safe_open
 
 from dspark_lightning import create
+from dspark_lightning.checkpoint import load_drafter, save_drafter
 from dspark_lightning.cli import main
-from dspark_lightning.export import InteropError, export_serving, load_drafter, save_drafter
+from dspark_lightning.export import InteropError, export_serving
 from dspark_lightning.targets import load_target
 from dspark_lightning.testing import random_target
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ... import checks
-from ...export import save_drafter
+from ...checkpoint import save_drafter
 from ...export.plan import check_servable, export_for_servers, plan_args, serving_format
 from .fit_stats import validate_if_stale
 
@@ -95,37 +95,38 @@ class DrafterExport(L.Callback):
         export_for_servers(self.path, serving_format(pl_module.drafter), self.servers, self.serve_dtype, log)
 
 
-def calibrate_args(spec: dict | None) -> list[list[str]]:
-    """``--calibrate {temperatures: [...], prompts_per_domain, max_new_tokens, domains}`` -> one argument list of
-    ``dspark-lightning calibrate`` per temperature (no drafter yet); refuses unknown keys and empty lists."""
+def calibrate_args(spec: dict | None) -> list[dict[str, Any]]:
+    """``--calibrate {temperatures: [...], prompts_per_domain, max_new_tokens, domains}`` -> the keyword arguments of
+    one :func:`~dspark_lightning.calibration.calibrate` per temperature (no drafter yet); refuses unknown keys and
+    empty lists."""
     if not spec:
         return []
     unknown = set(spec) - CALIBRATE_KEYS
     if unknown:
         raise checks.UsageError(f"--calibrate: unknown keys {sorted(unknown)}; allowed: {sorted(CALIBRATE_KEYS)}")
-    from ...eval.cli import DOMAINS
-    from ...infer.cli import check_choice
+    from ...calibration import DOMAINS
 
     temps = spec.get("temperatures")
     if not isinstance(temps, list | tuple) or not temps:
         raise checks.UsageError("--calibrate needs temperatures: a non-empty list, e.g. [0.0, 1.0]")
     for t in temps:
         checks.temperature("--calibrate.temperatures", t)
-    extra: list[Any] = []
+    extra: dict[str, Any] = {}
     for key in ("prompts_per_domain", "max_new_tokens"):
         if spec.get(key) is not None:
             checks.at_least(f"--calibrate.{key}", spec[key], 1)
-            extra += [f"--{key}", str(spec[key])]
+            extra[key] = int(spec[key])
     if spec.get("domains"):
         for d in spec["domains"]:
-            check_choice("--calibrate.domains", d, DOMAINS)
-        extra += ["--domains", *map(str, spec["domains"])]
-    return [["--temperature", str(float(t)), *extra] for t in temps]
+            if d not in DOMAINS:
+                raise checks.UsageError(f"--calibrate.domains {d!r} is not one of {', '.join(DOMAINS)}")
+        extra["domains"] = [str(d) for d in spec["domains"]]
+    return [{"temperature": float(t), **extra} for t in temps]
 
 
 def calibrate_after_fit(drafter_dir: Path, spec: dict | None) -> None:
-    from ...eval.cli import run_calibrate
+    from ...calibration import calibrate
 
-    for args in calibrate_args(spec):
-        print(f"[dspark-lightning] calibrating the exported drafter at T = {args[1]}", flush=True)
-        run_calibrate(["--drafter", str(drafter_dir), *args])
+    for kwargs in calibrate_args(spec):
+        print(f"[dspark-lightning] calibrating the exported drafter at T = {kwargs['temperature']:g}", flush=True)
+        calibrate(drafter_dir, **kwargs)

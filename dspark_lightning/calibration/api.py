@@ -1,0 +1,165 @@
+"""``calibrate()``: fit a drafter's STS confidence temperatures for one serving temperature and write them beside its
+weights. The ``calibrate`` command and the export after ``fit`` (``--calibrate``) both call it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import checks, locks
+from ..atomic import atomic_write
+from ..checkpoint import load_drafter_checked, read_config, recorded_target_args
+from ..data.evalsets import CALIBRATION_PROMPTS
+from ..devices import resolve_device, resolve_dtype
+from ..targets import load_target_checked
+from .files import load_rollouts, save_calibration
+from .report import calibration_markdown, plot_reliability
+from .rollouts import Rollouts, calibration_prompts, heldout_prompts, rollouts
+from .sts import MIN_CLASS, MIN_ROWS, fit_sts, position_reports
+
+DOMAINS = tuple(CALIBRATION_PROMPTS)
+
+
+def check_calibrate_args(
+    drafter: str | Path,
+    *,
+    temperature: float,
+    domains: Sequence[str],
+    prompts_per_domain: int,
+    heldout_fraction: float,
+    max_new_tokens: int,
+    batch_size: int,
+    min_rows: int,
+    min_class: int,
+    report_dir: str | Path | None,
+    device: str,
+    dtype: str,
+    drafter_dtype: str | None,
+) -> None:
+    """Every argument of :func:`calibrate` that can be checked before a model is loaded (named as the flags)."""
+    checks.drafter_config(drafter)
+    checks.temperature("--temperature", temperature)
+    for d in domains:
+        if d not in DOMAINS:
+            raise checks.UsageError(f"--domains {d!r} is not one of {', '.join(DOMAINS)}")
+    checks.at_least("--prompts_per_domain", prompts_per_domain, 1)
+    checks.in_range("--heldout_fraction", heldout_fraction, 0.0, 1.0)
+    checks.at_least("--max_new_tokens", max_new_tokens, 1)
+    checks.at_least("--batch_size", batch_size, 1)
+    checks.at_least("--min_rows", min_rows, 0)
+    checks.at_least("--min_class", min_class, 0)
+    checks.output_dir("--report_dir", report_dir)
+    dev = resolve_device(device)
+    resolve_dtype(dtype, dev)
+    if drafter_dtype is not None:
+        resolve_dtype(drafter_dtype, dev)
+
+
+def calibrate(
+    drafter: str | Path,
+    *,
+    temperature: float = 1.0,
+    domains: Sequence[str] = DOMAINS,
+    prompts_per_domain: int = 16,
+    heldout_fraction: float = 0.5,
+    max_new_tokens: int = 128,
+    batch_size: int = 8,
+    seed: int = 0,
+    min_rows: int = MIN_ROWS,
+    min_class: int = MIN_CLASS,
+    report_dir: str | Path | None = None,
+    rollouts_file: str | Path | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    drafter_dtype: str | None = "auto",
+    target: Any = None,
+    quiet: bool = False,
+) -> Path:
+    """Fit STS temperatures for ``drafter`` (an exported drafter directory) at serving ``temperature`` and write
+    ``calibration_T<T>.json`` beside its weights; returns that file.
+
+    The rows are rounds of real speculative decoding with full-length verification on the STS pool's prompts
+    (``prompts_per_domain`` of each of ``domains``, disjoint from training and from ``eval``); every
+    1/``heldout_fraction``-th prompt is kept out of the fit and scored after it. A position with fewer than
+    ``min_rows`` rounds, or fewer than ``min_class`` surviving or failing ones, copies the previous temperature.
+    ``report_dir``: also the report (JSON, markdown, a reliability diagram per position) and the rollouts;
+    ``rollouts_file``: refit from such saved rollouts without decoding. ``target``: an already loaded target
+    (default: the one the drafter records, on ``device`` in ``dtype``). Holds the drafter folder's lock, so two
+    calibrations never write the same files at once.
+    """
+    check_calibrate_args(
+        drafter, temperature=temperature, domains=domains, prompts_per_domain=prompts_per_domain,
+        heldout_fraction=heldout_fraction, max_new_tokens=max_new_tokens, batch_size=batch_size, min_rows=min_rows,
+        min_class=min_class, report_dir=report_dir, device=device, dtype=dtype, drafter_dtype=drafter_dtype,
+    )  # fmt: skip
+    lock = locks.folder_lock(drafter, "calibrate") if locks.is_primary_process() else contextlib.nullcontext()
+    with lock:
+        ro = load_rollouts(rollouts_file) if rollouts_file else None
+        if target is None:
+            name = read_config(drafter)["target"]["name"]
+            target = load_target_checked(name, dtype=dtype, device=device, **recorded_target_args(drafter))
+        checks.fits_positions(target, max_new_tokens + 1, "--max_new_tokens with a one-token prompt")
+        model = load_drafter_checked(drafter, target, drafter_dtype)
+        if ro is None:
+            prompts = calibration_prompts(list(domains), prompts_per_domain)
+            ro = rollouts(target, model, prompts, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+                          batch_size=batch_size, progress=not quiet)  # fmt: skip
+        return _fit_and_write(ro, model, drafter, temperature=temperature, domains=list(domains),
+                              prompts_per_domain=prompts_per_domain, heldout_fraction=heldout_fraction,
+                              max_new_tokens=max_new_tokens, seed=seed, min_rows=min_rows, min_class=min_class,
+                              report_dir=report_dir, save_rollouts=rollouts_file is None, quiet=quiet)  # fmt: skip
+
+
+def _fit_and_write(
+    ro: Rollouts, model: Any, drafter: str | Path, *, temperature: float, domains: list[str], prompts_per_domain: int,
+    heldout_fraction: float, max_new_tokens: int, seed: int, min_rows: int, min_class: int,
+    report_dir: str | Path | None, save_rollouts: bool, quiet: bool,
+) -> Path:  # fmt: skip
+    width, g = int(ro.z.shape[1]), getattr(model, "block_size", None)
+    if g is not None and width != g:
+        raise ValueError(f"the rollouts hold {width} confidences per round, drafter {drafter} drafts blocks of {g}: "
+                         "they were recorded with another drafter; record them with this one")  # fmt: skip
+    held_ids = heldout_prompts(prompts_per_domain, len(domains), heldout_fraction)
+    held = torch.isin(ro.prompt, torch.tensor(held_ids, dtype=torch.long))
+    if bool(held.all()):
+        raise ValueError("every prompt is held out: lower --heldout_fraction or raise --prompts_per_domain")
+    res = fit_sts(*ro.rows(~held), min_rows=min_rows, min_class=min_class)
+    ones = torch.ones(len(res.temperatures), dtype=torch.float64)
+    heldout = None
+    if bool(held.any()):
+        heldout = tuple(position_reports(*ro.rows(held), t) for t in (ones, torch.tensor(res.temperatures)))
+    dataset = {
+        "domains": domains,
+        "prompts_per_domain": prompts_per_domain,
+        "heldout_fraction": heldout_fraction,
+        "rounds": int(ro.z.shape[0]),
+        "fit_rounds": int((~held).sum()),
+        "heldout_rounds": int(held.sum()),
+        "max_new_tokens": max_new_tokens,
+        "seed": seed,
+    }
+    sha = read_config(drafter)["weights_sha256"]
+    path = save_calibration(drafter, res, temperature=temperature, dataset=dataset, weights_sha256=sha,
+                            heldout=heldout)  # fmt: skip
+    doc = json.loads(path.read_text())
+    if not quiet:
+        print(calibration_markdown(doc))
+    if report_dir:
+        out = Path(report_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write(out / "calibration_report.json", json.dumps(doc, indent=1) + "\n")
+        atomic_write(out / "calibration_report.md", calibration_markdown(doc) + "\n")
+        if save_rollouts:
+            ro.save(out / "rollouts.pt")
+        rows = held if heldout is not None else ~held
+        which = "held-out" if heldout is not None else "fit set"
+        plot_reliability(*ro.rows(rows), ones.tolist(), res.temperatures, out, title=f"{which}, T = {temperature:g}")
+    if not quiet:
+        print(f"[dspark-lightning] STS temperatures -> {path}", file=sys.stderr)
+    return path

@@ -1,0 +1,51 @@
+"""What calibration writes and reads: the calibration file of a fit (through
+:func:`dspark_lightning.checkpoint.calibration.write_calibration`, beside the weights) and saved rollouts."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from ..checkpoint.calibration import write_calibration
+from ..checks import UsageError, input_file
+from .rollouts import Rollouts
+from .sts import N_BINS, PositionReport, STSResult
+
+
+def save_calibration(
+    drafter_dir: str | Path,
+    res: STSResult,
+    *,
+    temperature: float,
+    dataset: dict,
+    weights_sha256: str,
+    heldout: tuple[list[PositionReport], list[PositionReport]] | None = None,
+) -> Path:
+    """Write ``calibration_T<T>.json`` next to the weights; ``heldout`` = (raw, STS) reports on unseen prompts.
+    The file is replaced atomically: a full disk or a kill leaves the previous calibration whole."""
+    doc = {
+        "temperatures": res.temperatures,
+        "sampling_temperature": float(temperature),
+        "bins": N_BINS,
+        "grid": {"min": min(res.grid), "max": max(res.grid), "size": len(res.grid)},
+        "dataset": dataset,
+        "rows_per_position": [r.rows for r in res.after],
+        "copied_positions": res.copied,
+        "before": [asdict(r) for r in res.before],
+        "after": [asdict(r) for r in res.after],
+        "weights_sha256": weights_sha256,
+    }
+    if heldout is not None:
+        doc["heldout"] = {"before": [asdict(r) for r in heldout[0]], "after": [asdict(r) for r in heldout[1]]}
+    return write_calibration(drafter_dir, doc)
+
+
+def load_rollouts(path: str | Path, flag: str = "--rollouts") -> Rollouts:
+    """A ``rollouts.pt`` saved by an earlier calibration with a report folder (tensors only, never unpickled
+    objects); anything else is refused naming ``flag``."""
+    input_file(flag, path)
+    try:
+        return Rollouts.load(path)
+    except Exception as exc:  # noqa: BLE001 - torch.load / the dataclass reject a foreign file in many ways
+        msg = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise UsageError(f"{flag} {path} is not a saved rollouts file ({type(exc).__name__}: {msg})") from None
