@@ -147,8 +147,9 @@ def report(out: Path) -> str:
     ]
     for r in rows:
         a, t = r["A_1"], r["tau"]
+        cpu = "–" if r["prepare_cpu_s"] is None else f"{r['prepare_cpu_s'] / 60:.1f}"
         cells = [r["name"], r["what"], str(r["train_prompts"]), str(r["train_answers"]), f"{r['new_tokens'] or 0:,}",
-                 f"{r['prepare_wall_s'] / 60:.1f}", f"{r['prepare_cpu_s'] / 60:.1f}", str(r["steps"]),
+                 f"{r['prepare_wall_s'] / 60:.1f}", cpu, str(r["steps"]),
                  *[f"{a.get(s, math.nan):.2f}" for s in SETS],
                  *[f"{t.get(s, math.nan):.2f}" for s in SETS]]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")

@@ -101,10 +101,31 @@ def cpu_bf16_faster(width: int, rows: int, reps: int = 9, m: int = 8) -> bool:
     return _median_time(x.bfloat16(), w.bfloat16(), reps) < BF16_MARGIN * _median_time(x, w, reps)
 
 
-def decode_bf16_faster(kind: str) -> bool:
+def decode_bf16_faster(kind: str, cache: str | Path | None = None) -> bool:
     """Whether a target decodes faster in bf16 on a device of this kind: always on CUDA; on a CPU when a decode
-    step's product (32 requests, 1024 x 4096) runs faster in bf16 (:func:`cpu_bf16_faster`, measured once)."""
-    return kind == "cuda" or (kind == "cpu" and cpu_bf16_faster(1024, 4096, m=32))
+    step's product (32 requests, 1024 x 4096) runs faster in bf16 (:func:`cpu_bf16_faster`).
+
+    ``cache``: a folder where the CPU's answer is kept (one file per CPU model and thread count), so it is measured
+    once per machine and every later process sees the same one. A choice that names what prepared data was made
+    with (``data.regen.dtype: fastest``) must not flip with the load of the moment: a few repetitions of one product
+    on a busy machine can."""
+    if kind != "cpu":
+        return kind == "cuda"
+    if cache is None:
+        return cpu_bf16_faster(1024, 4096, m=32)
+    import json
+
+    from .atomic import atomic_write
+
+    path = Path(cache) / f"{device_tag(torch.device('cpu'))}-decode-bf16-v1.json"
+    try:
+        return bool(json.loads(path.read_text())["bf16_faster"])
+    except (OSError, ValueError, KeyError, TypeError):  # absent or damaged: measured (again)
+        pass
+    faster = cpu_bf16_faster(1024, 4096, m=32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps({"bf16_faster": faster, "shape": [32, 1024, 4096]}) + "\n")
+    return faster
 
 
 def _median_time(x: torch.Tensor, w: torch.Tensor, reps: int) -> float:

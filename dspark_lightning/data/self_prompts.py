@@ -197,5 +197,6 @@ def _dtype(name: str) -> str:
     if name != "auto":
         return {"fp32": "float32", "bf16": "bfloat16"}[name]
     from ..devices import decode_bf16_faster
+    from ..targets import cache_root
 
-    return "bfloat16" if decode_bf16_faster("cpu") else "float32"
+    return "bfloat16" if decode_bf16_faster("cpu", cache=cache_root() / "kernels") else "float32"

@@ -198,10 +198,15 @@ class DSparkDataModule(L.LightningDataModule):
 
     def _resolved_regen(self, kind: str) -> RegenConfig:
         """``regen.dtype: fastest`` made concrete for this machine (bf16 on CUDA, on a CPU where a decode step's
-        product runs faster in bf16; else the target's own precision), so the fingerprint names what ran."""
+        product runs faster in bf16; else the target's own precision), so the fingerprint names what ran. The CPU's
+        answer is measured once per machine and kept with the kernel tables, so the fingerprint of a finished
+        preparation does not change with the load of the moment."""
         if self.regen.dtype != "fastest":
             return self.regen
-        return dataclasses.replace(self.regen, dtype="bf16" if decode_bf16_faster(kind) else None)
+        from ..targets import cache_root
+
+        faster = decode_bf16_faster(kind, cache=cache_root() / "kernels")
+        return dataclasses.replace(self.regen, dtype="bf16" if faster else None)
 
     def _split_kwargs(self) -> dict[str, Any]:
         return {

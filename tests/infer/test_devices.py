@@ -188,3 +188,18 @@ def test_draft_cost_cache_is_per_precision(varied_target, tmp_path):
     k32 = drafter_key(load_drafter(tmp_path / "d", varied_target, dtype="fp32"))
     k16 = drafter_key(load_drafter(tmp_path / "d", varied_target, dtype="bf16"))
     assert k32 is not None and k16 == f"{k32}-bfloat16"
+
+
+def test_the_cpu_decode_precision_is_measured_once_per_machine_and_kept(tmp_path, monkeypatch):
+    """``regen.dtype: fastest`` names the prepared data's precision in its fingerprint: once measured, the answer is
+    read back, so a busy machine's next measurement cannot flip it (and send a finished preparation to be redone)."""
+    from dspark_lightning import devices
+
+    answers = iter([True, False])
+    monkeypatch.setattr(devices, "cpu_bf16_faster", lambda *a, **k: next(answers))
+    assert devices.decode_bf16_faster("cpu", cache=tmp_path) is True
+    assert devices.decode_bf16_faster("cpu", cache=tmp_path) is True  # read back, not measured again
+    (kept,) = tmp_path.glob("*-decode-bf16-v1.json")
+    kept.write_text("not json")  # a damaged file is measured again
+    assert devices.decode_bf16_faster("cpu", cache=tmp_path) is False
+    assert devices.decode_bf16_faster("cuda", cache=tmp_path) is True
