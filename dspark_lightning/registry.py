@@ -21,7 +21,9 @@ floors (this module is a leaf the components import), and the only one tests/uni
 Kinds: ``backbone``, ``seq_head``, ``conf_head``, ``drafter`` (models, ``drafters/``), ``scheduler``, ``verifier``,
 ``proposer`` (the runtime, ``infer/``: a proposer factory ``(drafter, layout=, conf_temperatures=)`` named by a
 drafter class's ``proposer_name``), ``prompt_source`` (``data/sources.py``) and ``layout`` (readers of serving
-directories for ``checkpoint.load_drafter``: ``claims(cfg)``, ``read(path, cfg, target)``; ``export/serving.py``).
+directories for ``checkpoint.load_drafter``: ``claims(cfg)``, ``read(path, cfg, target)``; ``export/serving.py``) and
+``server`` (programs that load an export, :class:`~dspark_lightning.export.servers.Server`: their rules and the files
+they read beyond the generic layout; ``export/servers.py``).
 """
 
 from __future__ import annotations
@@ -38,7 +40,10 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-KINDS = ("backbone", "seq_head", "conf_head", "drafter", "scheduler", "verifier", "proposer", "prompt_source", "layout")
+KINDS = (
+    "backbone", "seq_head", "conf_head", "drafter", "scheduler", "verifier", "proposer", "prompt_source", "layout",
+    "server",
+)  # fmt: skip
 BUILTINS = (  # the modules whose import registers the built-in components (see the module docstring)
     "dspark_lightning.drafters",
     "dspark_lightning.data.sources",
@@ -49,6 +54,7 @@ BUILTINS = (  # the modules whose import registers the built-in components (see 
     "dspark_lightning.infer.draft",
     "dspark_lightning.infer.chain",
     "dspark_lightning.export.serving",
+    "dspark_lightning.export.servers",
 )
 ENTRY_POINT_GROUP = "dspark_lightning.plugins"
 

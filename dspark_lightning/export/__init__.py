@@ -18,15 +18,17 @@ from __future__ import annotations
 from .cli import export_parser, run_export
 from .common import InteropError
 from .convert import FORMATS, ExportResult, export_drafter, export_serving
-from .servers import SERVERS
+from .servers import Server, server_for, server_names
 
 __all__ = [
-    "SERVERS",
     "FORMATS",
     "ExportResult",
     "InteropError",
+    "Server",
     "export_drafter",
     "export_parser",
     "export_serving",
     "run_export",
+    "server_for",
+    "server_names",
 ]

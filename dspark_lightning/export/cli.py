@@ -34,7 +34,8 @@ def export_parser():
         "--server",
         type=str | None,
         default=None,
-        help="vllm | sglang | deepspec | llamacpp | all (default: generic layout); llamacpp adds draft.gguf",
+        help="a registered server: vllm | sglang | deepspec | llamacpp (or a plugin's), or all (default: the generic "
+        "layout); llamacpp adds draft.gguf",
     )
     p.add_argument(
         "--target_gguf", type=bool, default=False, help="with llamacpp: also write the target as target.gguf"

@@ -33,12 +33,14 @@ from .dspark_hf import HEADS, KEEP_FP32, calibration_doc, check_dspark, dspark_c
 from .eagle3_hf import check_eagle3, eagle3_config, eagle3_state
 from .llamacpp import GGUF_FILE, OUTTYPES, TARGET_GGUF_FILE, check_target, convert, target_dir
 from .servers import (
+    ALL,
     check_server,
     dspark_additions,
     eagle3_additions,
     gguf_wanted,
     refuse_dspark,
     refuse_eagle3,
+    server_for,
 )
 
 FORMATS = ("native", "dspark-hf", "eagle3-hf")
@@ -84,7 +86,7 @@ def export_drafter(
     check_server(server)
     if server is not None and fmt == "native":
         raise InteropError("--server applies to the serving layouts (dspark-hf, eagle3-hf), not native")
-    if target_gguf and server not in ("llamacpp", "all"):
+    if target_gguf and not (server == ALL or (server is not None and server_for(server).writes_gguf)):
         raise InteropError("--target_gguf writes llama.cpp's GGUF of the target: use it with --server llamacpp or all")
     if out.resolve() == src.resolve():
         raise InteropError("--out must differ from --drafter")

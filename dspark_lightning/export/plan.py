@@ -17,7 +17,7 @@ from .common import EXPORT_DTYPES, InteropError
 from .dspark_hf import HEADS, check_dspark
 from .eagle3_hf import check_eagle3
 from .llamacpp import LlamaCppUnavailable
-from .servers import SERVERS, refuse_dspark, refuse_eagle3
+from .servers import refuse_dspark, refuse_eagle3, server_names
 
 PLAN_KEYS = {"servers", "dtype"}
 SERVING_DIR = "serving"
@@ -35,7 +35,7 @@ def plan_args(spec: dict | None) -> tuple[list[str], str]:
     servers = spec.get("servers") or []
     if isinstance(servers, str) or not isinstance(servers, list | tuple):
         raise InteropError(f"export.servers must be a list such as [llamacpp, vllm], got {servers!r}")
-    known = SERVERS[:-1]
+    known = server_names()
     for e in servers:
         if e not in known:
             raise InteropError(f"export.servers: unknown server {e!r}; choose from {', '.join(known)}")

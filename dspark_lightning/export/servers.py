@@ -23,35 +23,93 @@ from typing import Any
 
 import torch
 
+from ..registry import get, names, register
 from .common import InteropError
 
-SERVERS = ("vllm", "sglang", "deepspec", "llamacpp", "all")
 SGLANG_PR = "sglang PR #25454"
+ALL = "all"  # every server at once: one folder the servers ``in_all`` load, or a refusal
 
 
-def check_server(server: str | None) -> None:
-    if server is not None and server not in SERVERS:
-        raise InteropError(f"unknown server {server!r}; choose from {', '.join(SERVERS)} (or none: generic)")
+class Server:
+    """A program that loads an exported drafter (register one with ``@register("server", name)``). The hooks do
+    nothing by default, like a Lightning ``Callback``: a server overrides the ones its loader needs.
+
+    - :meth:`dspark_rules` / :meth:`eagle3_rules`: raise :class:`InteropError` for what the server would load wrongly
+      or reject (naming the server and the option), return notes for what it loads with a caveat;
+    - :meth:`dspark_additions` / :meth:`eagle3_additions`: the config keys and tensors it reads beyond the generic
+      ``dspark-hf`` / ``eagle3-hf`` layout, written in place;
+    - :meth:`check`: the reasons a drafter cannot be served (empty: it can).
+    """
+
+    in_all = True  # ``--server all`` folders must satisfy this server's rules
+    order = 100  # where its rules run among ``all``'s (the first refusal is the one reported)
+    writes_gguf = False  # the export also runs llama.cpp's converter (llamacpp.py)
+
+    @property
+    def name(self) -> str:
+        return getattr(type(self), "registry_name", type(self).__name__)
+
+    def dspark_rules(self, drafter: Any, head_type: str | None, target: Any = None) -> list[str]:
+        return []
+
+    def dspark_additions(self, cfg: dict[str, Any], state: dict[str, torch.Tensor], drafter: Any) -> None:
+        return None
+
+    def eagle3_rules(self) -> None:
+        return None
+
+    def eagle3_additions(self, cfg: dict[str, Any], layer_ids: list[int]) -> list[str]:
+        return []
+
+    def check(self, drafter: Any, target: Any = None) -> list[str]:
+        """Why ``drafter`` (trained or not) cannot be exported for this server: an empty list when it can."""
+        from .dspark_hf import HEADS
+
+        try:
+            if hasattr(drafter, "seq_head"):
+                self.dspark_rules(drafter, HEADS.get(type(drafter.seq_head)), target)
+            else:
+                self.eagle3_rules()
+        except InteropError as exc:
+            return [str(exc)]
+        return []
 
 
-STRICT_IN_ALL = ("vllm", "sglang", "deepspec")  # ``all``: one folder these three load, or a refusal
+def server_names() -> list[str]:
+    """The registered servers (built-in: deepspec, llamacpp, sglang, vllm; plugins may add more)."""
+    return names("server")
 
 
-def wanted(server: str | None) -> tuple[str, ...]:
+def server_for(name: str) -> Server:
+    """The registered server ``name``."""
+    return get("server", name)()
+
+
+def check_server(name: str | None) -> None:
+    if name is not None and name != ALL and name not in server_names():
+        choices = ", ".join([*server_names(), ALL])
+        raise InteropError(f"unknown server {name!r}; choose from {choices} (or none: generic)")
+
+
+def wanted(name: str | None) -> tuple[Server, ...]:
     """The servers whose rules must pass. ``all`` adds llama.cpp's GGUF only where the drafter is compatible
     (:func:`gguf_wanted`), so it stays the one folder the HF-layout servers load."""
-    return () if server is None else STRICT_IN_ALL if server == "all" else (server,)
+    if name is None:
+        return ()
+    if name == ALL:
+        return tuple(sorted((s for s in map(server_for, server_names()) if s.in_all), key=lambda s: (s.order, s.name)))
+    return (server_for(name),)
 
 
 def gguf_wanted(drafter: Any, head_type: str | None, server: str | None, target: Any = None) -> tuple[bool, list[str]]:
     """Whether to write llama.cpp's GGUF: always for ``llamacpp`` (its rules ran in :func:`refuse_dspark`), for
     ``all`` when llama.cpp's rules pass (else a note says why not)."""
-    if server == "llamacpp":
+    if server is not None and server != ALL and server_for(server).writes_gguf:
         return True, []
-    if server != "all":
+    if server != ALL:
         return False, []
     try:
-        _llamacpp_dspark(drafter, head_type, target)
+        LlamaCpp().dspark_rules(drafter, head_type, target)
     except InteropError as exc:
         return False, [f"no draft.gguf in this all-servers folder: {exc}"]
     return True, []
@@ -62,8 +120,8 @@ def refuse_dspark(drafter: Any, head_type: str | None, server: str | None, targe
     """Raise :class:`InteropError` naming the server for what it would load wrongly or reject; return notes.
     ``target`` (when known) adds the rules about the target itself (its architecture in llama.cpp)."""
     notes = []
-    for name in wanted(server):
-        notes += _DSPARK_RULES[name](drafter, head_type, target)
+    for s in wanted(server):
+        notes += s.dspark_rules(drafter, head_type, target)
     return notes
 
 
@@ -79,6 +137,71 @@ def scaled_embedding(drafter: Any) -> torch.Tensor:
     w = drafter.embed.weight.detach()
     scale = embed_scale(drafter)
     return w.clone() if scale == 1.0 else w * torch.tensor(scale, dtype=w.dtype)
+
+
+@register("server", "vllm")
+class VLLM(Server):
+    """vLLM (``qwen3_dspark.py``, ``llm_base_proposer.py``)."""
+
+    order = 0
+
+    def dspark_rules(self, drafter: Any, head_type: str | None, target: Any = None) -> list[str]:
+        return _vllm_dspark(drafter, head_type, target)
+
+    def dspark_additions(self, cfg: dict[str, Any], state: dict[str, torch.Tensor], drafter: Any) -> None:
+        cfg["dflash_config"] = {**(cfg.get("dflash_config") or {}), "mask_token_id": drafter.mask_token_id}
+        if embed_scale(drafter) != 1.0:
+            state["embed_tokens.weight"] = scaled_embedding(drafter)
+
+
+@register("server", "sglang")
+class SGLang(Server):
+    """SGLang (``models/dspark.py``, ``llama_eagle3.py``, PR #25454)."""
+
+    order = 1
+
+    def dspark_rules(self, drafter: Any, head_type: str | None, target: Any = None) -> list[str]:
+        return _sglang_dspark(drafter, head_type, target)
+
+    def eagle3_additions(self, cfg: dict[str, Any], layer_ids: list[int]) -> list[str]:
+        ids, note = sglang_aux_ids(layer_ids)
+        cfg["eagle_config"] = {**cfg.get("eagle_config", {}), "eagle_aux_hidden_state_layer_ids": ids}
+        return [note] if note else []
+
+
+@register("server", "deepspec")
+class DeepSpec(Server):
+    """DeepSpec's model code (``modeling/dspark/qwen3/``)."""
+
+    order = 2
+
+    def dspark_rules(self, drafter: Any, head_type: str | None, target: Any = None) -> list[str]:
+        return _deepspec_dspark(drafter, head_type, target)
+
+    def dspark_additions(self, cfg: dict[str, Any], state: dict[str, torch.Tensor], drafter: Any) -> None:
+        cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": drafter.geometry.rope_theta}
+        state["embed_tokens.weight"] = scaled_embedding(drafter)
+        state["lm_head.weight"] = drafter.lm_head.weight.detach().clone()
+
+    def eagle3_rules(self) -> None:
+        raise InteropError("deepspec: only --format dspark-hf (Qwen3DSparkModel) is checked against DeepSpec")
+
+
+@register("server", "llamacpp")
+class LlamaCpp(Server):
+    """llama.cpp (b11434: ``conversion/qwen.py`` ``DSparkModel``, ``src/models/dflash.cpp``); its GGUF is its own
+    converter's output. Not required in ``all`` folders: they get a GGUF only where its rules pass."""
+
+    order = 3
+
+    in_all = False
+    writes_gguf = True
+
+    def dspark_rules(self, drafter: Any, head_type: str | None, target: Any = None) -> list[str]:
+        return _llamacpp_dspark(drafter, head_type, target)
+
+    def eagle3_rules(self) -> None:
+        raise InteropError("llamacpp: only --format dspark-hf is converted for llama.cpp here (draft-dspark)")
 
 
 def _vllm_dspark(drafter: Any, head_type: str | None, target: Any = None) -> list[str]:
@@ -171,25 +294,11 @@ def _llamacpp_dspark(drafter: Any, head_type: str | None, target: Any = None) ->
     return []
 
 
-_DSPARK_RULES = {
-    "vllm": _vllm_dspark,
-    "sglang": _sglang_dspark,
-    "deepspec": _deepspec_dspark,
-    "llamacpp": _llamacpp_dspark,
-}
-
-
 def dspark_additions(cfg: dict[str, Any], state: dict[str, torch.Tensor], drafter: Any, server: str | None) -> None:
-    """Write, in place, the config keys and tensors the server reads beyond the generic layout."""
-    names = wanted(server)
-    if "vllm" in names:
-        cfg["dflash_config"] = {**(cfg.get("dflash_config") or {}), "mask_token_id": drafter.mask_token_id}
-    if "vllm" in names and embed_scale(drafter) != 1.0:
-        state["embed_tokens.weight"] = scaled_embedding(drafter)
-    if "deepspec" in names:
-        cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": drafter.geometry.rope_theta}
-        state["embed_tokens.weight"] = scaled_embedding(drafter)
-        state["lm_head.weight"] = drafter.lm_head.weight.detach().clone()
+    """Write, in place, the config keys and tensors the server (every one for ``all``) reads beyond the generic
+    layout."""
+    for s in wanted(server):
+        s.dspark_additions(cfg, state, drafter)
 
 
 # --- eagle3-hf --------------------------------------------------------------------------------------------------
@@ -211,16 +320,13 @@ def sglang_aux_ids(layer_ids: list[int]) -> tuple[list[int], str | None]:
 
 
 def refuse_eagle3(server: str | None) -> None:
-    if server == "deepspec":
-        raise InteropError("deepspec: only --format dspark-hf (Qwen3DSparkModel) is checked against DeepSpec")
-    if server == "llamacpp":
-        raise InteropError("llamacpp: only --format dspark-hf is converted for llama.cpp here (draft-dspark)")
+    if server is not None and server != ALL:
+        server_for(server).eagle3_rules()
 
 
 def eagle3_additions(cfg: dict[str, Any], layer_ids: list[int], server: str | None) -> list[str]:
     """SGLang reads ``eagle_config``; vLLM the top-level ids (already in its convention). Returns notes."""
-    if "sglang" not in wanted(server):
-        return []
-    ids, note = sglang_aux_ids(layer_ids)
-    cfg["eagle_config"] = {**cfg.get("eagle_config", {}), "eagle_aux_hidden_state_layer_ids": ids}
-    return [note] if note else []
+    notes: list[str] = []
+    for s in wanted(server):
+        notes += s.eagle3_additions(cfg, layer_ids)
+    return notes

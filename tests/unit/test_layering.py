@@ -69,6 +69,7 @@ ALLOWED = {
             "infer/draft.py",
             "infer/chain.py",
             "export/serving.py",
+            "export/servers.py",
         },
         "the registry loads the built-in components by name on first use (registry.BUILTINS), as timm and vLLM do: "
         "the one back-edge, so that create('drafter', 'dspark') works without importing drafters/ first",

@@ -17,8 +17,10 @@ def test_every_kind_exists_and_builtins_are_registered():
         "proposer",
         "prompt_source",
         "layout",
+        "server",
     }
     assert "dspark-hf" in names("layout")
+    assert {"vllm", "sglang", "deepspec", "llamacpp"} <= set(names("server"))
     assert {"block", "chain"} <= set(names("proposer"))
     assert {"vanilla", "gated", "rnn"} <= set(names("seq_head"))
     assert "dense" in names("backbone")

@@ -452,3 +452,40 @@ def test_vllm_export_says_when_the_targets_hidden_states_are_unchecked(gemma, tm
     assert any("target architecture 'Gemma3ForCausalLM'" in n and "not checked" in n for n in res.notes)
     _, _, res = exported(drafter(targets["four"]), targets["four"], tmp_path, "vllm")
     assert not any("target architecture" in n for n in res.notes)
+
+
+def test_a_plugin_server_is_checked_and_written_like_the_built_in_ones(targets, tmp_path):
+    """A third-party server registers a :class:`Server` subclass: ``fit``'s check, ``--server NAME`` exports and
+    ``all`` folders use its rules and additions, and :meth:`Server.check` lists the reasons a drafter is refused."""
+    from dspark_lightning.export import Server, server_names
+    from dspark_lightning.export.plan import check_servable, plan_args
+    from dspark_lightning.registry import _REGISTRY, register
+
+    @register("server", "test-myserver")
+    class MyServer(Server):
+        order = -1  # its rules run first among all's
+
+        def dspark_rules(self, drafter, head_type, target=None):
+            if drafter.conf_head is None:
+                raise InteropError("test-myserver: needs a confidence head")
+            return ["test-myserver: loads it with a caveat"]
+
+        def dspark_additions(self, cfg, state, drafter):
+            cfg["my_server"] = {"block": drafter.block_size}
+
+    try:
+        t = targets["four"]
+        assert "test-myserver" in server_names() and plan_args({"servers": ["test-myserver"]})[0] == ["test-myserver"]
+        _, cfg, res = exported(drafter(t), t, tmp_path, "test-myserver")
+        assert cfg["my_server"] == {"block": 3} and "test-myserver: loads it with a caveat" in res.notes
+        no_conf = drafter(t, conf=False)
+        assert (
+            MyServer().check(no_conf) == ["test-myserver: needs a confidence head"]
+            and MyServer().check(drafter(t)) == []
+        )
+        with pytest.raises(InteropError, match="test-myserver: needs a confidence head"):
+            check_servable(no_conf, ["test-myserver"], t)
+        with pytest.raises(InteropError, match="test-myserver: needs a confidence head"):
+            export_serving(no_conf, t, "dspark-hf", tmp_path / "all", server="all")
+    finally:
+        _REGISTRY["server"].pop("test-myserver", None)
