@@ -15,8 +15,10 @@ summary, never fatal. A plugin whose import hangs is skipped and reported after 
 seconds (default 30); its import thread is left behind as a daemon.
 
 The built-in components register themselves when their modules are imported; the first :func:`get`, :func:`create`
-or :func:`names` imports :data:`BUILTINS` by name. That lazy load is the one import that points up the package's
-floors (this module is a leaf the components import), and the only one tests/unit/test_layering.py allows.
+or :func:`names` imports every module of the package whose source registers one (:func:`builtin_modules`, found by
+walking the package: a new file with ``@register`` is loaded without being listed anywhere). That lazy load is the
+one import that points up the package's floors (this module is a leaf the components import), and the only one
+tests/unit/test_layering.py allows.
 
 Kinds: ``backbone``, ``seq_head``, ``conf_head``, ``drafter`` (models, ``drafters/``), ``scheduler``, ``verifier``,
 ``proposer`` (the runtime, ``infer/``: a proposer factory ``(drafter, layout=, conf_temperatures=)`` named by a
@@ -31,6 +33,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
 import threading
 import traceback
 from collections.abc import Callable
@@ -44,18 +47,27 @@ KINDS = (
     "backbone", "seq_head", "conf_head", "drafter", "scheduler", "verifier", "proposer", "prompt_source", "layout",
     "server",
 )  # fmt: skip
-BUILTINS = (  # the modules whose import registers the built-in components (see the module docstring)
-    "dspark_lightning.drafters",
-    "dspark_lightning.data.sources",
-    "dspark_lightning.data.corpora",
-    "dspark_lightning.data.fixed_text",
-    "dspark_lightning.infer.schedulers",
-    "dspark_lightning.infer.verify",
-    "dspark_lightning.infer.draft",
-    "dspark_lightning.infer.chain",
-    "dspark_lightning.export.serving",
-    "dspark_lightning.export.servers",
-)
+_REGISTERS = re.compile(r"^[ \t]*@?register\(", re.M)  # a decorator line, or a call at the start of a line
+
+
+def builtin_modules(package: Path | None = None) -> tuple[str, ...]:
+    """The dotted names of the package's modules whose source registers a component (a line starting with
+    ``@register(`` or ``register(``), in path order: what the first lookup imports."""
+    root = Path(__file__).resolve().parent if package is None else Path(package)
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "registry.py" and path.parent == root:
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        if _REGISTERS.search(text):
+            parts = list(path.relative_to(root.parent).with_suffix("").parts)
+            out.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return tuple(out)
+
+
 ENTRY_POINT_GROUP = "dspark_lightning.plugins"
 
 # kind -> name -> object (a class or a factory function)
@@ -108,7 +120,7 @@ def _ensure_loaded() -> None:
     global _BUILTINS_LOADED
     if not _BUILTINS_LOADED:
         _BUILTINS_LOADED = True
-        for module in BUILTINS:  # importing them runs their @register decorators
+        for module in builtin_modules():  # importing them runs their @register decorators
             importlib.import_module(module)
         load_plugins()
 
