@@ -1,7 +1,7 @@
 """The ``dspark-lightning`` console script.
 
     dspark-lightning fit|validate|test --config recipes/...yaml   (Lightning; see lightning/cli.py)
-    dspark-lightning prepare|verify --config recipes/...yaml      (regeneration + features, sharded; shard sha256)
+    dspark-lightning prepare|check-cache --config recipes/...yaml (regeneration + features, sharded; shard sha256)
     dspark-lightning decode --target ... --drafter ... --prompt "..."
     dspark-lightning profile --target ...
     dspark-lightning eval --drafter name=path ... --out DIR      (τ table, acceptance plot, speed)
@@ -45,7 +45,8 @@ INFER_COMMANDS = {  # subcommand -> (module, function); none of them imports Lig
 
 DATA_COMMANDS = {  # subcommand -> (module, function); they parse a recipe's data: section as fit does
     "prepare": ("dspark_lightning.lightning.prepare_cli", "run_prepare"),
-    "verify": ("dspark_lightning.lightning.prepare_cli", "run_verify"),
+    "check-cache": ("dspark_lightning.lightning.prepare_cli", "run_check_cache"),
+    "verify": ("dspark_lightning.lightning.prepare_cli", "run_verify"),  # the former name of check-cache
 }
 
 
@@ -56,7 +57,7 @@ training (Lightning; recipes in recipes/*.yaml):
   fit               train a drafter and export it (--config RECIPE)
   validate, test    held-out metrics of a recipe's drafter (--ckpt_path)
   prepare           regenerate responses and cache target features, sharded by rank
-  verify            sha256 of every cached feature shard
+  check-cache       sha256 of every cached feature shard (formerly `verify`)
   write-prompts     chat prompts the target writes itself (a prompt file for the jsonl source)
 
 inference and evaluation (no Lightning import):

@@ -16,7 +16,7 @@ writes one cache per rank (shards named ``shard-r{rank}-{k}.tar``) and :func:`me
 directory.
 
 Opening a cache checks sizes and member counts only (cheap); the sha256 of every shard is checked by
-:func:`verify_cache` (``dspark-lightning verify``), an explicit step rather than work on every start.
+:func:`verify_cache` (``dspark-lightning check-cache``), an explicit step rather than work on every start.
 """
 
 from __future__ import annotations
@@ -385,7 +385,7 @@ def _check_shard_names(index: dict[str, Any], path: str) -> None:
 
 
 def verify_cache(cache_dir: str | Path, progress: bool = True) -> dict[str, int]:
-    """The explicit integrity check (``dspark-lightning verify``): the cheap checks, then every shard's sha256.
+    """The explicit integrity check (``dspark-lightning check-cache``): the cheap checks, then every shard's sha256.
 
     Returns ``{"shards", "samples", "bytes"}``; raises :class:`CacheError` naming the first corrupt shard.
     """

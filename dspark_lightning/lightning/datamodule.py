@@ -228,9 +228,9 @@ class DSparkDataModule(L.LightningDataModule):
                        tokenizer=self._tokenizer())  # fmt: skip
 
     def check(self) -> None:
-        """Cheap start-up validation of existing caches (sizes and member counts; ``verify`` hashes the shards). Runs
-        once per process, first thing in :meth:`prepare_data` (before any data is made) and :meth:`setup` (the ranks
-        Lightning does not prepare data on)."""
+        """Cheap start-up validation of existing caches (sizes and member counts; ``check-cache`` hashes the shards).
+        Runs once per process, first thing in :meth:`prepare_data` (before any data is made) and :meth:`setup` (the
+        ranks Lightning does not prepare data on)."""
         self._checked = True
         if self.features == "cached" and self.cache_url is None:
             paths = DataPaths(Path(self.work_dir))

@@ -1,10 +1,10 @@
-"""``dspark-lightning prepare`` / ``verify``: a recipe's data stages as their own commands (``docs/training.md``).
+"""``dspark-lightning prepare`` / ``check-cache``: a recipe's data stages as their own commands (``docs/training.md``).
 
     dspark-lightning prepare --config R.yaml                                   one process (its GPU, else the CPU)
     torchrun --nproc_per_node 8 -m dspark_lightning.cli prepare --config R.yaml  a rank per GPU; rank 0 merges
     dspark-lightning prepare --config R.yaml --rank 3 --world_size 8           any scheduler, one call per rank ...
     dspark-lightning prepare --config R.yaml --merge --world_size 8            ... then the merge, once
-    dspark-lightning verify --config R.yaml                                    sha256 of every cached shard
+    dspark-lightning check-cache --config R.yaml                               sha256 of every cached shard
 
 Only the recipe's ``data:`` section is read, with Lightning's own parser and the same DSparkDataModule signature as
 ``fit``, so a recipe means the same thing to both commands; ``--data.<key>=...`` overrides work as in ``fit``.
@@ -13,6 +13,7 @@ Only the recipe's ``data:`` section is read, with Lightning's own parser and the
 from __future__ import annotations
 
 import os
+import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -118,21 +119,28 @@ def _prepare(dm: DSparkDataModule, cfg: Any, job: Any, rank: int, world: int, la
         print(f"[dspark-lightning] prepared data for {world} rank(s) -> {DataPaths(Path(dm.work_dir)).prepared}")
         dm.report_roofline()
         if cfg.verify:
-            _verify(dm)
+            _check_cache(dm)
     elif world > 1 and not launched:
         print(f"[dspark-lightning] rank {rank}/{world} done; merge with: prepare --merge --world_size {world}")
 
 
-def _verify(dm: DSparkDataModule) -> None:
+def _check_cache(dm: DSparkDataModule) -> None:
     if dm.features != "cached":
-        print("[dspark-lightning] verify: data.features is online, there are no cached shards to check")
+        print("[dspark-lightning] check-cache: data.features is online, there are no cached shards to check")
         return
     paths = DataPaths(Path(dm.work_dir))
     for split in SPLITS:
         st = verify_cache(paths.cache(split))
-        print(f"[dspark-lightning] verify {paths.cache(split)}: {st['shards']} shards, {st['samples']} samples ok")
+        print(f"[dspark-lightning] check-cache {paths.cache(split)}: {st['shards']} shards, {st['samples']} samples ok")
+
+
+def run_check_cache(argv: list[str]) -> None:
+    """``dspark-lightning check-cache``: the sha256 of every cached feature shard of a recipe's data."""
+    dm, _ = _parse("check-cache", argv, extra=False)
+    _check_cache(dm)
 
 
 def run_verify(argv: list[str]) -> None:
-    dm, _ = _parse("verify", argv, extra=False)
-    _verify(dm)
+    """The former name of ``check-cache`` ("verify" now means only the target's forward over drafts)."""
+    print("[dspark-lightning] `verify` is now `check-cache`; running it", file=sys.stderr)
+    run_check_cache(argv)

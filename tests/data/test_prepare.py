@@ -1,4 +1,5 @@
-"""`dspark-lightning prepare` / `verify`: sharded over ranks, race-free, resumable, reused by fit (tiny-debug, CPU)."""
+"""`dspark-lightning prepare` / `check-cache`: sharded over ranks, race-free, resumable, reused by fit (tiny-debug,
+CPU)."""
 
 from __future__ import annotations
 
@@ -171,19 +172,21 @@ def test_streaming_datamodule_keeps_bf16(sharded):
     assert sum(len(b["ids"]) for b in batches) == len(FeatureCache(sharded / "features_heldout"))
 
 
-def test_verify_detects_a_corrupted_shard(sharded, tmp_path, capsys):
+def test_check_cache_detects_a_corrupted_shard(sharded, tmp_path, capsys):
     work = tmp_path / "data"
     shutil.copytree(sharded, work)
     base = ["--config", TINY, f"--data.work_dir={work}", *DATA]
-    code, out, err = cli(["verify", *base], capsys)
+    code, out, err = cli(["check-cache", *base], capsys)
     assert code == 0 and out.count("ok") == 2, err
+    code, out, err = cli(["verify", *base], capsys)  # the former name still runs it, and says so
+    assert code == 0 and out.count("ok") == 2 and "now `check-cache`" in err
     shard = sorted((work / "features_train").glob("shard-*.tar"))[-1]
     data = bytearray(shard.read_bytes())
     data[1000] ^= 0x01
     shard.write_bytes(bytes(data))
     FeatureCache(work / "features_train")  # opening does not hash (start-up stays cheap) ...
-    code, _, err = cli(["verify", *base], capsys)
-    assert code == 2 and shard.name in err and "sha256" in err  # ... verify does
+    code, _, err = cli(["check-cache", *base], capsys)
+    assert code == 2 and shard.name in err and "sha256" in err  # ... check-cache does
 
 
 def test_target_dtype(tmp_path):
