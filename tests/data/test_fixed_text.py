@@ -174,11 +174,12 @@ def test_regen_dtype_writes_with_a_copy_of_the_target_and_is_recorded(tmp_path):
 @pytest.mark.parametrize("bf16_faster", [True, False])
 def test_regen_dtype_fastest_resolves_to_what_this_machine_runs_faster(tmp_path, monkeypatch, bf16_faster):
     """``data.regen.dtype: fastest`` is bf16 where a decode step's product is faster in bf16, else the target's own
-    precision, and the job (fingerprint, rows) names the concrete choice, never "fastest"."""
-    from dspark_lightning import devices
+    precision, and the job (fingerprint, rows) names the concrete choice, never "fastest". (The machine's answer is
+    kept once measured: tests/infer/test_devices.py; here it is given.)"""
     from dspark_lightning.data.prepare import RegenConfig
+    from dspark_lightning.lightning import datamodule as dm_module
 
-    monkeypatch.setattr(devices, "cpu_bf16_faster", lambda *a, **k: bf16_faster)
+    monkeypatch.setattr(dm_module, "decode_bf16_faster", lambda kind, cache=None: bf16_faster)
     dm = datamodule(tmp_path / "work")
     dm.regen = RegenConfig(**REGEN, dtype="fastest")
     job = dm.prepare_job()
