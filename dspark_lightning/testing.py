@@ -1,4 +1,5 @@
-"""Conformance checks for third-party components (pytest-free; they raise AssertionError).
+"""Conformance checks for third-party components (pytest-free; they raise AssertionError): :func:`check_seq_head`
+for a sequential head, :func:`check_server` for a serving target.
 
 A plugin author tests a sequential head in three lines::
 
@@ -150,3 +151,48 @@ def assert_decodes_target_greedy(target: Any, drafter: Any, texts=("hello there"
                                     eos_token_id=target.stop_token_ids, pad_token_id=0)  # fmt: skip
         assert got == ref[0, len(ids) :].tolist()
     assert res.stats.rounds > 0
+
+
+def check_server(spec: Any, seed: int = 0) -> None:
+    """Conformance checks for a serving target (a registered ``server`` name, or a
+    :class:`~dspark_lightning.export.servers.Server` subclass): it is a ``Server``; its rules return notes (strings)
+    or refuse in one line that names the server; :meth:`~dspark_lightning.export.servers.Server.check` agrees with
+    them; its additions keep every key and tensor of the generic layout; and, unless it also writes llama.cpp's
+    GGUF (that needs llama.cpp's converter), a ``--server`` export of a small DSpark drafter reads back through
+    ``load_drafter`` with the same logits."""
+    from .checkpoint import load_drafter
+    from .drafters import build_drafter
+    from .export import InteropError, Server, export_serving, server_for
+    from .export.dspark_hf import HEADS, dspark_config, dspark_state
+
+    server = server_for(spec) if isinstance(spec, str) else spec()
+    name = spec if isinstance(spec, str) else getattr(spec, "registry_name", getattr(spec, "__name__", str(spec)))
+    assert isinstance(server, Server), f"{name}: a server subclasses dspark_lightning.export.Server"
+    target = random_target()
+    torch.manual_seed(seed)
+    drafter = build_drafter(target, 4, backbone="dense", seq_head={"name": "vanilla", "rank": 8},
+                            conf_head="linear", mask_token_id=1).eval()  # fmt: skip
+    head = HEADS.get(type(drafter.seq_head))
+    try:
+        notes = server.dspark_rules(drafter, head, target)
+    except InteropError as exc:
+        assert "\n" not in str(exc) and str(exc).startswith(name), f"{name}: a refusal is one line naming the server"
+        assert server.check(drafter, target) == [str(exc)], f"{name}: check() must report what the rules refuse"
+        return
+    assert isinstance(notes, list) and all(isinstance(n, str) for n in notes), f"{name}: rules return a list of notes"
+    assert server.check(drafter, target) == [], f"{name}: check() refuses what the rules accept"
+    cfg, state = dspark_config(drafter, target, torch.float32, 4), dspark_state(drafter)
+    keys, tensors = set(cfg), set(state)
+    server.dspark_additions(cfg, state, drafter)
+    assert keys <= set(cfg) and tensors <= set(state), f"{name}: additions must keep the generic layout's entries"
+    if server.writes_gguf:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        export_serving(drafter, target, "dspark-hf", tmp, dtype="fp32", server=server.name, overwrite=True)
+        loaded = load_drafter(tmp, target)
+    prev = torch.randint(0, target.geometry.vocab_size, (2, 4))
+    ctx = target(prev).context
+    anchors, valid = torch.tensor([[1], [1]]), torch.ones(2, 1, dtype=torch.bool)
+    with torch.no_grad():
+        a, b = drafter(ctx, prev, anchors, valid), loaded(ctx, prev, anchors, valid)
+    assert torch.allclose(a.logits, b.logits, atol=1e-5), f"{name}: its export does not read back to the same drafter"

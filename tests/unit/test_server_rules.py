@@ -489,3 +489,29 @@ def test_a_plugin_server_is_checked_and_written_like_the_built_in_ones(targets, 
             export_serving(no_conf, t, "dspark-hf", tmp_path / "all", server="all")
     finally:
         _REGISTRY["server"].pop("test-myserver", None)
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang", "deepspec", "llamacpp"])
+def test_every_built_in_server_passes_the_conformance_check(name):
+    from dspark_lightning.testing import check_server
+
+    check_server(name)
+
+
+def test_the_server_conformance_check_bites():
+    """A server that drops a generic tensor, or refuses in several lines without its name, fails the check."""
+    from dspark_lightning.export import Server
+    from dspark_lightning.testing import check_server
+
+    class Dropper(Server):
+        def dspark_additions(self, cfg, state, drafter):
+            state.pop(next(iter(state)))
+
+    class Mumbler(Server):
+        def dspark_rules(self, drafter, head_type, target=None):
+            raise InteropError("no.\nreally not")
+
+    with pytest.raises(AssertionError, match="keep the generic layout"):
+        check_server(Dropper)
+    with pytest.raises(AssertionError, match="one line naming the server"):
+        check_server(Mumbler)
