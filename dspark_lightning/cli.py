@@ -46,7 +46,9 @@ INFER_COMMANDS = {  # subcommand -> (module, function); none of them imports Lig
 DATA_COMMANDS = {  # subcommand -> (module, function); they parse a recipe's data: section as fit does
     "prepare": ("dspark_lightning.lightning.prepare_cli", "run_prepare"),
     "check-cache": ("dspark_lightning.lightning.prepare_cli", "run_check_cache"),
-    "verify": ("dspark_lightning.lightning.prepare_cli", "run_verify"),  # the former name of check-cache
+}
+FORMER_NAMES = {  # a renamed command still runs under its former name, and says so
+    "verify": ("dspark_lightning.lightning.prepare_cli", "run_verify"),  # now check-cache
 }
 
 
@@ -180,7 +182,7 @@ def main(args: list[str] | None = None) -> None:
 
 
 def _dispatch(argv: list[str], args: list[str] | None, command: str) -> None:
-    commands = {**INFER_COMMANDS, **DATA_COMMANDS}
+    commands = {**INFER_COMMANDS, **DATA_COMMANDS, **FORMER_NAMES}
     if not argv or argv[0] in ("-h", "--help"):
         print(OVERVIEW)  # LightningCLI's own help names only its subcommands
     try:
