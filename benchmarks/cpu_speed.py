@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     from dspark_lightning import load_drafter, load_target
     from dspark_lightning.checkpoint import recorded_target_args
-    from dspark_lightning.profiling.breakdown import verify_breakdown
+    from dspark_lightning.infer.profiling.breakdown import verify_breakdown
 
     target = load_target("smollm2-135m-instruct", **recorded_target_args(a.drafter))
     drafter = load_drafter(a.drafter, target, dtype="auto")

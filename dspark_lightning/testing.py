@@ -1,5 +1,5 @@
 """Conformance checks for third-party components (pytest-free; they raise AssertionError): :func:`check_seq_head`
-for a sequential head, :func:`check_server` for a serving target.
+for a sequential head, :func:`check_scheduler` for a scheduler, :func:`check_server` for a serving target.
 
 A plugin author tests a sequential head in three lines::
 
@@ -137,20 +137,71 @@ def check_seq_head(spec: Any, block_size: int = 4, seed: int = 0, **kwargs: Any)
         assert out == ref[0, len(p) :].tolist(), f"{name}: decode() is not lossless (greedy output differs)"
 
 
-def assert_decodes_target_greedy(target: Any, drafter: Any, texts=("hello there", "def f(a, b):"), n: int = 16):
-    """``decode()`` with ``drafter`` (static scheduler) gives the target's own greedy ``generate()`` output for chat
-    prompts ``texts``, and really ran rounds: the check every imported or exported drafter must pass."""
+def assert_decodes_target_greedy(target: Any, drafter: Any, texts=("hello there", "def f(a, b):"), n: int = 16,
+                                 scheduler: Any = "static", hardware: Any = None):  # fmt: skip
+    """``decode()`` with ``drafter`` (static scheduler by default) gives the target's own greedy ``generate()`` output
+    for chat prompts ``texts``, and really ran rounds: the check every imported or exported drafter must pass."""
     import torch
 
     from .infer import decode
 
     prompts = [target.render_prompt([{"role": "user", "content": t}]) for t in texts]
-    res = decode(target, drafter, prompts, max_new_tokens=n, scheduler="static")
+    res = decode(target, drafter, prompts, max_new_tokens=n, scheduler=scheduler, hardware=hardware)
     for ids, got in zip(prompts, res.token_ids, strict=True):
         ref = target.model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n,
                                     eos_token_id=target.stop_token_ids, pad_token_id=0)  # fmt: skip
         assert got == ref[0, len(ids) :].tolist()
     assert res.stats.rounds > 0
+
+
+def check_scheduler(spec: Any, seed: int = 0, **kwargs: Any) -> None:
+    """Conformance checks for a scheduler (a registered name or a :class:`~dspark_lightning.infer.Scheduler`
+    subclass, plus its kwargs): it is a ``Scheduler``; the hardware parts it asks for are parts it reads; given
+    a profile it needs nothing more; on confidences of several shapes it returns host lengths (R,) in [0, γ], the same
+    for two fresh instances (l depends on the confidences and earlier steps only); its hooks take what the engine
+    hands them; and ``decode()`` with it, batched, reproduces the target's greedy output token for token."""
+    from .drafters import build_drafter
+    from .infer import HardwareProfile, SPSTable, build_scheduler
+    from .infer.draft_cost import DraftCost
+    from .infer.hardware import PARTS
+    from .infer.schedulers import Scheduler
+
+    def make() -> Scheduler:
+        return build_scheduler({"name": spec, **kwargs}) if isinstance(spec, str) else spec(**kwargs)
+
+    assert isinstance(spec, str | type), f"check_scheduler takes a registered name or a class, got {spec!r}"
+    name = spec if isinstance(spec, str) else spec.__name__
+    first, second = make(), make()
+    assert isinstance(first, Scheduler), f"{name}: a scheduler subclasses dspark_lightning.infer.Scheduler"
+    assert set(first.reads_hardware) <= set(PARTS), f"{name}: reads_hardware names parts a profile does not have"
+    assert first.needs_hardware() <= first.reads_hardware, f"{name}: needs_hardware() asks for parts it never reads"
+    profile = HardwareProfile(sps=SPSTable.from_points({1: 40.0, 4: 36.0, 16: 24.0, 64: 10.0, 256: 3.0}),
+                              draft_cost=DraftCost([1, 8], [0.004, 0.01]))  # fmt: skip
+    gen = torch.Generator().manual_seed(seed)
+    for s in (first, second):
+        s.reset()
+        s.use_hardware(profile)
+        assert s.needs_hardware() == frozenset(), f"{name}: still needs {sorted(s.needs_hardware())} given a profile"
+    for R, g in ((1, 1), (1, 4), (3, 4), (8, 7)):
+        for conf in (torch.rand(R, g, generator=gen), torch.ones(R, g), torch.zeros(R, g)):
+            assert isinstance(first.wants_draft(R), bool), f"{name}: wants_draft(R) must return a bool"
+            a, b = first(conf.clone()), second(conf.clone())
+            assert isinstance(a, torch.Tensor) and a.device.type == "cpu", f"{name}: lengths must be a host tensor"
+            assert a.shape == (R,) and not a.is_floating_point(), f"{name}: lengths must be (R,) integers, got {a}"
+            assert int(a.min()) >= 0 and int(a.max()) <= g, f"{name}: lengths {a.tolist()} outside [0, γ = {g}]"
+            assert torch.equal(a, b), f"{name}: two fresh schedulers disagree on the same confidences"
+            first.observe_draft_time(0.001)
+            first.observe_step(True, R, int(a.sum()) + R, 0.01, verified=R + int(a.sum()))
+            second.observe_draft_time(0.001)
+            second.observe_step(True, R, int(a.sum()) + R, 0.01, verified=R + int(a.sum()))
+    target = random_target()
+    torch.manual_seed(seed)
+    drafter = build_drafter(target, 4, backbone="dense", seq_head={"name": "vanilla", "rank": 8},
+                            conf_head="linear", mask_token_id=1).eval()  # fmt: skip
+    try:
+        assert_decodes_target_greedy(target, drafter, scheduler=make(), hardware=profile)
+    except AssertionError as exc:
+        raise AssertionError(f"{name}: decode() with it is not lossless: {exc}") from None
 
 
 def check_server(spec: Any, seed: int = 0) -> None:

@@ -188,7 +188,7 @@ def check_syncs(device, dtype, shape: dict, batches: list[int], rounds: int) -> 
     import warnings
 
     from dspark_lightning.infer import Engine, SamplingParams, make_proposer
-    from dspark_lightning.profiling.syncs import HostReads
+    from dspark_lightning.infer.profiling.syncs import HostReads
 
     target = random_llama(shape, device, dtype)
     drafter = random_dspark(target, block_size=7)
@@ -274,7 +274,7 @@ def main() -> None:
             r["s"] = round(time.perf_counter() - t0, 1)
         rows.extend(new)
         print(json.dumps(new), flush=True)
-    from dspark_lightning.infer.sps import device_tag
+    from dspark_lightning.devices import device_tag
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else device_tag(device)
     info = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": str(device), "dtype": _dt(dtype), "name": name,

@@ -71,7 +71,8 @@ def closed_loop(
     layout: str = "padded",
 ) -> dict:
     """Keep ``concurrency`` requests active for ``warmup_steps`` rounds, then measure a ``window_s`` window."""
-    from ..infer.decode import bind_scheduler, check_positions, make_engine
+    from ..infer.decode import check_positions, make_engine
+    from ..infer.profiling.hardware import measure_hardware
     from ..infer.sampling import SamplingParams
 
     if concurrency < 1:
@@ -80,7 +81,7 @@ def closed_loop(
         raise ValueError("the prompt pool is empty")
     engine = make_engine(target, drafter, SamplingParams(temperature), scheduler=scheduler, seed=seed, layout=layout)
     check_positions(target, prompts, max_new_tokens, engine.block_size)
-    bind_scheduler(engine, target, concurrency, drafter)
+    engine.use_hardware(measure_hardware(engine, target, drafter, concurrency))
     added = 0
 
     def refill() -> None:

@@ -7,20 +7,24 @@ from .accept import Acceptance, accept
 from .decode import DecodeResult, decode, encode_prompt
 from .draft import BlockProposer, Proposal, StatelessProposer, make_proposer
 from .engine import Engine
+from .hardware import HardwareProfile
 from .lean import LeanVerifier
-from .protocols import Proposer, Scheduler, Verifier
+from .profiling.hardware import measure_hardware
+from .profiling.sps import load_or_profile, profile_sps
+from .protocols import Proposer, Verifier
 from .request import Request
 from .sampling import SamplingParams, probs, sample
 from .schedulers import (
     AsyncHardwareAwareScheduler,
     AutoScheduler,
     HardwareAwareScheduler,
+    Scheduler,
     StaticScheduler,
     ThresholdScheduler,
     build_scheduler,
     prefix_schedule,
 )
-from .sps import SPSTable, load_or_profile, profile_sps
+from .sps import SPSTable
 from .stats import DecodeStats, RoundLog, summarize
 from .verify import HFVerifier, build_verifier
 
@@ -34,6 +38,7 @@ __all__ = [
     "Engine",
     "HFVerifier",
     "HardwareAwareScheduler",
+    "HardwareProfile",
     "LeanVerifier",
     "Proposal",
     "Proposer",
@@ -53,6 +58,7 @@ __all__ = [
     "encode_prompt",
     "load_or_profile",
     "make_proposer",
+    "measure_hardware",
     "prefix_schedule",
     "probs",
     "profile_sps",

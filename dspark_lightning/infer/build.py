@@ -1,7 +1,7 @@
 """An :class:`~.engine.Engine` wired to a drafter: its proposer (from the registry) and its STS temperatures.
 
 What ``decode()`` drives, the closed-loop serving benchmark drives directly, and the drafter-cost profile
-(:mod:`dspark_lightning.profiling.draft_cost`) runs, without reaching back into ``decode()`` and the loading of
+(:mod:`dspark_lightning.infer.profiling.draft_cost`) runs, without reaching back into ``decode()`` and the loading of
 exports.
 """
 
@@ -13,13 +13,14 @@ from typing import Any
 from ..checkpoint.calibration import temperatures_for
 from .draft import make_proposer
 from .engine import Engine
-from .protocols import SPSDriven
+from .hardware import HardwareProfile
 from .sampling import SamplingParams
 
 
 def make_engine(target, drafter, params: SamplingParams, *, scheduler: Any = "static", seed: int = 0,
                 stop_token_ids: list[int] | None = None, stop: list[str] | None = None, layout: str = "padded",
-                calibrated: bool = True, verifier: str = "auto", acceptance: str = "rejection") -> Engine:  # fmt: skip
+                calibrated: bool = True, verifier: str = "auto", acceptance: str = "rejection",
+                hardware: HardwareProfile | None = None) -> Engine:  # fmt: skip
     """The engine ``decode()`` drives (also driven directly by the closed-loop serving benchmark)."""
     temps = temperatures_for(drafter, params.temperature) if calibrated and drafter is not None else None
     proposer = make_proposer(drafter, layout=layout, conf_temperatures=temps) if drafter is not None else None
@@ -34,9 +35,10 @@ def make_engine(target, drafter, params: SamplingParams, *, scheduler: Any = "st
         layout=layout,
         verifier=verifier,
         acceptance=acceptance,
+        hardware=hardware,
     )
     if (temps is None and params.temperature > 0 and getattr(drafter, "conf_head", None) is not None
-            and isinstance(engine.scheduler, SPSDriven)):  # fmt: skip
+            and "sps" in engine.scheduler.reads_hardware):  # fmt: skip
         # docs/algorithm.md §5: the hardware-aware schedulers read absolute confidences; raw heads are overconfident
         # at T > 0. At T = 0 greedy drafts survive more often than the head's training law says, and the draft gate
         # bounds what a misjudged budget costs: raw confidences are the documented default there

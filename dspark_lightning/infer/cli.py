@@ -238,7 +238,7 @@ def run_decode(argv: list[str]) -> None:
 
 
 def run_profile(argv: list[str]) -> None:
-    from .sps import default_path, profile_sps
+    from .profiling.sps import default_path, profile_sps
 
     a = profile_parser().parse_args(argv)
     if a.breakdown is not None:
@@ -268,9 +268,9 @@ def run_profile(argv: list[str]) -> None:
 
 
 def roofline_of(table, target, context_len: int) -> str:
-    """The measured steps against the memory-bound floor (:mod:`dspark_lightning.profiling.roofline`), for the B a
+    """The measured steps against the memory-bound floor (:mod:`dspark_lightning.infer.profiling.roofline`), for the B a
     decoding step reaches."""
-    from ..profiling import roofline as rf
+    from .profiling import roofline as rf
 
     dev = next(target.model.parameters()).device
     nbytes, machine = rf.step_bytes(target), rf.Machine.measure(dev, next(target.model.parameters()).dtype)
@@ -304,11 +304,11 @@ def check_breakdown_args(a) -> None:
 
 
 def run_breakdown(a) -> None:
-    """``profile --breakdown verify|draft``: the tables of :mod:`dspark_lightning.profiling.breakdown` into
+    """``profile --breakdown verify|draft``: the tables of :mod:`dspark_lightning.infer.profiling.breakdown` into
     ``--out``."""
     from pathlib import Path
 
-    from ..profiling import breakdown as bd
+    from .profiling import breakdown as bd
 
     check_breakdown_args(a)
     from ..checkpoint import recorded_target_args

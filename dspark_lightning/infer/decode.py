@@ -28,7 +28,8 @@ from ..devices import resolve_device, resolve_dtype
 from ..targets import load_target
 from .build import make_engine
 from .engine import Engine
-from .protocols import SPSDriven
+from .hardware import HardwareProfile
+from .profiling.hardware import measure_hardware
 from .sampling import SamplingParams
 from .schedulers import build_scheduler
 from .stats import DecodeStats, RoundLog, summarize
@@ -156,6 +157,7 @@ def decode(
     calibrated: bool = True,
     verifier: str = "auto",
     acceptance: str = "rejection",
+    hardware: HardwareProfile | None = None,
     on_commit=None,
     progress: bool = False,
     device: str | torch.device | None = None,
@@ -172,8 +174,8 @@ def decode(
         temperature, top_k, top_p: the sampling law, applied identically to draft and target (T=0: greedy).
         scheduler: ``auto`` (default: the hardware-aware scheduler this machine's measured SPS curve calls for,
             with the draft gate) | ``static`` | ``threshold`` | ``hardware_aware`` | ``async_hardware_aware``, a
-            ``{"name": ..., **kwargs}`` dict, or a scheduler object (it keeps per-run state: use one object in
-            one call at a time; names and dicts build a fresh scheduler per call, safe across threads).
+            ``{"name": ..., **kwargs}`` dict, or a :class:`~.schedulers.Scheduler` (it keeps per-run state: use one
+            object in one call at a time; names and dicts build a fresh scheduler per call, safe across threads).
         seed: request i draws from its own drafting and acceptance streams, derived from (seed, i).
         seeds: one per prompt, pinning each request's streams (request i's from ``seeds[i]``), so
             ``decode([A], seeds=[7])`` and ``decode([B, A], seeds=[3, 7])`` give A the same tokens with the static
@@ -191,6 +193,9 @@ def decode(
             Gumbel noise keyed by (seed, request, position), so at T > 0 the output is token for token that of
             plain decoding with ``acceptance="coupled"`` and the same seed, whatever the drafter, scheduler, batch
             or load (:mod:`.coupled`; it accepts somewhat less than rejection sampling).
+        hardware: this machine's :class:`~.hardware.HardwareProfile` (SPS table, drafting cost, kernel table), whose
+            parts the scheduler reads; a part it needs and the profile lacks is read from the cache or measured once
+            before decoding (default: all of them).
         on_commit: ``fn(prompt_index, new_token_ids)`` after every round (streaming).
         progress: show a progress bar over finished requests.
         device, dtype: where and in which precision a target given by name runs (default ``auto``: CUDA in bf16
@@ -222,10 +227,10 @@ def decode(
         raise ValueError(f"seeds has {len(seeds)} entries for {len(encoded)} prompts")
     engine = make_engine(target, drafter, SamplingParams(temperature, top_k, top_p), scheduler=scheduler, seed=seed,
                          stop_token_ids=stop_token_ids, stop=stop, layout=layout, calibrated=calibrated,
-                         verifier=verifier, acceptance=acceptance)  # fmt: skip
+                         verifier=verifier, acceptance=acceptance, hardware=hardware)  # fmt: skip
     check_positions(target, encoded, max_new_tokens, engine.block_size)
     cap = batch_size or len(encoded)
-    bind_scheduler(engine, target, cap, drafter)  # one-time profiles (cached) happen here, outside the timing
+    engine.use_hardware(measure_hardware(engine, target, drafter, cap))  # measured once and cached, outside the timing
     t_start = time.perf_counter()
     engine.time_s["setup"] = t_start - t_setup
     bar = _bar(len(encoded), progress)
@@ -318,19 +323,6 @@ def _check_inputs(prompts: Any, max_new_tokens: Any, temperature: Any, seed: Any
                 resolve_dtype(value, "cpu")
             except ValueError as exc:
                 raise checks.UsageError(f"{name}: {exc}") from None
-
-
-def bind_scheduler(engine: Engine, target, max_requests: int, drafter=None) -> None:
-    """Give an SPS-driven scheduler (:class:`~.protocols.SPSDriven`) its table and, for model timing, the drafter's
-    cost per round (each profiled once and cached when not given), before the decoding loop and its timing."""
-    scheduler = engine.scheduler
-    if engine.proposer is None or not isinstance(scheduler, SPSDriven):
-        return
-    scheduler.bind(target, max_tokens=min(max_requests * (engine.block_size + 1), 256), progress=True)
-    if drafter is not None and scheduler.needs_draft_cost:
-        from ..profiling.draft_cost import load_or_profile_draft_cost
-
-        scheduler.use_draft_cost(load_or_profile_draft_cost(target, drafter, max_requests, progress=True))
 
 
 def _emit(on_commit, r, new) -> None:

@@ -11,7 +11,7 @@ A round, one method each:
 
 With no drafter, or on a step the gate skips, every round verifies the anchor only (l_r = 0): plain decoding,
 same code. Requests can be added at any time (continuous batching) and finish independently. The parts the engine
-drives are declared in :mod:`.protocols`.
+drives are declared in :mod:`.protocols` and, for the scheduler, by its base class :class:`~.schedulers.Scheduler`.
 """
 
 from __future__ import annotations
@@ -26,19 +26,11 @@ from .backlog import ContextBacklog
 from .clock import RoundClock
 from .coupled import CoupledAcceptance
 from .draft import Proposal
-from .protocols import (
-    AcceptanceMode,
-    DraftGated,
-    DraftTimeObserver,
-    Proposer,
-    ReducedVocabulary,
-    Resettable,
-    SegmentOutput,
-    StepObserver,
-)
+from .hardware import HardwareProfile
+from .protocols import AcceptanceMode, KernelChoice, Proposer, ReducedVocabulary, SegmentOutput
 from .request import Request, stream_seed
 from .sampling import SamplingParams, target_law
-from .schedulers import build_scheduler, survival
+from .schedulers import build_scheduler, overrides, survival
 from .stats import RoundLog
 from .verify import build_verifier
 
@@ -84,19 +76,23 @@ class Engine:
         layout: str = "padded",
         verifier: str = "auto",
         acceptance: str = "rejection",
+        hardware: HardwareProfile | None = None,
     ) -> None:
         if acceptance not in ACCEPTANCE:
             raise ValueError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r}")
         self.target = target
         self.params = params
-        self.verifier = build_verifier(verifier, target, layout)
+        self.verifier = build_verifier(verifier, target, layout, kernels=hardware.kernels if hardware else None)
         self.proposer = proposer
         self.scheduler = build_scheduler(scheduler if scheduler is not None else "static")
-        if isinstance(self.scheduler, Resettable):
-            self.scheduler.reset()
-        self._gated = isinstance(self.scheduler, DraftGated)
-        self._observes_steps = isinstance(self.scheduler, StepObserver)
-        self._observes_draft_time = isinstance(self.scheduler, DraftTimeObserver)
+        self.scheduler.reset()
+        self._gated = overrides(self.scheduler, "wants_draft")
+        self._observes_steps = overrides(self.scheduler, "observe_step")
+        self._observes_draft_time = overrides(self.scheduler, "observe_draft_time")
+        kernels = self.verifier.kernels if isinstance(self.verifier, KernelChoice) else None
+        self.hardware = HardwareProfile(kernels=kernels)
+        if hardware is not None:
+            self.use_hardware(hardware)
         self.stop_ids = {int(t) for t in stop_token_ids}
         self.stop_strings = [s for s in (stop_strings or []) if s]
         dev = self.verifier.device
@@ -111,6 +107,11 @@ class Engine:
         self.backlog = ContextBacklog()  # features of skipped steps, extended when drafting resumes
         self.clock = RoundClock(dev)  # device-timeline intervals, read after the round's own synchronisations
         self.trace = None  # an optional FeatureTrace (infer.generation): the target features of committed positions
+
+    def use_hardware(self, profile: HardwareProfile) -> None:
+        """Hand the machine's profile to the scheduler (before the first step: nothing in the loop measures it)."""
+        self.hardware = profile
+        self.scheduler.use_hardware(profile)
 
     @property
     def block_size(self) -> int:

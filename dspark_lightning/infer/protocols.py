@@ -3,16 +3,14 @@
 A round (:meth:`~.engine.Engine.step`) goes gate -> draft -> schedule -> verify -> accept -> commit:
 
 - a :class:`Proposer` drafts a block per request (:class:`~.draft.Proposal`);
-- a :class:`Scheduler` picks each request's verification length from the confidences alone;
+- a scheduler picks each request's verification length from the confidences alone (a base class with hooks, not a
+  protocol: :class:`~.schedulers.Scheduler`);
 - a :class:`Verifier` runs the target over every request's [anchor + admitted drafts] (:class:`SegmentOutput`);
 - an :class:`AcceptanceMode` draws the randomness of drafting and acceptance and accepts a prefix of each block.
 
-A scheduler may also take part in the round through optional hooks, each its own protocol, checked once with
-``isinstance`` (they are ``runtime_checkable``): :class:`Resettable`, :class:`DraftGated` (skip the drafter for a
-whole step), :class:`StepObserver` and :class:`DraftTimeObserver` (the step's outcome and drafting time), and
-:class:`SPSDriven` (``decode()``'s setup hands it the SPS table and the drafter's profiled cost per round).
-:class:`AdaptiveScheduler` is all of them together: what the built-in hardware-aware schedulers are. A proposer
-whose laws cover a reduced draft vocabulary says which target tokens it covers (:class:`ReducedVocabulary`).
+A proposer whose laws cover a reduced draft vocabulary says which target tokens it covers
+(:class:`ReducedVocabulary`); a verifier that runs its products through a measured kernel table says which
+(:class:`KernelChoice`; the engine keeps it in its :class:`~.hardware.HardwareProfile`).
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ import torch
 if TYPE_CHECKING:
     from .accept import Acceptance
     from .draft import Proposal
-    from .draft_cost import DraftCost
+    from .kernels import KernelTable
     from .request import Request
     from .sampling import Generators, SamplingParams
 
@@ -67,6 +65,13 @@ class Verifier(Protocol):
         ...
 
 
+@runtime_checkable
+class KernelChoice(Protocol):
+    """Optional for a verifier: the :class:`~.kernels.KernelTable` its products run through (None: the library's)."""
+
+    kernels: KernelTable | None
+
+
 # --- the drafter side ---------------------------------------------------------------------------------------------
 @runtime_checkable
 class Proposer(Protocol):
@@ -99,70 +104,6 @@ class ReducedVocabulary(Protocol):
     """Optional for a proposer: the target token ids its draft laws' columns stand for (None: all of them)."""
 
     draft_vocab: torch.Tensor | None
-
-
-# --- the scheduler ------------------------------------------------------------------------------------------------
-@runtime_checkable
-class Scheduler(Protocol):
-    def __call__(self, conf: torch.Tensor) -> torch.Tensor:
-        """ĉ (R, γ) in [0, 1] -> l (R,) long in [0, γ], on the host."""
-        ...
-
-
-@runtime_checkable
-class Resettable(Protocol):
-    def reset(self) -> None:
-        """Forget the state of an earlier run (an engine calls it once, when it takes the scheduler)."""
-        ...
-
-
-@runtime_checkable
-class DraftGated(Protocol):
-    def wants_draft(self, R: int) -> bool:
-        """Whether to run the drafter this step, from earlier steps only (False: l = 0 for every request)."""
-        ...
-
-
-@runtime_checkable
-class StepObserver(Protocol):
-    def observe_step(self, drafted: bool, R: int, tokens: int, seconds: float, verified: int | None = None) -> None:
-        """A finished step: drafted or not, R requests, ``tokens`` committed, its time, ``verified`` tokens B."""
-        ...
-
-
-@runtime_checkable
-class DraftTimeObserver(Protocol):
-    def observe_draft_time(self, seconds: float) -> None:
-        """A drafted step's drafting time (with the drafter's last cache update)."""
-        ...
-
-
-@runtime_checkable
-class SPSDriven(Protocol):
-    """A scheduler that reads the target's SPS table and, with model timing, the drafter's cost per round."""
-
-    @property
-    def needs_draft_cost(self) -> bool:
-        """Whether its model of a step's time takes the drafter's profiled cost per round (:meth:`use_draft_cost`)."""
-        ...
-
-    def bind(self, target: Any, max_tokens: int | None = None, progress: bool = True) -> None:
-        """Load (or profile once and cache) the target's SPS table on this machine when none was given."""
-        ...
-
-    def use_draft_cost(self, cost: DraftCost) -> None:
-        """The drafter's profiled cost per round (see :mod:`dspark_lightning.profiling.draft_cost`)."""
-        ...
-
-
-@runtime_checkable
-class AdaptiveScheduler(
-    Scheduler, Resettable, DraftGated, StepObserver, DraftTimeObserver, SPSDriven, Protocol
-):  # fmt: skip
-    """Every hook together: the hardware-aware schedulers."""
-
-
-SCHEDULER_HOOKS = (Resettable, DraftGated, StepObserver, DraftTimeObserver, SPSDriven)
 
 
 # --- acceptance ---------------------------------------------------------------------------------------------------

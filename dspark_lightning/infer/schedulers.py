@@ -8,8 +8,8 @@ every rule here admits position k using only candidates ranked at or above it, s
 Registered names: ``static``, ``threshold``, ``hardware_aware`` (Algorithm 1 with the early-stop
 break), ``async_hardware_aware`` (budget from confidences two steps old, fresh split) and ``auto`` (Algorithm 1 or
 a global search of the budget, whichever this machine's SPS curve calls for). Every scheduler is a
-:class:`~.protocols.Scheduler`; the hardware-aware ones are also :class:`~.protocols.AdaptiveScheduler` (draft gate,
-step observations, SPS table and drafting cost).
+:class:`Scheduler`: one base class whose hooks do nothing by default, like a Lightning ``Callback``; the
+hardware-aware ones use them all (draft gate, step observations, the machine's :class:`~.hardware.HardwareProfile`).
 """
 
 from __future__ import annotations
@@ -23,10 +23,73 @@ import torch
 
 from .. import checks
 from ..registry import create, get, register
-from .sps import SPSTable, load_or_profile
+from .sps import SPSTable
 
 if TYPE_CHECKING:
     from .draft_cost import DraftCost
+    from .hardware import HardwareProfile
+
+
+class Scheduler:
+    """Picks each request's verification length from the confidences; the base class of every scheduler.
+
+    Subclasses implement :meth:`__call__`. The other methods are hooks the engine calls at fixed points of a round;
+    each does nothing by default, so a scheduler overrides only the ones it uses (the engine skips the per-step ones a
+    scheduler does not override).
+
+    - :meth:`reset`: once, when an engine takes the scheduler.
+    - :meth:`use_hardware`: the machine's :class:`~.hardware.HardwareProfile`, before the decoding loop, with the parts
+      :attr:`reads_hardware` names (``decode()`` measures the missing ones once and caches them).
+    - :meth:`wants_draft`: before drafting, whether to run the drafter this step at all.
+    - :meth:`observe_draft_time` and :meth:`observe_step`: a drafted step's drafting time, and every finished step.
+
+    Lossless whatever a subclass does, as long as l_r depends on the confidences and on earlier steps only (never on
+    this step's draft tokens).
+    """
+
+    reads_hardware: frozenset[str] = frozenset()  # the HardwareProfile parts use_hardware() reads
+
+    def __call__(self, conf: torch.Tensor) -> torch.Tensor:
+        """ĉ (R, γ) in [0, 1] -> l (R,) long in [0, γ], on the host."""
+        raise NotImplementedError(f"{type(self).__name__} must implement __call__(conf) -> lengths")
+
+    def reset(self) -> None:
+        """Forget the state of an earlier run."""
+
+    def needs_hardware(self) -> frozenset[str]:
+        """The profile parts this scheduler still lacks (default: all it reads)."""
+        return self.reads_hardware
+
+    def use_hardware(self, profile: HardwareProfile) -> None:
+        """The machine's profile (SPS table, drafting cost, kernel table), measured outside the decoding loop."""
+
+    def wants_draft(self, R: int) -> bool:
+        """Whether to run the drafter this step, from earlier steps only (False: l = 0 for every request)."""
+        return True
+
+    def observe_step(self, drafted: bool, R: int, tokens: int, seconds: float, verified: int | None = None) -> None:
+        """A finished step: drafted or not, R requests, ``tokens`` committed, its time, ``verified`` tokens B."""
+
+    def observe_draft_time(self, seconds: float) -> None:
+        """A drafted step's drafting time (with the drafter's last cache update)."""
+
+
+HOOKS = ("reset", "use_hardware", "wants_draft", "observe_step", "observe_draft_time")
+
+
+def overrides(scheduler: Scheduler, hook: str) -> bool:
+    """Whether ``scheduler``'s class replaces the base class's ``hook``."""
+    return getattr(type(scheduler), hook, None) is not getattr(Scheduler, hook)
+
+
+class FunctionScheduler(Scheduler):
+    """A plain function ``conf -> lengths`` as a scheduler (no hooks)."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def __call__(self, conf: torch.Tensor) -> torch.Tensor:
+        return self.fn(conf)
 
 
 def survival(conf: torch.Tensor) -> torch.Tensor:
@@ -88,7 +151,7 @@ def global_capacity(a: torch.Tensor, sps: SPSTable) -> int:
 
 
 @register("scheduler", "static")
-class StaticScheduler:
+class StaticScheduler(Scheduler):
     """l_r = min(gamma, γ) for every request (gamma=None: the whole block, as in the paper's Table 1)."""
 
     def __init__(self, gamma: int | None = None) -> None:
@@ -101,7 +164,7 @@ class StaticScheduler:
 
 
 @register("scheduler", "threshold")
-class ThresholdScheduler:
+class ThresholdScheduler(Scheduler):
     """Verify the leading run of positions that pass a threshold.
 
     Args:
@@ -197,13 +260,13 @@ def _ratio(steps: list[tuple[int, int, float]]) -> float | None:
 TIMINGS = ("model", "live")
 
 
-class _SPSScheduler:
-    """Shared by the SPS-driven schedulers (:class:`~.protocols.AdaptiveScheduler`): the table, the drafting cost
-    and the draft gate.
+class _SPSScheduler(Scheduler):
+    """Shared by the SPS-driven schedulers: the table, the drafting cost and the draft gate.
 
     ``timing="model"`` (default, reproducible): a step's time is modelled as 1 / SPS(B) for its B verified
     tokens plus the drafter's cost per round at its batch size, profiled once per (drafter, machine) and cached
-    (:mod:`dspark_lightning.profiling.draft_cost`; ``decode()`` hands it over through :meth:`use_draft_cost`); ℓ
+    (:mod:`dspark_lightning.infer.profiling.draft_cost`; ``decode()`` hands it over in a
+    :class:`~.hardware.HardwareProfile`, :meth:`use_hardware`); ℓ
     and the gate then depend only on the confidences and the tokens committed so far, so
     the same call with the same seed gives the same output under any machine load. ``timing="live"`` uses this
     run's wall clock instead (an EMA of drafting time, measured step rates): it adapts to the load of the
@@ -232,7 +295,7 @@ class _SPSScheduler:
         self.include_draft_time = include_draft_time
         self.timing = timing
         self.fixed_cost = draft_cost  # seconds per round, whatever the batch (overrides the profile)
-        self.cost: DraftCost | None = None  # the drafter's profiled cost per round (use_draft_cost)
+        self.cost: DraftCost | None = None  # the drafter's profiled cost per round (use_hardware)
         self.draft_s: float | None = None  # live timing: running estimate of the per-step drafting time
         self.gate = DraftGate() if skip_draft else None
 
@@ -259,20 +322,22 @@ class _SPSScheduler:
             seconds = 1.0 / float(self.sps(B)) + (self.draft_cost(R) if drafted else 0.0)
         self.gate.observe(drafted, R, tokens, seconds)
 
-    def bind(self, target: Any, max_tokens: int | None = None, progress: bool = True) -> None:
-        """Load (or profile once and cache) the target's SPS table on this device when none was given."""
+    reads_hardware = frozenset({"sps", "draft_cost"})
+
+    def needs_hardware(self) -> frozenset[str]:
+        """The SPS table unless one was given, and the drafter's cost per round for model timing that counts the
+        drafting time without a fixed ``draft_cost``."""
+        need = {"sps"} if self.sps is None else set()
+        if self.timing == "model" and self.fixed_cost is None and self.include_draft_time and self.cost is None:
+            need.add("draft_cost")
+        return frozenset(need)
+
+    def use_hardware(self, profile: HardwareProfile) -> None:
+        """Take the SPS table (unless one was given) and the drafter's cost per round from ``profile``."""
         if self.sps is None:
-            self.sps = load_or_profile(target, self.context_len, max_tokens=max_tokens, progress=progress)
-
-    @property
-    def needs_draft_cost(self) -> bool:
-        """Whether the model of a step's time takes the drafter's profiled cost per round (model timing that counts
-        the drafting time, without a fixed ``draft_cost``)."""
-        return self.timing == "model" and self.fixed_cost is None and self.include_draft_time
-
-    def use_draft_cost(self, cost: DraftCost) -> None:
-        """The drafter's cost per round on this machine, profiled once outside the decoding loop."""
-        self.cost = cost
+            self.sps = profile.sps
+        if profile.draft_cost is not None:
+            self.cost = profile.draft_cost
 
     def draft_cost(self, R: int) -> float:
         """Modelled drafting seconds of a step with R requests (0 when drafting time is not counted)."""
@@ -288,7 +353,10 @@ class _SPSScheduler:
 
     def _table(self, R: int) -> SPSTable:
         if self.sps is None:
-            raise RuntimeError(f"{type(self).__name__} has no SPS table: pass sps=... or call bind(target)")
+            raise RuntimeError(
+                f"{type(self).__name__} has no SPS table: pass sps=... or a HardwareProfile with one "
+                "(use_hardware; decode() measures it)"
+            )
         extra = self.draft_cost(R) if self.timing == "model" else (self.draft_s or 0.0)
         if not self.include_draft_time or not extra:
             return self.sps
@@ -407,7 +475,10 @@ class AutoScheduler(_SPSScheduler):
         conf = conf.detach().cpu()
         if self.mode is None:
             if self.sps is None:
-                raise RuntimeError("AutoScheduler has no SPS table: pass sps=... or call bind(target)")
+                raise RuntimeError(
+                    "AutoScheduler has no SPS table: pass sps=... or a HardwareProfile with one "
+                    "(use_hardware; decode() measures it)"
+                )
             self.mode = "global" if step_in_curve(self.sps) is not None else "prefix"
         R = conf.shape[0]
         sps = self._table(R)
@@ -417,9 +488,10 @@ class AutoScheduler(_SPSScheduler):
         return admit_top(a, global_capacity(a, sps), sps)
 
 
-def build_scheduler(spec: Any) -> Any:
-    """A scheduler from a name, ``{"name": ..., **kwargs}``, or an object (returned as is). The one check of a spec:
-    the constructors check their arguments, and an argument a scheduler does not take is named here."""
+def build_scheduler(spec: Any) -> Scheduler:
+    """A scheduler from a name, ``{"name": ..., **kwargs}``, a :class:`Scheduler` (returned as is) or a plain function
+    ``conf -> lengths`` (wrapped). The one check of a spec: the constructors check their arguments, and an argument a
+    scheduler does not take is named here."""
     if isinstance(spec, str):
         return create("scheduler", spec)
     if isinstance(spec, dict):
@@ -435,7 +507,15 @@ def build_scheduler(spec: Any) -> Any:
             takes = ", ".join(sig.parameters) or "no arguments"
             raise checks.UsageError(f"scheduler {name!r}: {exc} (it takes {takes})") from None
         return cls(**kwargs)
-    if callable(spec):
+    if isinstance(spec, Scheduler):
         return spec
+    if callable(spec):
+        hooks = [h for h in HOOKS if callable(getattr(spec, h, None))]
+        if hooks:  # an object with hooks that is not a Scheduler: its hooks would be silently ignored
+            raise checks.UsageError(
+                f"scheduler {type(spec).__name__} has {', '.join(hooks)} but is not a subclass of "
+                "dspark_lightning.infer.Scheduler, so the engine would never call them; subclass it"
+            )
+        return FunctionScheduler(spec)
     raise checks.UsageError(f"scheduler must be a registered name, a {{'name': ...}} spec or a scheduler object, got "
                             f"{checks.short(spec)}")  # fmt: skip

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..registry import create, register
+from .kernels import KernelTable
 from .kvcache import RaggedCache
 from .lean import lean_unsupported
 from .protocols import SegmentOutput, Verifier
@@ -169,8 +170,11 @@ class HFVerifier:
         self.kv.compact(live_max=self.kv.live_bound(self.held))
 
 
-def build_verifier(name: str, target, layout: str = "padded") -> Verifier:
-    """A registered verifier; ``auto`` is the lean forward where it supports the target and layout, else ``hf``."""
+def build_verifier(name: str, target, layout: str = "padded", kernels: KernelTable | None = None) -> Verifier:
+    """A registered verifier; ``auto`` is the lean forward where it supports the target and layout, else ``hf``.
+    ``kernels``: the lean forward's kernel table (a :class:`~.hardware.HardwareProfile`'s; None: its own choice)."""
     if name == "auto":
         name = "lean" if lean_unsupported(target, layout) is None else "hf"
+    if name == "lean" and kernels is not None:
+        return create("verifier", name, target, layout=layout, kernels=kernels)
     return create("verifier", name, target, layout=layout)

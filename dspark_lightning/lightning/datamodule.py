@@ -280,11 +280,11 @@ class DSparkDataModule(L.LightningDataModule):
     def report_roofline(self) -> list[dict]:
         """Print each data stage's tokens/s against this machine's roof and store the table in
         ``prepare_stats.json`` (``roofline``): the matrix-product throughput in the stage's dtype and the read
-        bandwidth, measured here in a few seconds (:func:`~dspark_lightning.profiling.roofline.stage_roofline`).
+        bandwidth, measured here in a few seconds (:func:`~dspark_lightning.infer.profiling.roofline.stage_roofline`).
         Timings are of the run that did the work; on another machine than the one that prepared, the roofs differ."""
         from ..atomic import atomic_write
         from ..devices import cpu_model
-        from ..profiling import roofline as rf
+        from ..infer.profiling import roofline as rf
 
         path = DataPaths(Path(self.work_dir)).stats
         try:

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from dspark_lightning.infer import LeanVerifier
 from dspark_lightning.infer import kernels as K
-from dspark_lightning.profiling import roofline as rf
+from dspark_lightning.infer.profiling import roofline as rf
 
 
 def close(a, b, dtype):

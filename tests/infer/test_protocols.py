@@ -1,9 +1,11 @@
-"""The interfaces the engine drives (infer/protocols.py) are complete and every built-in part satisfies them.
+"""The interfaces the engine drives are complete and every built-in part satisfies them.
 
-Every registered scheduler, verifier and proposer, and both acceptance modes, pass ``isinstance`` against their
-protocol; every attribute the engine and ``decode()`` take of a part is declared by that part's protocols, read
-both from the source (attribute accesses on ``scheduler`` / ``verifier`` / ``proposer`` / ``acceptance``) and from a
-decode whose parts are wrapped to record each attribute they are asked for.
+Every registered verifier and proposer, and both acceptance modes, pass ``isinstance`` against their protocol
+(infer/protocols.py); every registered scheduler is a subclass of the ``Scheduler`` base class and passes
+``testing.check_scheduler``. Every attribute the engine and ``decode()`` take of a part is declared by that part's
+protocols (or, for the scheduler, its base class), read both from the source (attribute accesses on ``scheduler`` /
+``verifier`` / ``proposer`` / ``acceptance``) and from a decode whose parts are wrapped to record each attribute they
+are asked for.
 """
 
 import ast
@@ -15,46 +17,116 @@ from infer_helpers import make_drafter
 
 import dspark_lightning.infer as infer
 from dspark_lightning import create, names
-from dspark_lightning.infer import SamplingParams, SPSTable, StatelessProposer, decode, make_proposer
+from dspark_lightning.checks import UsageError
+from dspark_lightning.infer import (
+    HardwareProfile,
+    SamplingParams,
+    Scheduler,
+    SPSTable,
+    StatelessProposer,
+    build_scheduler,
+    decode,
+    make_proposer,
+)
 from dspark_lightning.infer.accept import RejectionAcceptance
 from dspark_lightning.infer.coupled import CoupledAcceptance
 from dspark_lightning.infer.draft_cost import DraftCost
 from dspark_lightning.infer.protocols import (
-    SCHEDULER_HOOKS,
     AcceptanceMode,
-    AdaptiveScheduler,
+    KernelChoice,
     Proposer,
     ReducedVocabulary,
-    Scheduler,
-    SPSDriven,
     Verifier,
     members,
 )
+from dspark_lightning.infer.schedulers import HOOKS, FunctionScheduler
+from dspark_lightning.testing import check_scheduler
 
 SPS = SPSTable.from_points({1: 30.0, 4: 28.0, 16: 20.0, 64: 8.0})
 HARDWARE_AWARE = {"hardware_aware", "async_hardware_aware", "auto"}
 
 # the part each name stands for in the engine's code -> the protocols that declare what may be taken of it
 ROLES = {
-    "scheduler": (Scheduler, *SCHEDULER_HOOKS),
-    "verifier": (Verifier,),
+    "scheduler": (Scheduler,),
+    "verifier": (Verifier, KernelChoice),
     "proposer": (Proposer, ReducedVocabulary),
     "acceptance": (AcceptanceMode,),
 }
-DRIVERS = ("engine.py", "decode.py", "build.py", "backlog.py")  # the code that drives the parts
+DRIVERS = ("engine.py", "decode.py", "build.py", "backlog.py", "profiling/hardware.py")  # the code driving the parts
+
+
+def scheduler_members() -> set[str]:
+    """What the Scheduler base class declares: ``__call__``, its hooks and what they read."""
+    return {n for n in vars(Scheduler) if not n.startswith("_")} | {"__call__"}
 
 
 def declared(role: str) -> set[str]:
+    if role == "scheduler":
+        return scheduler_members()
     return set().union(*(members(p) for p in ROLES[role]))
 
 
-def test_every_registered_scheduler_is_a_scheduler():
-    for name in names("scheduler"):
-        s = create("scheduler", name, **({"sps": SPS} if name in HARDWARE_AWARE else {}))
-        assert isinstance(s, Scheduler), name
-        if name in HARDWARE_AWARE:
-            assert isinstance(s, AdaptiveScheduler), name
+@pytest.mark.parametrize("name", sorted(names("scheduler")))
+def test_every_registered_scheduler_passes_the_conformance_check(name):
+    assert isinstance(create("scheduler", name), Scheduler)
+    check_scheduler(name)
     assert HARDWARE_AWARE <= set(names("scheduler"))
+
+
+def test_a_hardware_aware_scheduler_asks_for_what_it_lacks():
+    s = create("scheduler", "hardware_aware")
+    assert s.needs_hardware() == {"sps", "draft_cost"}
+    assert create("scheduler", "hardware_aware", sps=SPS).needs_hardware() == {"draft_cost"}
+    assert create("scheduler", "hardware_aware", sps=SPS, draft_cost=0.01).needs_hardware() == frozenset()
+    assert create("scheduler", "auto", timing="live").needs_hardware() == {"sps"}
+    s.use_hardware(HardwareProfile(sps=SPS, draft_cost=DraftCost([1, 8], [0.01, 0.05])))
+    assert s.needs_hardware() == frozenset() and s.sps is SPS
+    assert create("scheduler", "static").needs_hardware() == frozenset()
+
+
+class _TooLong(Scheduler):
+    def __call__(self, conf):
+        return torch.full((conf.shape[0],), conf.shape[1] + 1, dtype=torch.long)
+
+
+class _Floats(Scheduler):
+    def __call__(self, conf):
+        return conf.sum(-1)
+
+
+class _Peeking(Scheduler):
+    """Lengths from a random draw: two fresh instances disagree."""
+
+    def __call__(self, conf):
+        return torch.randint(0, conf.shape[1] + 1, (conf.shape[0],))
+
+
+class _NeedsTheMoon(Scheduler):
+    reads_hardware = frozenset({"moon"})
+
+
+@pytest.mark.parametrize(("broken", "says"), [(_TooLong, "outside [0"), (_Floats, "integers"),
+                                              (_Peeking, "disagree"), (_NeedsTheMoon, "parts a profile")])  # fmt: skip
+def test_the_conformance_check_catches_a_broken_scheduler(broken, says):
+    with pytest.raises(AssertionError, match=says.replace("[", r"\[")):
+        check_scheduler(broken)
+
+
+def test_a_function_is_a_scheduler_and_a_hooked_object_must_subclass():
+    wrapped = build_scheduler(lambda conf: torch.zeros(conf.shape[0], dtype=torch.long))
+    assert isinstance(wrapped, FunctionScheduler) and wrapped.wants_draft(3)
+    assert wrapped(torch.rand(2, 4)).tolist() == [0, 0]
+
+    class DuckTyped:
+        def __call__(self, conf):
+            return torch.zeros(conf.shape[0], dtype=torch.long)
+
+        def wants_draft(self, R):
+            return False
+
+    with pytest.raises(UsageError, match="wants_draft.*subclass"):
+        build_scheduler(DuckTyped())
+    assert set(HOOKS) <= scheduler_members()
 
 
 def test_every_registered_verifier_is_a_verifier(varied_target):
@@ -76,13 +148,11 @@ def test_both_acceptance_modes_are_acceptance_modes():
 
 
 def test_the_protocols_are_public_and_name_their_members():
-    assert infer.Scheduler is Scheduler and infer.Verifier is Verifier and infer.Proposer is Proposer
-    assert members(Scheduler) == {"__call__"}
+    assert infer.Verifier is Verifier and infer.Proposer is Proposer
     assert members(Verifier) == {"device", "prefill", "forward", "logits", "commit", "remove"}
     assert members(Proposer) == {"block_size", "add", "remove", "extend", "propose"}
-    assert members(SPSDriven) == {"bind", "needs_draft_cost", "use_draft_cost"}
-    assert members(AdaptiveScheduler) == {"__call__", "reset", "wants_draft", "observe_step", "observe_draft_time",
-                                          "bind", "needs_draft_cost", "use_draft_cost"}  # fmt: skip
+    assert scheduler_members() == {"__call__", "reset", "reads_hardware", "needs_hardware", "use_hardware",
+                                   "wants_draft", "observe_step", "observe_draft_time"}  # fmt: skip
 
 
 def accessed_in_source() -> dict[str, set[str]]:
@@ -112,6 +182,22 @@ def test_the_source_takes_only_declared_attributes():
     assert {"wants_draft", "observe_step", "observe_draft_time", "__call__"} <= seen["scheduler"]
 
 
+def record_scheduler(scheduler: Scheduler, seen: set[str]) -> Scheduler:
+    """``scheduler``, now an instance of a subclass of its class whose ``__call__`` and hooks record their names."""
+    cls = type(scheduler)
+
+    def recording(name: str):
+        def method(self, *args, **kwargs):
+            seen.add(name)
+            return getattr(cls, name)(self, *args, **kwargs)
+
+        return method
+
+    names_ = (*HOOKS, "needs_hardware", "__call__")
+    scheduler.__class__ = type(f"Recorded{cls.__name__}", (cls,), {n: recording(n) for n in names_})
+    return scheduler
+
+
 class Recorder:
     """Forwards everything to ``inner`` and records the name of every attribute asked for."""
 
@@ -133,11 +219,11 @@ class Recorder:
 def test_a_decode_takes_only_declared_attributes(varied_target, monkeypatch, acceptance):
     import dspark_lightning.infer.build as build
     import dspark_lightning.infer.engine as engine
-    import dspark_lightning.profiling.draft_cost as draft_cost
+    import dspark_lightning.infer.profiling.hardware as hardware
 
     seen: dict[str, set[str]] = {role: set() for role in ROLES}
     real = (build.make_proposer, engine.build_verifier, engine.acceptance_mode)
-    monkeypatch.setattr(draft_cost, "load_or_profile_draft_cost", lambda *a, **k: DraftCost([1, 8], [0.01, 0.05]))
+    monkeypatch.setattr(hardware, "load_or_profile_draft_cost", lambda *a, **k: DraftCost([1, 8], [0.01, 0.05]))
     torch.manual_seed(0)
     drafter = make_drafter(varied_target, block_size=3, draft_vocab_size=64)
     drafter.set_draft_vocab(torch.arange(64) * 4)
@@ -148,13 +234,13 @@ def test_a_decode_takes_only_declared_attributes(varied_target, monkeypatch, acc
         m.setattr(build, "make_proposer", lambda *a, **k: Recorder(real[0](*a, **k), seen["proposer"]))
         m.setattr(engine, "build_verifier", lambda *a, **k: Recorder(real[1](*a, **k), seen["verifier"]))
         m.setattr(engine, "acceptance_mode", lambda *a, **k: Recorder(real[2](*a, **k), seen["acceptance"]))
-        scheduler = Recorder(create("scheduler", "hardware_aware", sps=SPS), seen["scheduler"])
+        scheduler = record_scheduler(create("scheduler", "hardware_aware", sps=SPS), seen["scheduler"])
         got = decode(varied_target, drafter, prompts, scheduler=scheduler, **kw)
     want = decode(varied_target, drafter, prompts, scheduler={"name": "hardware_aware", "sps": SPS}, **kw)
     assert got.token_ids == want.token_ids and got.log.ell == want.log.ell  # the recorders change nothing
     for role, attrs in seen.items():
         assert attrs <= declared(role), f"decode() took {sorted(attrs - declared(role))} of its {role}"
     assert {"add", "extend", "propose", "remove", "block_size"} <= seen["proposer"]
-    assert seen["verifier"] == members(Verifier)
+    assert seen["verifier"] == members(Verifier) | members(KernelChoice)
     assert seen["acceptance"] == members(AcceptanceMode)
-    assert {"__call__", "bind", "use_draft_cost", "wants_draft", "observe_step"} <= seen["scheduler"]
+    assert {"__call__", "needs_hardware", "use_hardware", "wants_draft", "observe_step"} <= seen["scheduler"]

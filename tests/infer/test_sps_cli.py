@@ -3,12 +3,20 @@
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from dspark_lightning.cli import main
-from dspark_lightning.infer import HardwareAwareScheduler, SPSTable, load_or_profile, profile_sps
+from dspark_lightning.infer import (
+    HardwareAwareScheduler,
+    HardwareProfile,
+    SPSTable,
+    load_or_profile,
+    measure_hardware,
+    profile_sps,
+)
 from dspark_lightning.infer.sps import nonincreasing
 
 
@@ -41,9 +49,14 @@ def test_profile_and_cache_per_target(tiny_target, tmp_path, monkeypatch):
     assert len(files) == 1 and "tiny-debug" in files[0].name
     again = load_or_profile(tiny_target, context_len=16, max_tokens=4, progress=False)  # from the cache
     assert again.raw_sps == first.raw_sps
-    sched = HardwareAwareScheduler(context_len=16)
-    sched.bind(tiny_target, max_tokens=4, progress=False)
-    assert sched.sps.raw_sps == first.raw_sps
+    sched = HardwareAwareScheduler(context_len=16, include_draft_time=False)
+    engine = SimpleNamespace(hardware=HardwareProfile(), scheduler=sched, proposer=object(), block_size=3)
+    profile = measure_hardware(engine, tiny_target, None, max_requests=1, progress=False)  # B up to 1 * (3 + 1)
+    assert profile.sps.raw_sps == first.raw_sps and profile.draft_cost is None  # read from the cache
+    sched.use_hardware(profile)
+    assert sched.sps is profile.sps and sched.needs_hardware() == frozenset()
+    engine.proposer = None  # plain decoding reads nothing
+    assert measure_hardware(engine, tiny_target, None, max_requests=1, progress=False) is engine.hardware
 
 
 def test_decode_command_streams_and_writes_json(tmp_path, capsys):

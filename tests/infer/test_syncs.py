@@ -1,12 +1,12 @@
 """At most 2 device -> host synchronisations per decoding round (the confidences for the scheduler, the packed
-acceptance results), counted on the CPU by :class:`~dspark_lightning.profiling.syncs.HostReads`."""
+acceptance results), counted on the CPU by :class:`~dspark_lightning.infer.profiling.syncs.HostReads`."""
 
 import pytest
 import torch
 from infer_helpers import make_drafter
 
 from dspark_lightning.infer import Engine, SamplingParams, make_proposer
-from dspark_lightning.profiling.syncs import HostReads
+from dspark_lightning.infer.profiling.syncs import HostReads
 
 BUDGET = 2
 

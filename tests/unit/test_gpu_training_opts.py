@@ -12,10 +12,10 @@ from torch.utils.data import DataLoader
 
 from dspark_lightning.data.anchors import AnchorCollator
 from dspark_lightning.data.features import features_for_batch
+from dspark_lightning.infer.profiling.syncs import HostReads
 from dspark_lightning.lightning.callbacks import FitStats, TrainingDiverged
 from dspark_lightning.lightning.module import DSparkModule
 from dspark_lightning.modules import MoE
-from dspark_lightning.profiling.syncs import HostReads
 
 ROOT = Path(__file__).resolve().parents[2]
 FSDP_RECIPE = ROOT / "recipes" / "gpu" / "dspark_qwen3_4b_fsdp.yaml"

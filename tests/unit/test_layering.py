@@ -1,7 +1,7 @@
 """Every file of the package sits on one floor and imports only from its own floor or the floors below.
 
     base -> targets -> modules -> drafters -> checkpoint -> export -> infer -> data -> calibration -> eval
-         -> lightning -> cli
+         -> testing -> lightning -> cli
 
 ``base`` holds the leaf utilities (atomic I/O, locks, devices, the validators of ``checks``, the registry, the
 losses, the plot style, markdown tables). ``checkpoint`` is the on-disk form of a drafter in our own format
@@ -27,7 +27,7 @@ PKG = Path(__file__).resolve().parents[2] / "dspark_lightning"
 
 FLOORS = (
     "base", "targets", "modules", "drafters", "checkpoint", "export", "infer", "data", "calibration", "eval",
-    "lightning", "cli",
+    "testing", "lightning", "cli",
 )  # fmt: skip
 
 # path inside dspark_lightning/ (a file, or a folder for everything under it) -> floor; the longest match wins
@@ -47,12 +47,11 @@ PLACES = {
     "checkpoint": "checkpoint",
     "export": "export",
     "infer": "infer",
-    "profiling": "infer",  # measuring tools beside the runtime (drafting cost, round breakdowns, host reads)
     "infer/cli.py": "eval",  # the decode / profile commands read prompt files through data/ (a front end, like eval/)
     "data": "data",
     "calibration": "calibration",
     "eval": "eval",
-    "testing.py": "eval",  # plugin conformance checks: build, export, reload and decode a drafter
+    "testing.py": "testing",  # plugin conformance checks: build, export, reload and decode a drafter
     "lightning": "lightning",
     "cli.py": "cli",
     "__init__.py": "cli",  # the package root: the public facade

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from ..atomic import atomic_write
-from ..infer.build import make_engine
-from ..infer.draft_cost import DraftCost
-from ..infer.sampling import SamplingParams
-from ..infer.sps import default_path
+from ...atomic import atomic_write
+from ..build import make_engine
+from ..draft_cost import DraftCost
+from ..sampling import SamplingParams
+from .sps import default_path
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
 ROUNDS = 4  # timed rounds per batch size (after one warm-up decode)
@@ -38,7 +38,7 @@ def drafter_key(drafter) -> str | None:
         key = json.loads((Path(src) / "config.json").read_text())["weights_sha256"][:16]
     except (OSError, KeyError, ValueError):
         return None
-    from ..devices import param_dtype
+    from ...devices import param_dtype
 
     dt = param_dtype(drafter)
     return key if dt in (None, torch.float32) else f"{key}-{str(dt).removeprefix('torch.')}"

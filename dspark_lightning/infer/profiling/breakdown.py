@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from ..devices import device_tag
+from ...devices import device_tag
 
 DRAFT_PARTS = ("backbone", "lm_head", "sequential", "confidence", "sampling", "extend")
 DRAFT_VOCABS = (16384, 8192, 4096)  # draft-vocabulary sizes of the random variants (those below the target's)
@@ -64,8 +64,8 @@ def _device(target) -> torch.device:
 
 
 def _verifiers(target) -> dict[str, Any]:
-    from ..infer.lean import LeanVerifier, lean_unsupported
-    from ..infer.verify import HFVerifier
+    from ..lean import LeanVerifier, lean_unsupported
+    from ..verify import HFVerifier
 
     out = {"hf": HFVerifier(target)}
     if lean_unsupported(target, "padded") is None:
@@ -171,7 +171,7 @@ def verify_markdown(doc: dict) -> str:
 def draft_variants(target, trained: dict[str, Any] | None = None, layers: int = 2, block_size: int = 7) -> dict:
     """Name -> drafter: ``trained`` first, then random DSpark drafters (whole vocabulary, smaller draft
     vocabularies, 8192 tokens in bf16), on the target's device."""
-    from ..registry import create
+    from ...registry import create
 
     device = _device(target)
     out = dict(trained or {})
@@ -194,9 +194,9 @@ def draft_variants(target, trained: dict[str, Any] | None = None, layers: int = 
 
 def draft_breakdown(target, drafters: dict[str, Any], *, context: int = 512, rounds: int = 15, seed: int = 0) -> dict:
     """Median ms per round of each drafting component, per drafter and T in (0, 1), after 2 warm-up rounds."""
-    from ..infer.draft import BlockProposer
-    from ..infer.sampling import SamplingParams
-    from ..infer.verify import build_verifier
+    from ..draft import BlockProposer
+    from ..sampling import SamplingParams
+    from ..verify import build_verifier
 
     device = _device(target)
     V = target.geometry.vocab_size
