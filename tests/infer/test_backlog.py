@@ -5,10 +5,10 @@ import pytest
 import torch
 from infer_helpers import hf_greedy, make_drafter
 
-from dspark_lightning.infer import Engine, SamplingParams, make_proposer
+from dspark_lightning.infer import Engine, SamplingParams, Scheduler, make_proposer
 
 
-class ScriptedGate:
+class ScriptedGate(Scheduler):
     """Static full blocks; drafts only on the steps ``pattern`` marks (cycled), as a draft gate would decide."""
 
     def __init__(self, block_size: int, pattern: str) -> None:
