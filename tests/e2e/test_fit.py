@@ -127,7 +127,7 @@ def test_every_recipe_parses_and_instantiates(recipe, tmp_path, monkeypatch):
     if gpu:
         cfg = cli.parser.parse_args(["--config", recipe])  # the recipe as written: every key and type checks
         assert cfg.trainer.devices == 8 and cfg.trainer.precision == "bf16-mixed" and cfg.data.target_dtype == "bf16"
-        assert cfg.data.features == "cached" and cfg.model.loss.chunk_size
+        assert cfg.data.features.extract == "cached" and cfg.model.loss.chunk_size
 
 
 def test_validate_and_test_from_a_checkpoint(workdir, capsys):
@@ -146,7 +146,7 @@ def test_validate_and_test_from_a_checkpoint(workdir, capsys):
 def test_fit_with_a_reduced_draft_vocabulary(workdir):
     """model.draft_vocab_size: fit picks the most frequent response tokens (stop tokens forced in) and exports them."""
     from dspark_lightning import load_drafter
-    from dspark_lightning.data.vocab import frequent_tokens
+    from dspark_lightning.data.features.vocab import frequent_tokens
     from dspark_lightning.lightning.cli import DSparkCLI
     from dspark_lightning.lightning.datamodule import DSparkDataModule
     from dspark_lightning.lightning.module import DSparkModule
