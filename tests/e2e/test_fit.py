@@ -127,7 +127,7 @@ def test_every_recipe_parses_and_instantiates(recipe, tmp_path, monkeypatch):
     if gpu:
         cfg = cli.parser.parse_args(["--config", recipe])  # the recipe as written: every key and type checks
         assert cfg.trainer.devices == 8 and cfg.trainer.precision == "bf16-mixed" and cfg.data.target_dtype == "bf16"
-        assert cfg.data.features.extract == "cached" and cfg.model.loss.chunk_size
+        assert cfg.data.features == "cached" and cfg.model.loss.chunk_size
 
 
 def test_validate_and_test_from_a_checkpoint(workdir, capsys):
