@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from dspark_lightning import load_target
-from dspark_lightning.data.mixture import mixture
-from dspark_lightning.data.regenerate import regenerate
+from dspark_lightning.data.prompts.mixture import mixture
+from dspark_lightning.data.regen.regenerate import regenerate
 from dspark_lightning.devices import resolve_dtype
 
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from dspark_lightning.data.features import captured_sample, extract_features, target_law_summary
-from dspark_lightning.data.regenerate import load_captured, regenerate
+from dspark_lightning.data.features.extract import captured_sample, extract_features, target_law_summary
+from dspark_lightning.data.regen.regenerate import load_captured, regenerate
 from dspark_lightning.devices import cpu_model
 from dspark_lightning.lightning.prepare_cli import _parse
 

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def decode_speed(target, drafter, domains, n: int, max_new_tokens: int) -> list[dict]:
-    from dspark_lightning.data.evalsets import eval_prompts
+    from dspark_lightning.data.prompts.evalsets import eval_prompts
     from dspark_lightning.infer import decode
 
     warm = eval_prompts(domains[0], 1)[0].turns[0]

@@ -325,11 +325,12 @@ def build_deepspec(target: Any, model_args: dict, dtype: torch.dtype, seed: int)
 
 class Replay:
     """The batches one of our fits trained on, rebuilt from the feature cache: the recorded sample ids, collated by
-    our :class:`~dspark_lightning.data.anchors.AnchorCollator` with the recorded epoch, anchors checked equal."""
+    our :class:`~dspark_lightning.data.features.anchors.AnchorCollator` with the recorded epoch, anchors checked
+    equal."""
 
     def __init__(self, features: Path, max_anchors: int, seed: int, pad_id: int) -> None:
-        from dspark_lightning.data.anchors import AnchorCollator
-        from dspark_lightning.data.cache import FeatureCache
+        from dspark_lightning.data.features.anchors import AnchorCollator
+        from dspark_lightning.data.features.cache import FeatureCache
 
         self.cache = FeatureCache(features / "features_train")
         self.index = {sid: i for i, sid in enumerate(self.cache.sample_ids())}

@@ -28,9 +28,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import matrix  # noqa: E402
 import torch  # noqa: E402
 
-from dspark_lightning.data.mixture import mixture  # noqa: E402
-from dspark_lightning.data.regen_server import ServerConfig  # noqa: E402
-from dspark_lightning.data.regenerate import regenerate  # noqa: E402
+from dspark_lightning.data.prompts.mixture import mixture  # noqa: E402
+from dspark_lightning.data.regen.regen_server import ServerConfig  # noqa: E402
+from dspark_lightning.data.regen.regenerate import regenerate  # noqa: E402
 from dspark_lightning.devices import decode_bf16_faster  # noqa: E402
 from dspark_lightning.export import llamacpp  # noqa: E402
 from dspark_lightning.targets import load_target, resolve_target_path  # noqa: E402

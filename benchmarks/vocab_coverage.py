@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 from dspark_lightning import load_target
-from dspark_lightning.data.features import tokenize_conversations
-from dspark_lightning.data.regenerate import load_conversations
-from dspark_lightning.data.vocab import coverage, frequent_tokens, response_token_counts
+from dspark_lightning.data.features.extract import tokenize_conversations
+from dspark_lightning.data.features.vocab import coverage, frequent_tokens, response_token_counts
+from dspark_lightning.data.regen.regenerate import load_conversations
 
 
 def main() -> None:

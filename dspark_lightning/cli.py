@@ -40,7 +40,7 @@ INFER_COMMANDS = {  # subcommand -> (module, function); none of them imports Lig
     "export": ("dspark_lightning.export.cli", "run_export"),
     "llamacpp": ("dspark_lightning.export.llamacpp", "run_llamacpp"),
     "target": ("dspark_lightning.targets.gguf_import", "run_target"),  # bring your own target: GGUF -> HF directory
-    "write-prompts": ("dspark_lightning.data.self_prompts", "run_write_prompts"),  # no recipe: a prompt file
+    "write-prompts": ("dspark_lightning.data.prompts.self_prompts", "run_write_prompts"),  # no recipe: a prompt file
 }
 
 DATA_COMMANDS = {  # subcommand -> (module, function); they parse a recipe's data: section as fit does
@@ -199,7 +199,7 @@ def _dispatch(argv: list[str], args: list[str] | None, command: str) -> None:
 
         from .atomic import DiskFullError, disk_full_message, is_disk_full
         from .checkpoint import DrafterLoadError
-        from .data.cache import CacheError
+        from .data.features.cache import CacheError
         from .locks import FolderLockedError
         from .registry import RegistryError
 

@@ -1,5 +1,6 @@
 """Conformance checks for third-party components (pytest-free; they raise AssertionError): :func:`check_seq_head`
-for a sequential head, :func:`check_scheduler` for a scheduler, :func:`check_server` for a serving target.
+for a sequential head, :func:`check_scheduler` for a scheduler, :func:`check_server` for a serving target,
+:func:`check_prompt_source` for a prompt source.
 
 A plugin author tests a sequential head in three lines::
 
@@ -247,3 +248,36 @@ def check_server(spec: Any, seed: int = 0) -> None:
     with torch.no_grad():
         a, b = drafter(ctx, prev, anchors, valid), loaded(ctx, prev, anchors, valid)
     assert torch.allclose(a.logits, b.logits, atol=1e-5), f"{name}: its export does not read back to the same drafter"
+
+
+def check_prompt_source(spec: Any, limit: int = 4, **kwargs: Any) -> None:
+    """Conformance checks for a prompt source (a registered ``prompt_source`` name, or a
+    :class:`~dspark_lightning.data.prompts.sources.PromptSource` subclass, plus its arguments: ``path=`` for a file
+    source): built with ``limit``, it is a ``PromptSource`` that yields between 1 and ``limit`` well-formed prompts
+    (:class:`~dspark_lightning.data.prompts.sources.PromptRecord`) with unique ids and its own name as ``source``; a
+    second build yields the same records (ids, turns, responses, system prompt), and a smaller ``limit`` a prefix
+    of them (ids stay stable when a source grows, which the hash split and the resume by id rely on)."""
+    from .data.prompts.sources import PromptRecord, PromptSource
+    from .registry import create
+
+    def build(n: int) -> Any:
+        return create("prompt_source", spec, limit=n, **kwargs) if isinstance(spec, str) else spec(limit=n, **kwargs)
+
+    def content(records: list) -> list:
+        return [(r.id, r.domain, r.source, list(r.turns), r.responses, r.system) for r in records]
+
+    source = build(limit)
+    name = spec if isinstance(spec, str) else getattr(spec, "registry_name", getattr(spec, "__name__", str(spec)))
+    assert isinstance(source, PromptSource), f"{name}: a prompt source subclasses data.prompts.sources.PromptSource"
+    records = list(source)
+    assert records, f"{name}: yields no prompt with limit={limit}"
+    assert len(records) <= limit, f"{name}: {len(records)} prompts with limit={limit}"
+    for r in records:
+        assert isinstance(r, PromptRecord), f"{name}: yields {type(r).__name__}, not PromptRecord"
+        assert isinstance(r.id, str) and r.id.strip(), f"{name}: a prompt without an id ({r.id!r})"
+        assert r.source == source.name, f"{name}: prompt {r.id!r} names source {r.source!r}, not {source.name!r}"
+    ids = [r.id for r in records]
+    assert len(set(ids)) == len(ids), f"{name}: duplicate ids {sorted({i for i in ids if ids.count(i) > 1})}"
+    assert content(list(build(limit))) == content(records), f"{name}: a second build yields other prompts"
+    half = max(1, len(records) // 2)
+    assert content(list(build(half))) == content(records[:half]), f"{name}: limit={half} is not a prefix"

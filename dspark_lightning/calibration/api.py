@@ -15,7 +15,7 @@ import torch
 from .. import checks, locks
 from ..atomic import atomic_write
 from ..checkpoint import load_drafter_checked, read_config, recorded_target_args
-from ..data.evalsets import CALIBRATION_PROMPTS
+from ..data.prompts.evalsets import CALIBRATION_PROMPTS
 from ..devices import resolve_device, resolve_dtype
 from ..targets import load_target_checked
 from .files import load_rollouts, save_calibration

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from ..atomic import atomic_writer
-from ..data.evalsets import calibration_records
+from ..data.prompts.evalsets import calibration_records
 from ..infer import decode
 
 

@@ -33,11 +33,11 @@ from typing import Any
 
 from .. import checks
 from ..atomic import atomic_write
-from .cache import FeatureCache, cache_meta, describe_estimate, merge_caches, write_cache
-from .curate import needs_tokenizer
-from .features import CapturedFeatureStream, extract_features, tokenize_conversations
-from .mixture import curated_mixture, mixture
-from .regenerate import generation_settings, load_captured, load_conversations, regenerate, same_settings
+from .features.cache import FeatureCache, cache_meta, describe_estimate, merge_caches, write_cache
+from .features.extract import CapturedFeatureStream, extract_features, tokenize_conversations
+from .prompts.curate import needs_tokenizer
+from .prompts.mixture import curated_mixture, mixture
+from .regen.regenerate import generation_settings, load_captured, load_conversations, regenerate, same_settings
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "heldout")
@@ -88,7 +88,7 @@ class RegenConfig:
     0.8. Held-out prompts are answered once."""
 
     def __post_init__(self) -> None:
-        from .regenerate import BACKENDS
+        from .regen.regenerate import BACKENDS
 
         checks.at_least("data.regen.answers_per_prompt", self.answers_per_prompt, 1)
         if self.answers_per_prompt > 1 and not self.temperature:
@@ -104,10 +104,10 @@ class RegenConfig:
             raise ValueError("data.regen.base_url / model are read by backend: openai only")
 
     def server(self) -> Any:
-        """The :class:`~dspark_lightning.data.regen_server.ServerConfig` of backend openai (else ``None``)."""
+        """The :class:`~dspark_lightning.data.regen.regen_server.ServerConfig` of backend openai (else ``None``)."""
         if self.backend != "openai":
             return None
-        from .regen_server import ServerConfig
+        from .regen.regen_server import ServerConfig
 
         return ServerConfig(self.base_url or "", self.model or "", self.timeout_s, self.retries)
 
@@ -134,7 +134,7 @@ class RegenConfig:
 _SERVER_FIELDS = ("base_url", "model", "timeout_s", "retries")
 
 
-CACHE_FORMAT = 2  # 2: samples carry target_lse / target_top (data.cache.LAW_SUMMARY)
+CACHE_FORMAT = 2  # 2: samples carry target_lse / target_top (data.features.cache.LAW_SUMMARY)
 
 
 @dataclass
@@ -280,7 +280,7 @@ class PrepareJob:
     load_regen_target: Callable[[], Any] | None = None
     """loads the target in ``regen.dtype`` (called once, only when a split has prompts to answer)"""
     curation: Any = None
-    """mixture-wide checks (:class:`dspark_lightning.data.curate.Curation`; ``None``: none)"""
+    """mixture-wide checks (:class:`dspark_lightning.data.prompts.curate.Curation`; ``None``: none)"""
     load_tokenizer: Callable[[], Any] | None = None
     """the target's tokenizer, for sources with ``min_tokens`` / ``max_tokens``"""
 
@@ -306,7 +306,7 @@ class PrepareJob:
 
     @cached_property
     def curation_report(self) -> Any:
-        """What curation kept and dropped per source (:class:`dspark_lightning.data.curate.CurationReport`)."""
+        """What curation kept and dropped per source (:class:`dspark_lightning.data.prompts.curate.CurationReport`)."""
         return curated_mixture(self.sources, self.curation, self._tokenizer(), self.split_seed).report
 
     @cached_property

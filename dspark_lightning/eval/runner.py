@@ -53,7 +53,7 @@ def builtin_datasets(domains: list[str], n: int) -> list[Dataset]:
 
 def jsonl_dataset(spec: str, n: int) -> Dataset:
     """``name=path.jsonl`` or ``name=path.jsonl:domain`` (default: the records' own domain)."""
-    from ..data.sources import JsonlPrompts
+    from ..data.prompts.sources import JsonlPrompts
 
     if "=" not in spec:
         raise ValueError(f"--dataset wants name=path.jsonl[:domain], got {spec!r}")
@@ -73,7 +73,7 @@ def responses_datasets(path: str | Path, n: int) -> list[Dataset]:
     first ``n`` records of each source, in file order. A source's prompt forms are apart
     (``python_stdlib/complete``, ``algorithms/instruct``), and a source whose records span domains gives one set per
     domain (``sharegpt_v3:code``)."""
-    from ..data.sources import _turn_texts
+    from ..data.prompts.sources import _turn_texts
 
     recs: list[tuple[str, str, str]] = []  # (base name, domain, first user turn)
     with open(path, encoding="utf-8") as f:

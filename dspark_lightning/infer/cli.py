@@ -145,7 +145,7 @@ def scheduler_spec(a) -> dict:
 def read_prompts(path: str, limit: int | None) -> list[str]:
     """The first turn of each record of a ``{"turns": [...]}`` JSONL file (the first ``limit``); an unreadable file
     or one without prompts is an error naming it."""
-    from ..data.sources import JsonlPrompts
+    from ..data.prompts.sources import JsonlPrompts
 
     checks.input_file("--prompts", path)
     try:

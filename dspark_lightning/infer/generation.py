@@ -1,6 +1,6 @@
 """The data pipeline's one door into the runtime (tests/unit/test_layering.py: ``SEAMS``).
 
-``data/regenerate.py`` answers training prompts with the target alone: plain decoding, no drafter, with the
+``data/regen/regenerate.py`` answers training prompts with the target alone: plain decoding, no drafter, with the
 runtime's sampling law and continuous batching. It builds that engine here and drives it through the engine's own
 ``add`` / ``step`` / ``requests``; nothing else of ``infer/`` is imported by ``data/``.
 

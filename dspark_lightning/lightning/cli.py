@@ -29,7 +29,7 @@ from yaml import YAMLError  # noqa: E402
 from .. import checks, locks  # noqa: E402
 from ..atomic import DiskFullError, disk_full_message, is_disk_full  # noqa: E402
 from ..checkpoint import DrafterLoadError  # noqa: E402
-from ..data.cache import CacheError  # noqa: E402
+from ..data.features.cache import CacheError  # noqa: E402
 from ..errors import one_line_error  # noqa: E402
 from ..export.plan import check_servable, plan_args  # noqa: E402
 from ..registry import RegistryError  # noqa: E402

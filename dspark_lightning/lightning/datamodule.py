@@ -13,16 +13,16 @@ import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import ConcatDataset, DataLoader, Subset
 
-from ..data.anchors import AnchorCollator
-from ..data.cache import CacheError, FeatureCache
-from ..data.curate import Curation, needs_tokenizer, repeat_index
-from ..data.features import resolve_feature_dtype
-from ..data.mixture import curated_mixture, mixture
+from ..data.features.anchors import AnchorCollator
+from ..data.features.cache import CacheError, FeatureCache
+from ..data.features.extract import resolve_feature_dtype
+from ..data.features.stream import ShardStream
+from ..data.features.vocab import response_token_counts
 from ..data.prepare import DataPaths, PrepareJob, RegenConfig, check_caches, expected_meta, open_split, tokenized_split
-from ..data.regenerate import load_conversations
-from ..data.sources import build_source
-from ..data.stream import ShardStream
-from ..data.vocab import response_token_counts
+from ..data.prompts.curate import Curation, needs_tokenizer, repeat_index
+from ..data.prompts.mixture import curated_mixture, mixture
+from ..data.prompts.sources import build_source
+from ..data.regen.regenerate import load_conversations
 from ..devices import decode_bf16_faster, dtype_name, resolve_device, resolve_dtype
 from ..targets import ChatFormat, load_target
 from .config import as_config
@@ -40,7 +40,8 @@ class DSparkDataModule(L.LightningDataModule):
         system_prompt: system prompt of the shared chat format (null = the template's default).
         chat_template: a Jinja chat template for a target without one (a base model; null = the tokenizer's own,
             else raw concatenated text): how its prompts and responses are laid out in every stage.
-        sources: registered prompt sources, each ``{name: ..., <its args>}`` (see ``dspark_lightning.data.sources``).
+        sources: registered prompt sources, each ``{name: ..., <its args>}`` (see
+            ``dspark_lightning.data.prompts.sources``).
         heldout_fraction: fraction of prompts held out for validation / evaluation / calibration.
         split_seed: seed of the hash-based train / held-out split.
         work_dir: where responses, feature caches and prepare_stats.json go.
@@ -51,9 +52,9 @@ class DSparkDataModule(L.LightningDataModule):
         feature_dtype: storage precision of features, the same for both paths.
         target_dtype: dtype the target is loaded in for regeneration and feature extraction (null = bf16 when CUDA
             is available, else fp32; ``bf16`` / ``fp16`` / ``fp32`` / ...). Linked to ``model.target_dtype``.
-        streaming: read cached features with the streaming :class:`~dspark_lightning.data.stream.ShardStream`
+        streaming: read cached features with the streaming :class:`~dspark_lightning.data.features.stream.ShardStream`
             (shards split by rank and DataLoader worker, features kept in bf16 until the device) instead of the
-            map-style :class:`~dspark_lightning.data.cache.FeatureCache`.
+            map-style :class:`~dspark_lightning.data.features.cache.FeatureCache`.
         cache_url: where the streaming reader finds ``features_<split>/`` (a directory or fsspec URL such as
             ``s3://bucket/run/data``; null = ``work_dir``). A cache read from a URL is used as it is.
         shuffle_buffer: samples each streaming worker holds for shuffling (memory: buffer x S x (n+1) x d x 2 B).
@@ -62,7 +63,8 @@ class DSparkDataModule(L.LightningDataModule):
         num_workers: DataLoader workers.
         seed: seed of regeneration sampling and anchor sampling.
         curation: mixture-wide checks of the training prompts: decontamination against held-out sets and public
-            benchmarks, exact and near de-duplication (:class:`~dspark_lightning.data.curate.Curation`; null = none).
+            benchmarks, exact and near de-duplication (:class:`~dspark_lightning.data.prompts.curate.Curation`;
+            null = none).
             Per-source filters (``language``, ``min_tokens``, ``max_tokens``, ``sample``, ``weight``) sit in each
             ``sources`` entry.
         extra_work_dirs: other prepared work dirs (``dspark-lightning prepare`` of another recipe with the same

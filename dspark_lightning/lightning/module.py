@@ -16,7 +16,7 @@ import lightning as L
 import torch
 from torch import nn
 
-from ..data.features import features_for_batch, target_law_summary
+from ..data.features.extract import features_for_batch, target_law_summary
 from ..devices import resolve_dtype
 from ..drafters import build_drafter
 from ..drafters.warm_start import WarmStart

@@ -18,7 +18,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from ..data.cache import verify_cache
+from ..data.features.cache import verify_cache
 from ..data.prepare import SPLITS, DataPaths
 from . import recipe_checks
 from .datamodule import DSparkDataModule

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from dspark_lightning.data.prepare import RegenConfig, several_answers
-from dspark_lightning.data.regenerate import load_conversations, regenerate
-from dspark_lightning.data.sources import PromptRecord
+from dspark_lightning.data.prompts.sources import PromptRecord
+from dspark_lightning.data.regen.regenerate import load_conversations, regenerate
 from dspark_lightning.testing import random_target
 
 

@@ -10,7 +10,7 @@ import torch
 from data_rows import conversations as _rows
 from torch.utils.data import DistributedSampler
 
-from dspark_lightning.data.cache import (
+from dspark_lightning.data.features.cache import (
     CacheError,
     FeatureCache,
     cache_meta,
@@ -20,7 +20,7 @@ from dspark_lightning.data.cache import (
     verify_cache,
     write_cache,
 )
-from dspark_lightning.data.features import extract_features, features_for_batch, tokenize_conversations
+from dspark_lightning.data.features.extract import extract_features, features_for_batch, tokenize_conversations
 
 
 def conversations(n: int = 7) -> list[dict]:
@@ -63,7 +63,7 @@ def test_describe_estimate(target):
 def test_law_summary_is_the_targets_and_survives_the_cache(cache_dir, target, samples):
     """target_lse / target_top equal logsumexp / argmax of the target logits from the rounded hidden states, and
     the cache and the collator hand them on unchanged (the draft-vocabulary loss reads them)."""
-    from dspark_lightning.data.anchors import AnchorCollator
+    from dspark_lightning.data.features.anchors import AnchorCollator
 
     s = samples[0]
     z = target.logits(s["hidden"].float()).float()

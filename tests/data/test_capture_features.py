@@ -10,11 +10,16 @@ import torch
 from test_prepare import DATA, TINY, cli
 
 from dspark_lightning import load_target
-from dspark_lightning.data.cache import FeatureCache
-from dspark_lightning.data.features import captured_sample, extract_features, target_law_summary, tokenize_conversations
+from dspark_lightning.data.features.cache import FeatureCache
+from dspark_lightning.data.features.extract import (
+    captured_sample,
+    extract_features,
+    target_law_summary,
+    tokenize_conversations,
+)
 from dspark_lightning.data.prepare import DataPaths, RegenConfig
-from dspark_lightning.data.regenerate import load_captured, load_conversations, regenerate
-from dspark_lightning.data.sources import PromptRecord
+from dspark_lightning.data.prompts.sources import PromptRecord
+from dspark_lightning.data.regen.regenerate import load_captured, load_conversations, regenerate
 from dspark_lightning.testing import random_target
 
 PROMPTS = [PromptRecord(id=f"p{i}", domain="chat", source="t", turns=[f"say {w} twice please"])

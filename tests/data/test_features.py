@@ -6,7 +6,7 @@ import pytest
 import torch
 from data_rows import conversations
 
-from dspark_lightning.data.features import (
+from dspark_lightning.data.features.extract import (
     FEATURE_DTYPES,
     extract_features,
     features_for_batch,

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from test_prepare import DATA, REGEN, TINY, cli, datamodule, prepare
 
-from dspark_lightning.data.cache import CacheError
-from dspark_lightning.data.fixed_text import _chunks, _prose
-from dspark_lightning.data.sources import HumanEval, build_source
+from dspark_lightning.data.features.cache import CacheError
+from dspark_lightning.data.prompts.fixed_text import _chunks, _prose
+from dspark_lightning.data.prompts.sources import HumanEval, build_source
 
 
 def _recs(spec: dict) -> list:

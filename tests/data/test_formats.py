@@ -9,10 +9,16 @@ from pathlib import Path
 import pytest
 from test_prepare import REGEN, TINY, cli
 
-from dspark_lightning.data.curate import Curation, Decontaminator, repeat_index
-from dspark_lightning.data.formats import FormatError, ReadReport, iter_json_array, parse_row, read_conversations
-from dspark_lightning.data.mixture import curated_mixture, mixture
-from dspark_lightning.data.sources import build_source
+from dspark_lightning.data.prompts.curate import Curation, Decontaminator, repeat_index
+from dspark_lightning.data.prompts.formats import (
+    FormatError,
+    ReadReport,
+    iter_json_array,
+    parse_row,
+    read_conversations,
+)
+from dspark_lightning.data.prompts.mixture import curated_mixture, mixture
+from dspark_lightning.data.prompts.sources import build_source
 
 SHAREGPT = [
     {"id": "a", "system": "You are terse.", "conversations": [

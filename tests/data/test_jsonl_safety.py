@@ -8,8 +8,8 @@ import os
 import pytest
 
 from dspark_lightning.atomic import DiskFullError
-from dspark_lightning.data.regenerate import load_conversations, regenerate
-from dspark_lightning.data.sources import PromptRecord
+from dspark_lightning.data.prompts.sources import PromptRecord
+from dspark_lightning.data.regen.regenerate import load_conversations, regenerate
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 FAST = {"max_new_tokens": 6, "progress": False, "temperature": 0.0, "batch_size": 2, "concurrency": 2}

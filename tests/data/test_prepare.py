@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark_lightning.data.cache import CacheError, FeatureCache
+from dspark_lightning.data.features.cache import CacheError, FeatureCache
+from dspark_lightning.data.features.stream import ShardStream
 from dspark_lightning.data.prepare import DataPaths
-from dspark_lightning.data.stream import ShardStream
 from dspark_lightning.lightning.datamodule import DSparkDataModule
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,11 +10,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from dspark_lightning.data import regenerate as regen_mod
 from dspark_lightning.data.prepare import RegenConfig
-from dspark_lightning.data.regen_server import ServerConfig, ServerError
-from dspark_lightning.data.regenerate import regenerate
-from dspark_lightning.data.sources import PromptRecord
+from dspark_lightning.data.prompts.sources import PromptRecord
+from dspark_lightning.data.regen import regenerate as regen_mod
+from dspark_lightning.data.regen.regen_server import ServerConfig, ServerError
+from dspark_lightning.data.regen.regenerate import regenerate
 
 PROMPTS = [PromptRecord(f"s/{i}", "chat", "test", ["hello there", "and then?"][: 1 + i % 2]) for i in range(6)]
 PROMPTS.append(PromptRecord("s/sys", "chat", "test", ["who are you?"], system="You are a pirate."))

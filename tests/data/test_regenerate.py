@@ -8,9 +8,9 @@ import os
 import pytest
 import torch
 
-from dspark_lightning.data import regenerate as regen_mod
-from dspark_lightning.data.regenerate import _PerRowSampler, load_conversations, regenerate
-from dspark_lightning.data.sources import PromptRecord
+from dspark_lightning.data.prompts.sources import PromptRecord
+from dspark_lightning.data.regen import regenerate as regen_mod
+from dspark_lightning.data.regen.regenerate import _PerRowSampler, load_conversations, regenerate
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 FAST = {"max_new_tokens": 6, "progress": False}

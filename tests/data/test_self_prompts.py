@@ -8,9 +8,9 @@ import json
 import pytest
 
 from dspark_lightning.cli import main
-from dspark_lightning.data import self_prompts
-from dspark_lightning.data.self_prompts import clean_question, meta_records, write_prompts, written_prompts
-from dspark_lightning.data.sources import build_source
+from dspark_lightning.data.prompts import self_prompts
+from dspark_lightning.data.prompts.self_prompts import clean_question, meta_records, write_prompts, written_prompts
+from dspark_lightning.data.prompts.sources import build_source
 
 
 def test_meta_records_are_deterministic_varied_and_grow_by_prefix():

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from dspark_lightning.data import sources
-from dspark_lightning.data.mixture import mixture
-from dspark_lightning.data.sources import LICENSES, PromptRecord, license_of, split_of
+from dspark_lightning.data.prompts import sources
+from dspark_lightning.data.prompts.mixture import mixture
+from dspark_lightning.data.prompts.sources import LICENSES, PromptRecord, license_of, split_of
 from dspark_lightning.registry import create, names
 
 BUILTIN = {"gsm_symbolic": "math", "humaneval": "code", "mtbench": "chat", "sharegpt": "chat", "python_stdlib": "code",
@@ -41,7 +41,7 @@ def test_python_stdlib_prompts_are_code_requests_with_signatures():
 
 def test_python_stdlib_complete_style_has_the_humaneval_form():
     """``style: complete``: the code eval prompts' form (instruction + signature and docstring in a code block)."""
-    from dspark_lightning.data.sources import HumanEval, build_source
+    from dspark_lightning.data.prompts.sources import HumanEval, build_source
 
     recs = list(build_source({"name": "python_stdlib", "style": "complete"}))
     plain = {r.id for r in build_source({"name": "python_stdlib"})}
@@ -200,12 +200,12 @@ def test_python_stdlib_prompts_are_the_same_in_every_process():
     import sys
 
     code = (
-        "import hashlib; from dspark_lightning.data.sources import build_source; "
+        "import hashlib; from dspark_lightning.data.prompts.sources import build_source; "
         "rs = list(build_source({'name': 'python_stdlib', 'limit': 400})); "
         "print(hashlib.sha256(repr([(r.id, r.turns) for r in rs]).encode()).hexdigest())"
     )
     runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout for _ in range(2)}
     assert len(runs) == 1 and runs != {""}
-    from dspark_lightning.data.sources import build_source
+    from dspark_lightning.data.prompts.sources import build_source
 
     assert not any(" at 0x" in "".join(r.turns) for r in build_source({"name": "python_stdlib", "limit": 400}))

@@ -9,10 +9,10 @@ import torch
 from data_rows import conversations
 from torch.utils.data import DataLoader
 
-from dspark_lightning.data.anchors import AnchorCollator
-from dspark_lightning.data.cache import CacheError, cache_meta, write_cache
-from dspark_lightning.data.features import extract_features, tokenize_conversations
-from dspark_lightning.data.stream import ShardStream
+from dspark_lightning.data.features.anchors import AnchorCollator
+from dspark_lightning.data.features.cache import CacheError, cache_meta, write_cache
+from dspark_lightning.data.features.extract import extract_features, tokenize_conversations
+from dspark_lightning.data.features.stream import ShardStream
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark_lightning.data.cache import cache_meta, write_cache
+from dspark_lightning.data.features.cache import cache_meta, write_cache
 from dspark_lightning.lightning.datamodule import DSparkDataModule
 
 from .conftest import TINY, run_main

@@ -146,7 +146,7 @@ def test_validate_and_test_from_a_checkpoint(workdir, capsys):
 def test_fit_with_a_reduced_draft_vocabulary(workdir):
     """model.draft_vocab_size: fit picks the most frequent response tokens (stop tokens forced in) and exports them."""
     from dspark_lightning import load_drafter
-    from dspark_lightning.data.vocab import frequent_tokens
+    from dspark_lightning.data.features.vocab import frequent_tokens
     from dspark_lightning.lightning.cli import DSparkCLI
     from dspark_lightning.lightning.datamodule import DSparkDataModule
     from dspark_lightning.lightning.module import DSparkModule

@@ -292,7 +292,7 @@ def gen_stdout(rng: random.Random) -> list[Case]:
 
 
 ENGINE_STEP = "dspark_lightning.infer.engine:Engine.step"
-REGEN = "dspark_lightning.data.regenerate:EngineRegenerator.answer"
+REGEN = "dspark_lightning.data.regen.regenerate:EngineRegenerator.answer"
 
 
 def gen_interrupt(rng: random.Random) -> list[Case]:

@@ -76,8 +76,8 @@ def run_api_case(spec: dict, target, tmp_path) -> BaseException | None:
     """Call the API as ``spec`` says with a prefill that fails the case (no work may start); return what it
     raised (None: it returned)."""
     from dspark_lightning import create
-    from dspark_lightning.data.regenerate import regenerate
-    from dspark_lightning.data.sources import PromptRecord
+    from dspark_lightning.data.prompts.sources import PromptRecord
+    from dspark_lightning.data.regen.regenerate import regenerate
     from dspark_lightning.infer import SPSTable, decode
     from dspark_lightning.infer.engine import Engine
 

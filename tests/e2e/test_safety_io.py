@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
-from dspark_lightning.data.regenerate import regenerate
-from dspark_lightning.data.sources import PromptRecord
+from dspark_lightning.data.prompts.sources import PromptRecord
+from dspark_lightning.data.regen.regenerate import regenerate
 from dspark_lightning.testing import random_target
 
 from .conftest import TINY, run_main

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dspark_lightning.data.anchors import AnchorCollator, eligible_anchors, sample_anchors
+from dspark_lightning.data.features.anchors import AnchorCollator, eligible_anchors, sample_anchors
 from dspark_lightning.losses import dspark_loss, expected_tau, position_weights, supervision_mask
 
 

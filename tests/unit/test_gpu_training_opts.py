@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from dspark_lightning.data.anchors import AnchorCollator
-from dspark_lightning.data.features import features_for_batch
+from dspark_lightning.data.features.anchors import AnchorCollator
+from dspark_lightning.data.features.extract import features_for_batch
 from dspark_lightning.infer.profiling.syncs import HostReads
 from dspark_lightning.lightning.callbacks import FitStats, TrainingDiverged
 from dspark_lightning.lightning.module import DSparkModule

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import lightning as L
 
-from ...data.vocab import coverage, frequent_tokens
+from ...data.features.vocab import coverage, frequent_tokens
 
 
 class DraftVocabulary(L.Callback):

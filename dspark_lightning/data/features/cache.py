@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from .features import feature_dtype_name, resolve_feature_dtype
+from .extract import feature_dtype_name, resolve_feature_dtype
 
 FORMAT = "dspark-feature-cache"
 VERSION = 1

@@ -22,9 +22,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .. import checks, locks
-from ..atomic import atomic_write
-from .regenerate import load_conversations, regenerate
+from ... import checks, locks
+from ...atomic import atomic_write
+from ..regen.regenerate import load_conversations, regenerate
 from .sources import PromptRecord, _unit_interval
 
 TOPICS = (
@@ -171,7 +171,7 @@ def run_write_prompts(argv: list[str]) -> None:
     """``dspark-lightning write-prompts``."""
     import time
 
-    from ..targets import load_target_checked
+    from ...targets import load_target_checked
 
     a = parser().parse_args(argv)
     checks.at_least("--n", a.n, 1)
@@ -196,7 +196,7 @@ def _dtype(name: str) -> str:
         raise checks.UsageError(f"--dtype must be auto, fp32 or bf16, got {name!r}")
     if name != "auto":
         return {"fp32": "float32", "bf16": "bfloat16"}[name]
-    from ..devices import decode_bf16_faster
-    from ..targets import cache_root
+    from ...devices import decode_bf16_faster
+    from ...targets import cache_root
 
     return "bfloat16" if decode_bf16_faster("cpu", cache=cache_root() / "kernels") else "float32"

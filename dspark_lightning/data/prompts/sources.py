@@ -63,7 +63,7 @@ LICENSES: dict[str, str] = {
     ),
     "self_chat": (
         "written by SmolLM2-135M-Instruct (Apache-2.0) at T = 0.8 from our own topic x task requests "
-        "(dspark_lightning/data/self_prompts.py; `dspark-lightning write-prompts` writes them again)."
+        "(dspark_lightning/data/prompts/self_prompts.py; `dspark-lightning write-prompts` writes them again)."
     ),
     "jsonl": "user-provided file: the user's own terms.",
 }
@@ -428,8 +428,8 @@ class JsonlPrompts(PromptSource):
 @register("prompt_source", "self_chat")
 class SelfChat(JsonlPrompts):
     """Chat prompts SmolLM2 wrote itself (``dspark-lightning write-prompts --n 1200 --dtype bf16 --out
-    dspark_lightning/data/builtin/self_chat.jsonl``), shipped in the package: varied user messages on ~150 topics x
-    14 tasks, answered by the target at prepare like any prompt (data/self_prompts.py)."""
+    dspark_lightning/data/prompts/builtin/self_chat.jsonl``), shipped in the package: varied user messages on ~150
+    topics x 14 tasks, answered by the target at prepare like any prompt (data/prompts/self_prompts.py)."""
 
     license = LICENSES["self_chat"]
     rel_path = "builtin/self_chat.jsonl"
@@ -476,7 +476,7 @@ def split_of(record_id: str, heldout_fraction: float = 0.05, seed: int = 42) -> 
     return "heldout" if _unit_interval("split", seed, record_id) < heldout_fraction else "train"
 
 
-SOURCE_OPTIONS = ("min_tokens", "max_tokens", "language", "sample", "weight")  # applied by data.curate
+SOURCE_OPTIONS = ("min_tokens", "max_tokens", "language", "sample", "weight")  # applied by data.prompts.curate
 
 
 def split_options(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

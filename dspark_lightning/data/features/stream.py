@@ -1,7 +1,7 @@
 """A streaming reader for the feature cache's webdataset shards (local directory or fsspec URL).
 
-The map-style :class:`~dspark_lightning.data.cache.FeatureCache` needs the shards on a local disk and opens them at
-random offsets. :class:`ShardStream` reads shards front to back instead, so a cache can live on object storage
+The map-style :class:`~dspark_lightning.data.features.cache.FeatureCache` needs the shards on a local disk and opens
+them at random offsets. :class:`ShardStream` reads shards front to back instead, so a cache can live on object storage
 (``s3://``, ``gs://``, ``hf://``, ``file://`` with the matching fsspec backend) and each process reads only its share:
 
 - shards are split by **node** (``rank`` of ``world_size``, round-robin) and then by **DataLoader worker**, so every

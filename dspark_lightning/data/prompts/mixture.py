@@ -1,4 +1,5 @@
-"""A training mixture: sources in order, through curation (:mod:`dspark_lightning.data.curate`), split by id hash."""
+"""A training mixture: sources in order, through curation (:mod:`dspark_lightning.data.prompts.curate`), split by id
+hash."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ class Mixture:
     """Every record a mixture keeps (before the train / held-out split), what curation dropped, source weights."""
 
     records: list[PromptRecord]
-    report: Any  # data.curate.CurationReport
+    report: Any  # data.prompts.curate.CurationReport
     weights: dict[str, float]  # record id -> training weight (only ids whose source sets one)
 
 
@@ -38,8 +39,9 @@ def curated_mixture(
     tokenizer: Any = None,
     seed: int = 42,
 ) -> Mixture:
-    """Sources in order through :func:`dspark_lightning.data.curate.curate` (per-source options, decontamination,
-    de-duplication). Raises on an id seen twice. Memoised per process for sources given by name or dict."""
+    """Sources in order through :func:`dspark_lightning.data.prompts.curate.curate` (per-source options,
+    decontamination, de-duplication). Raises on an id seen twice. Memoised per process for sources given by name or
+    dict."""
     key = None
     if all(isinstance(s, str | dict) for s in sources):
         ident = curation.identity() if curation is not None else None

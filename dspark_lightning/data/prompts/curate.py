@@ -19,10 +19,11 @@ counted per source and reason in a :class:`CurationReport`, which `prepare` prin
 Decontamination compares word n-grams (lowercased, ``ngram`` words): a training prompt is dropped when it contains at
 least ``overlap`` of some held-out item's n-grams, where n-grams shared by many held-out items (instructions a set
 repeats, like HumanEval's) do not count. Held-out sets: ``eval`` (the evaluation and calibration prompts of
-:mod:`~dspark_lightning.data.evalsets`), ``benchmarks`` (the public benchmarks whose text ships offline: HumanEval,
-MT-Bench; GSM8K, MATH, MBPP, LiveCodeBench, Arena-Hard and AlpacaEval do not, pass saved copies by path), or a path
-to any file or dataset :mod:`~dspark_lightning.data.formats` reads. A source that *is* a public benchmark (or derived
-from one, as GSM-Symbolic is from GSM8K's test split) is refused in a mixture checked against ``benchmarks``.
+:mod:`~dspark_lightning.data.prompts.evalsets`), ``benchmarks`` (the public benchmarks whose text ships offline:
+HumanEval, MT-Bench; GSM8K, MATH, MBPP, LiveCodeBench, Arena-Hard and AlpacaEval do not, pass saved copies by path),
+or a path to any file or dataset :mod:`~dspark_lightning.data.prompts.formats` reads. A source that *is* a public
+benchmark (or derived from one, as GSM-Symbolic is from GSM8K's test split) is refused in a mixture checked
+against ``benchmarks``.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from .. import checks
+from ... import checks
 
 
 class ServerError(RuntimeError):

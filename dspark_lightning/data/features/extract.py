@@ -1,8 +1,8 @@
 """Target features for drafter training: tokenisation, the online path and batched extraction (docs/algorithm.md §4).
 
 Two sources give identical batches: **online** (:func:`features_for_batch` runs the frozen target inside a training
-step) and a **cache** (:func:`extract_features` feeds :func:`dspark_lightning.data.cache.write_cache`). Both round
-the target outputs to the same ``feature_dtype`` through the same function, so a cached sample equals the online
+step) and a **cache** (:func:`extract_features` feeds :func:`dspark_lightning.data.features.cache.write_cache`). Both
+round the target outputs to the same ``feature_dtype`` through the same function, so a cached sample equals the online
 features of the same batch bit for bit (and differs from any other batching only by fp32 noise before rounding).
 """
 
@@ -249,7 +249,7 @@ def captured_sample(row: dict, captured: dict, max_length: int, min_supervised: 
     """A feature sample of tokenised ``row`` from the features its regeneration computed, or ``None`` when they do
     not belong to it (the row then takes the feature pass).
 
-    ``captured`` (``data.regenerate``'s capture): ``tokens``, the rendered prompt (``prompt_len`` tokens) and the
+    ``captured`` (``data.regen.regenerate``'s capture): ``tokens``, the rendered prompt (``prompt_len`` tokens) and the
     response tokens as the target sampled them, and ``context`` / ``hidden`` of positions ``0..n-1`` (``n =
     len(tokens) - 1``: the final sampled token was never run). The sample is those tokens, cut to ``max_length``: the
     response as the target emits it when serving, not its text re-encoded (which may split differently). It belongs

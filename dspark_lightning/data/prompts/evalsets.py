@@ -1,5 +1,5 @@
 """Evaluation and calibration prompts per domain: what `eval` decodes, what `calibrate` fits on, and so what no
-training mixture may contain (:mod:`dspark_lightning.data.curate` checks training prompts against them).
+training mixture may contain (:mod:`dspark_lightning.data.prompts.curate` checks training prompts against them).
 
 The recipes train on GSM-Symbolic problems generated with another seed (seed 1; older recipes: items 0-79 of seed 42),
 HumanEval problems 0-79 and the MT-Bench train split (heldout_fraction 0.1, split seed 42), or (the recipes that

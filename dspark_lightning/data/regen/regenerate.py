@@ -39,9 +39,9 @@ from typing import Any
 
 import torch
 
-from .. import checks
-from ..atomic import append_durable, atomic_write, atomic_writer
-from .sources import PromptRecord
+from ... import checks
+from ...atomic import append_durable, atomic_write, atomic_writer
+from ..prompts.sources import PromptRecord
 
 log = logging.getLogger(__name__)
 _ROLES = ("user", "assistant", "system")
@@ -213,7 +213,7 @@ class EngineRegenerator:
     """Continuous batching over conversations with our decoding engine (see the module docstring)."""
 
     def __init__(self, target: Any, cfg: dict[str, Any], concurrency: int, capture: bool = False) -> None:
-        from ..infer.generation import FeatureTrace, generation_engine  # data/'s one seam into the runtime
+        from ...infer.generation import FeatureTrace, generation_engine  # data/'s one seam into the runtime
 
         self.target, self.cfg, self.concurrency = target, cfg, concurrency
         self.trace = FeatureTrace() if capture else None
@@ -448,8 +448,8 @@ def regenerate(
 
     ``backend``: ``dspark`` (our decoding Engine, continuous batching of up to ``concurrency`` turns; rows are written
     every ``max(batch_size, 4 * concurrency)`` conversations), ``hf`` (``generate`` on batches of ``batch_size``) or
-    ``openai`` (an OpenAI-compatible server, ``server``: a :class:`~dspark_lightning.data.regen_server.ServerConfig`;
-    ``concurrency`` conversations in flight).
+    ``openai`` (an OpenAI-compatible server, ``server``: a
+    :class:`~dspark_lightning.data.regen.regen_server.ServerConfig`; ``concurrency`` conversations in flight).
     ``temperature=0`` is greedy. Rows with an empty response at any turn are dropped. ``extra_settings`` are recorded
     in every row's ``gen`` and checked on resume like the sampling settings (prepare records ``regen_dtype`` there).
     ``capture_dir`` (backend ``dspark``): the target features of each conversation's last turn, as the decoding
