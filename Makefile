@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 CLI := $(VENV)/bin/dspark-lightning
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup run gemma test test-fast lint long gpu-wheels gpu-check gpu-check-cpu llamacpp-tools
+.PHONY: setup run gemma test test-fast lint house long gpu-wheels gpu-check gpu-check-cpu llamacpp-tools
 
 $(VENV)/.setup-done: pyproject.toml scripts/setup.sh plugins/dspark_example_head/pyproject.toml
 	bash scripts/setup.sh
@@ -35,6 +35,10 @@ test-fast: setup
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+# The package's floors and the imports between its folders, drawn from the source (fails on an arrow up a floor).
+house: setup
+	$(PY) scripts/house.py --out docs/house.png
 
 # The long recipe (docs/results.md), timed (peak RSS, wall clock) into its time.log.
 long: setup

@@ -30,12 +30,13 @@ def box_of(path: str) -> str:
     return "/".join(parts[:-1]) if parts[-1].endswith(".py") else "/".join(parts)
 
 
-def edges() -> tuple[dict[str, int], Counter, set[tuple[str, str]], list[str]]:
-    """Every box's floor; (box, box) -> imports; the pairs that are the registry's allowed back-edge; every upward
-    import, named."""
+def edges() -> tuple[dict[str, int], Counter, set[tuple[str, str]], set[tuple[str, str]], list[str]]:
+    """Every box's floor; (box, box) -> imports; the pairs that are the registry's allowed back-edge; the pairs with
+    an upward import that is not allowed, and every such import, named."""
     floors: dict[str, int] = {}
     count: Counter = Counter()
     allowed: set[tuple[str, str]] = set()
+    bad: set[tuple[str, str]] = set()
     up: list[str] = []
     for module, targets in import_graph().items():
         src = rel(module)
@@ -48,10 +49,11 @@ def edges() -> tuple[dict[str, int], Counter, set[tuple[str, str]], list[str]]:
                 if _allowed(src, dst, ALLOWED):
                     allowed.add((a, b))
                 else:
+                    bad.add((a, b))
                     up.append(f"{src} ({FLOORS[fa]}) -> {dst} ({FLOORS[fb]})")
             if a != b:
                 count[(a, b)] += 1
-    return floors, count, allowed, sorted(up)
+    return floors, count, allowed, bad, sorted(up)
 
 
 def draw(out: Path) -> list[str]:
@@ -60,7 +62,7 @@ def draw(out: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    floor, count, allowed, up = edges()
+    floor, count, allowed, bad, up = edges()
     boxes = sorted(floor)
     rows: dict[int, list[str]] = {}
     for b in boxes:
@@ -76,12 +78,11 @@ def draw(out: Path) -> list[str]:
         ax.text(-0.3, f, name, ha="right", va="center", fontsize=9, weight="bold")
     for (a, b), n in count.items():
         (x0, y0), (x1, y1) = pos[a], pos[b]
-        upward = y1 > y0
         style = {"color": "0.6", "lw": 0.4 + 0.25 * min(n, 12), "alpha": 0.6}
-        if upward and (a, b) in allowed:
-            style = {"color": "0.5", "lw": 0.8, "ls": ":", "alpha": 0.8}
-        elif upward:
+        if (a, b) in bad:
             style = {"color": "red", "lw": 1.5 + 0.25 * min(n, 12), "alpha": 0.9}
+        elif (a, b) in allowed:
+            style = {"color": "0.5", "lw": 0.8, "ls": ":", "alpha": 0.8}
         ax.annotate("", xy=(x1, y1), xytext=(x0, y0), zorder=1,
                     arrowprops={"arrowstyle": "-|>", "shrinkA": 14, "shrinkB": 14, **style})  # fmt: skip
     for b, (x, y) in pos.items():

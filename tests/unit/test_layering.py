@@ -324,3 +324,17 @@ if __name__ == "__main__":  # python tests/unit/test_layering.py: the measure th
           len(largest_cycle(g, ALLOWED)))  # fmt: skip
     for line in violations():
         print("violation:", line)
+
+
+def test_the_house_drawing_has_no_arrow_up_a_floor(tmp_path):
+    """``make house`` draws the floors from the same graph and exits 0 only with no upward import."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "house.png"
+    script = PKG.parent / "scripts" / "house.py"
+    done = subprocess.run([sys.executable, str(script), "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "upward imports: 0" in done.stdout and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for floor in FLOORS:
+        assert f"{floor:>12}:" in done.stdout
