@@ -11,6 +11,8 @@ from ..atomic import atomic_write
 from ..markdown import cell as _f
 from ..markdown import table as _table
 
+MIN_DRAFTS_FOR_ALPHA = 20  # the threshold sweep plots α only where at least this many drafts were verified
+
 
 def write_outputs(doc: dict, out: str | Path, files: dict[str, Callable | None]) -> dict[str, Path]:
     """Write a command's files into ``out``: ``*.json`` is the document itself, ``*.md`` is ``files[name](doc)``,
@@ -276,7 +278,6 @@ def sweep_markdown(doc: dict) -> str:
 def plot_threshold_sweep(doc: dict, path: str | Path) -> Path:
     """Stacked accepted/rejected drafts per round against θ with α on a second axis, per domain (Figure 5)."""
     from ..plots import plt, save_figure
-    from .sweep import MIN_DRAFTS_FOR_ALPHA
 
     domains = list(dict.fromkeys(r["domain"] for r in doc["rows"]))
     fig, axes = plt.subplots(1, len(domains), figsize=(4.2 * len(domains), 3.6), squeeze=False)

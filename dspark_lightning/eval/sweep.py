@@ -5,7 +5,7 @@
 
 For every domain's held-out prompts and every θ, real decoding with the ``threshold`` scheduler: the
 average verified drafts per request-round split into accepted (m) and rejected (ℓ − m), and the
-acceptance rate α = Σ m / Σ ℓ (plotted only where at least ``MIN_DRAFTS_FOR_ALPHA`` drafts were verified:
+acceptance rate α = Σ m / Σ ℓ (plotted only where at least ``report.MIN_DRAFTS_FOR_ALPHA`` drafts were verified:
 above that θ almost no round verifies anything, and α of a handful of drafts is noise). ``--mode cumulative``
 (default) cuts where the calibrated survival a_k falls below θ; ``--mode raw`` is the reference's rule on each
 position's own raw confidence.
@@ -20,7 +20,6 @@ OUTPUT_FILES = {
     "threshold_sweep.md": "the same as a Markdown table",
     "threshold_sweep.png": "stacked accepted/rejected drafts per round and α against θ, one panel per domain",
 }
-MIN_DRAFTS_FOR_ALPHA = 20
 DEFAULT_THRESHOLDS = [round(0.1 * i, 1) for i in range(10)]
 
 
