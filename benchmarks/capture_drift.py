@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
+from dspark_lightning.cli.prepare import _parse
 from dspark_lightning.data.features import captured_sample, extract_features, target_law_summary
 from dspark_lightning.data.regenerate import load_captured, regenerate
 from dspark_lightning.devices import cpu_model
-from dspark_lightning.lightning.prepare_cli import _parse
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

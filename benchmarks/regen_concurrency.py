@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
+from dspark_lightning.cli.prepare import _parse
 from dspark_lightning.data.regenerate import EngineRegenerator, generation_settings
 from dspark_lightning.devices import cpu_model
-from dspark_lightning.lightning.prepare_cli import _parse
 
 
 def main() -> None:

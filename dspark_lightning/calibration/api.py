@@ -16,7 +16,7 @@ from .. import checks, locks
 from ..atomic import atomic_write
 from ..checkpoint import load_drafter_checked, read_config, recorded_target_args
 from ..data.evalsets import CALIBRATION_PROMPTS
-from ..devices import resolve_device, resolve_dtype
+from ..devices import check_device_args
 from ..targets import load_target_checked
 from .files import load_rollouts, save_calibration
 from .report import calibration_markdown, plot_reliability
@@ -55,10 +55,7 @@ def check_calibrate_args(
     checks.at_least("--min_rows", min_rows, 0)
     checks.at_least("--min_class", min_class, 0)
     checks.output_dir("--report_dir", report_dir)
-    dev = resolve_device(device)
-    resolve_dtype(dtype, dev)
-    if drafter_dtype is not None:
-        resolve_dtype(drafter_dtype, dev)
+    check_device_args(device, dtype, drafter_dtype)
 
 
 def calibrate(

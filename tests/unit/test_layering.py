@@ -48,13 +48,12 @@ PLACES = {
     "export": "export",
     "infer": "infer",
     "profiling": "infer",  # measuring tools beside the runtime (drafting cost, round breakdowns, host reads)
-    "infer/cli.py": "eval",  # the decode / profile commands read prompt files through data/ (a front end, like eval/)
     "data": "data",
     "calibration": "calibration",
     "eval": "eval",
     "testing.py": "eval",  # plugin conformance checks: build, export, reload and decode a drafter
     "lightning": "lightning",
-    "cli.py": "cli",
+    "cli": "cli",
     "__init__.py": "cli",  # the package root: the public facade
 }
 

@@ -14,11 +14,11 @@ import sys
 
 from jsonargparse import ArgumentParser
 
-from .. import checks
+from .. import checks, devices
 from ..atomic import atomic_write
 from ..checkpoint import load_drafter_checked
+from ..infer.sampling import GREEDY_EPS
 from ..targets import load_target_checked
-from .sampling import GREEDY_EPS
 
 LAYOUTS = ("padded", "flat")
 
@@ -34,12 +34,7 @@ def add_device_args(p: ArgumentParser) -> None:
 
 def check_device_args(a) -> None:
     """``--device`` / ``--dtype`` / ``--drafter_dtype`` name things that exist, before the target is loaded."""
-    from ..devices import resolve_device, resolve_dtype
-
-    dev = resolve_device(a.device)
-    resolve_dtype(a.dtype, dev)
-    if a.drafter_dtype is not None:
-        resolve_dtype(a.drafter_dtype, dev)
+    devices.check_device_args(a.device, a.dtype, a.drafter_dtype)
 
 
 def check_choice(name: str, value: str, choices) -> None:
@@ -159,7 +154,7 @@ def read_prompts(path: str, limit: int | None) -> list[str]:
 
 def check_decode_cli(a) -> None:
     """Everything ``decode`` can check before loading a model: ranges, choices and the files it reads and writes."""
-    from .decode import check_decode_args
+    from ..infer.decode import check_decode_args
 
     check_decode_args(a.max_new_tokens, a.temperature, a.top_k, a.top_p, a.batch_size)
     checks.at_least("--limit", a.limit, 0)
@@ -191,7 +186,7 @@ class _Streamer:
 
 
 def run_decode(argv: list[str]) -> None:
-    from .decode import decode
+    from ..infer.decode import decode
 
     a = decode_parser().parse_args(argv)
     check_decode_cli(a)
@@ -238,7 +233,7 @@ def run_decode(argv: list[str]) -> None:
 
 
 def run_profile(argv: list[str]) -> None:
-    from .sps import default_path, profile_sps
+    from ..infer.sps import default_path, profile_sps
 
     a = profile_parser().parse_args(argv)
     if a.breakdown is not None:

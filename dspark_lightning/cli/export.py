@@ -12,11 +12,11 @@ A drafter a layout or server cannot represent is refused with the reason (exit c
 from __future__ import annotations
 
 from .. import checks
-from .convert import export_drafter
+from ..export.convert import export_drafter
 
 
 def export_parser():
-    from jsonargparse import ArgumentParser  # here: `import dspark_lightning.export` stays light
+    from jsonargparse import ArgumentParser
 
     p = ArgumentParser(prog="dspark-lightning export", description="Write a drafter in a layout servers load.",
                        exit_on_error=False)  # fmt: skip

@@ -17,7 +17,8 @@ from jsonargparse import ArgumentParser
 
 from .. import checks
 from ..checkpoint import load_drafter_checked
-from ..infer.cli import (
+from ..targets import load_target_checked
+from .decode import (
     LAYOUTS,
     add_device_args,
     check_choice,
@@ -25,7 +26,6 @@ from ..infer.cli import (
     check_scheduler_args,
     check_sps_file,
 )
-from ..targets import load_target_checked
 
 DOMAINS = ("math", "code", "chat")  # the built-in held-out sets; a --dataset names one of them as its domain
 
@@ -177,7 +177,7 @@ def _scheduler(a, name: str | None = None):
 
 
 def run_eval(argv: list[str]) -> None:
-    from .runner import builtin_datasets, evaluate, jsonl_dataset, responses_datasets, write_eval
+    from ..eval.runner import builtin_datasets, evaluate, jsonl_dataset, responses_datasets, write_eval
 
     a = eval_parser().parse_args(argv)
     if not a.drafter:
@@ -216,8 +216,8 @@ def run_eval(argv: list[str]) -> None:
 
 
 def run_bench(argv: list[str]) -> None:
-    from .bench import bench, write_bench
-    from .runner import builtin_datasets, scheduler_label
+    from ..eval.bench import bench, write_bench
+    from ..eval.runner import builtin_datasets, scheduler_label
 
     a = bench_parser().parse_args(argv)
     check_common(a)
@@ -301,8 +301,8 @@ def sweep_parser() -> ArgumentParser:
 
 
 def run_threshold_sweep(argv: list[str]) -> None:
-    from .runner import builtin_datasets
-    from .sweep import threshold_sweep, write_threshold_sweep
+    from ..eval.runner import builtin_datasets
+    from ..eval.sweep import threshold_sweep, write_threshold_sweep
 
     a = sweep_parser().parse_args(argv)
     if len(a.drafter) != 1:
@@ -332,7 +332,7 @@ def run_threshold_sweep(argv: list[str]) -> None:
 
 
 def serve_parser() -> ArgumentParser:
-    from .serve import DEFAULT_METHODS
+    from ..eval.serve import DEFAULT_METHODS
 
     p = ArgumentParser(prog="dspark-lightning serve-bench", description="Closed-loop concurrency study (Figures 7-8).",
                        exit_on_error=False)  # fmt: skip
@@ -348,8 +348,8 @@ def serve_parser() -> ArgumentParser:
 
 
 def run_serve_bench(argv: list[str]) -> None:
-    from .runner import builtin_datasets
-    from .serve import serve_bench, write_serve_bench
+    from ..eval.runner import builtin_datasets
+    from ..eval.serve import serve_bench, write_serve_bench
 
     a = serve_parser().parse_args(argv)
     if len(a.drafter) > 1:
@@ -384,7 +384,7 @@ def run_serve_bench(argv: list[str]) -> None:
 
 def check_serve_args(a) -> None:
     """Concurrency levels, methods (``static:γ`` with γ >= 1, ``threshold:θ`` with θ in [0, 1]), window and repeats."""
-    from .serve import method_scheduler
+    from ..eval.serve import method_scheduler
 
     check_common(a)
     for c in a.concurrency:

@@ -20,8 +20,8 @@ from typing import Any
 
 from ..data.cache import verify_cache
 from ..data.prepare import SPLITS, DataPaths
-from . import recipe_checks
-from .datamodule import DSparkDataModule
+from ..lightning import recipe_checks
+from ..lightning.datamodule import DSparkDataModule
 
 
 def _data_section_only(argv: list[str]) -> list[str]:
