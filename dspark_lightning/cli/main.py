@@ -359,4 +359,3 @@ def yaml_structure(what: str, text: str) -> None:
                 )
     except yaml.YAMLError:
         return
-
