@@ -29,7 +29,11 @@ from ..errors import one_line_error
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded at run time
 
+TYPED_COMMANDS = {  # subcommand -> (module, typed function): its parser is generated from the function (signature.py)
+    "export": ("dspark_lightning.cli.export", "export"),
+}
 INFER_COMMANDS = {  # subcommand -> (module, function); none of them imports Lightning
+    **TYPED_COMMANDS,
     "decode": ("dspark_lightning.cli.decode", "run_decode"),
     "profile": ("dspark_lightning.cli.decode", "run_profile"),
     "eval": ("dspark_lightning.cli.evaluate", "run_eval"),
@@ -37,7 +41,6 @@ INFER_COMMANDS = {  # subcommand -> (module, function); none of them imports Lig
     "calibrate": ("dspark_lightning.cli.evaluate", "run_calibrate"),
     "threshold-sweep": ("dspark_lightning.cli.evaluate", "run_threshold_sweep"),
     "serve-bench": ("dspark_lightning.cli.evaluate", "run_serve_bench"),
-    "export": ("dspark_lightning.cli.export", "run_export"),
     "llamacpp": ("dspark_lightning.export.llamacpp", "run_llamacpp"),
     "target": ("dspark_lightning.targets.gguf_import", "run_target"),  # bring your own target: GGUF -> HF directory
     "write-prompts": ("dspark_lightning.data.self_prompts", "run_write_prompts"),  # no recipe: a prompt file
@@ -206,8 +209,14 @@ def _dispatch(argv: list[str], args: list[str] | None, command: str) -> None:
         errors = (ArgumentError, RegistryError, FileNotFoundError, DrafterLoadError, ValueError, NotImplementedError)
         errors += (CacheError, FileExistsError, YAMLError, DiskFullError, FolderLockedError)
         try:
-            module, func = commands[argv[0]]
-            getattr(importlib.import_module(module), func)(argv[1:])
+            module, name = commands[argv[0]]
+            func = getattr(importlib.import_module(module), name)
+            if argv[0] in TYPED_COMMANDS:
+                from .signature import run
+
+                run(func, argv[1:], f"dspark-lightning {argv[0]}")
+            else:
+                func(argv[1:])  # a function of the argument list: the command parses it itself
         except errors as exc:
             _say(argv[0], one_line_error(exc))
             sys.exit(2)
