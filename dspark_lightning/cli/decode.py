@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
+from typing import Annotated
 
 from jsonargparse import ArgumentParser
 
@@ -19,6 +21,7 @@ from ..atomic import atomic_write
 from ..checkpoint import load_drafter_checked
 from ..infer.sampling import GREEDY_EPS
 from ..targets import load_target_checked
+from .signature import REPEATED
 
 LAYOUTS = ("padded", "flat")
 
@@ -42,17 +45,19 @@ def check_choice(name: str, value: str, choices) -> None:
         raise checks.UsageError(f"{name} {value!r} is not one of {', '.join(choices)}")
 
 
-def check_scheduler_args(a) -> None:
+def check_scheduler_args(
+    scheduler: str, gamma: int | None = None, threshold: float | None = None, sps: str | None = None
+) -> None:
     """The scheduler name, its knobs and the SPS table file: all cheap to check before any model is loaded."""
     from ..registry import names
 
-    check_choice("--scheduler", a.scheduler, names("scheduler"))
-    if getattr(a, "gamma", None) is not None:
-        checks.at_least("--gamma", a.gamma, 1)
-    if hasattr(a, "threshold"):
-        checks.probability("--threshold", a.threshold)
-    if getattr(a, "sps", None):
-        check_sps_file(a.sps)
+    check_choice("--scheduler", scheduler, names("scheduler"))
+    if gamma is not None:
+        checks.at_least("--gamma", gamma, 1)
+    if threshold is not None:
+        checks.probability("--threshold", threshold)
+    if sps:
+        check_sps_file(sps)
 
 
 def check_sps_file(path: str) -> None:
@@ -69,72 +74,12 @@ def check_verifier(value: str) -> None:
     check_choice("--verifier", value, ["auto", *names("verifier")])
 
 
-def decode_parser() -> ArgumentParser:
-    p = ArgumentParser(prog="dspark-lightning decode", description="Lossless speculative decoding with a drafter.",
-                       exit_on_error=False)  # fmt: skip
-    p.add_argument("--target", type=str, default="smollm2-135m-instruct", help="embedded name or HF model directory")
-    p.add_argument("--drafter", type=str | None, default=None, help="exported drafter directory (none: plain)")
-    p.add_argument("--prompt", type=str, action="append", default=[], help="a prompt (repeatable)")
-    p.add_argument("--prompts", type=str | None, default=None, help='JSONL file, one {"turns": [...]} per line')
-    p.add_argument("--limit", type=int | None, default=None, help="use the first N prompts of --prompts")
-    p.add_argument("--max_new_tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top_k", type=int | None, default=None)
-    p.add_argument("--top_p", type=float | None, default=None)
-    p.add_argument(
-        "--scheduler",
-        type=str,
-        default="auto",
-        help="auto (the hardware-aware scheduler this machine's SPS curve calls for) | static | threshold | "
-        "hardware_aware | async_hardware_aware",
-    )
-    p.add_argument("--gamma", type=int | None, default=None, help="static: drafts verified per round")
-    p.add_argument("--threshold", type=float, default=0.5, help="threshold: survival threshold")
-    p.add_argument("--sps", type=str | None, default=None, help="SPS table JSON (default: cached profile)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch_size", type=int | None, default=None, help="concurrent requests (default: all)")
-    p.add_argument("--layout", type=str, default="padded", help="padded | flat")
-    p.add_argument("--verifier", type=str, default="auto", help="auto (lean where supported) | lean | hf")
-    p.add_argument("--acceptance", type=str, default="rejection",
-                   help="rejection | coupled (T > 0: plain coupled decoding's tokens, any drafter)")  # fmt: skip
-    p.add_argument("--no_chat", type=bool, default=False, help="do not apply the chat template")
-    p.add_argument("--stop", type=str, action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--json_out", type=str | None, default=None, help="write texts, token ids and stats here")
-    add_device_args(p)
-    return p
-
-
-def profile_parser() -> ArgumentParser:
-    p = ArgumentParser(prog="dspark-lightning profile", description="Measure the target's SPS(B) on this machine, or "
-                       "(--breakdown verify|draft) the cost of each part of a verification or drafting round.",
-                       exit_on_error=False)  # fmt: skip
-    p.add_argument("--target", type=str, default="smollm2-135m-instruct")
-    p.add_argument("--out", type=str | None, default=None,
-                   help="table JSON (default: the per-device cache); with --breakdown: a directory")  # fmt: skip
-    p.add_argument("--plot", type=str | None, default=None, help="also write a PNG of the curve")
-    p.add_argument("--max_tokens", type=int | None, default=None, help="largest B profiled (default 256)")
-    p.add_argument("--context_len", type=int, default=512, help="cached context tokens during the timed forward")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--verifier", type=str, default="auto", help="the verifier timed: auto | lean | hf")
-    p.add_argument("--breakdown", type=str | None, default=None,
-                   help="verify: one verification step per verifier and B, and its ops; draft: one drafting "
-                   "round per component and drafter variant; writes <out>/{verify,draft}_profile.*")  # fmt: skip
-    p.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="--breakdown verify: the B timed")
-    p.add_argument("--rounds", type=int | None, default=None,
-                   help="--breakdown: interleaved timed rounds (default: 9 verify, 15 draft)")  # fmt: skip
-    p.add_argument("--drafter", type=str | None, default=None,
-                   help="--breakdown draft: a trained drafter, timed in fp32 and bf16 next to random ones")  # fmt: skip
-    p.add_argument("--layers", type=int, default=2, help="--breakdown draft: layers of the random DSpark drafters")
-    add_device_args(p)
-    return p
-
-
-def scheduler_spec(a) -> dict:
-    if a.scheduler == "static":
-        return {"name": "static", "gamma": a.gamma}
-    if a.scheduler == "threshold":
-        return {"name": "threshold", "threshold": a.threshold}
-    return {"name": a.scheduler, "sps": a.sps} if a.sps else {"name": a.scheduler}
+def scheduler_spec(scheduler: str, gamma: int | None, threshold: float, sps: str | None) -> dict:
+    if scheduler == "static":
+        return {"name": "static", "gamma": gamma}
+    if scheduler == "threshold":
+        return {"name": "threshold", "threshold": threshold}
+    return {"name": scheduler, "sps": sps} if sps else {"name": scheduler}
 
 
 def read_prompts(path: str, limit: int | None) -> list[str]:
@@ -152,24 +97,6 @@ def read_prompts(path: str, limit: int | None) -> list[str]:
     return prompts[:limit] if limit is not None else prompts
 
 
-def check_decode_cli(a) -> None:
-    """Everything ``decode`` can check before loading a model: ranges, choices and the files it reads and writes."""
-    from ..infer.decode import check_decode_args
-
-    check_decode_args(a.max_new_tokens, a.temperature, a.top_k, a.top_p, a.batch_size)
-    checks.at_least("--limit", a.limit, 0)
-    check_scheduler_args(a)
-    check_choice("--layout", a.layout, LAYOUTS)
-    check_verifier(a.verifier)
-    check_choice("--acceptance", a.acceptance, ["rejection", "coupled"])
-    check_device_args(a)
-    if any(not s for s in a.stop):
-        raise checks.UsageError("--stop must not be empty (an empty stop string would cut every output to nothing)")
-    checks.output_file("--json_out", a.json_out)
-    if a.drafter is not None:
-        checks.drafter_config(a.drafter)
-
-
 class _Streamer:
     """Prints one request's text as it is committed (decoding the whole output each time keeps UTF-8 whole)."""
 
@@ -185,37 +112,101 @@ class _Streamer:
             self.shown = len(text)
 
 
-def run_decode(argv: list[str]) -> None:
-    from ..infer.decode import decode
+def decode(
+    target: str = "smollm2-135m-instruct",
+    drafter: str | None = None,
+    prompt: Annotated[Sequence[str], REPEATED] = (),
+    prompts: str | None = None,
+    limit: int | None = None,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    scheduler: str = "auto",
+    gamma: int | None = None,
+    threshold: float = 0.5,
+    sps: str | None = None,
+    seed: int = 0,
+    batch_size: int | None = None,
+    layout: str = "padded",
+    verifier: str = "auto",
+    acceptance: str = "rejection",
+    no_chat: bool = False,
+    stop: Annotated[Sequence[str], REPEATED] = (),
+    json_out: str | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    drafter_dtype: str = "auto",
+) -> None:
+    """Lossless speculative decoding with a drafter.
 
-    a = decode_parser().parse_args(argv)
-    check_decode_cli(a)
-    prompts = list(a.prompt) + (read_prompts(a.prompts, a.limit) if a.prompts else [])
-    if not prompts:
-        raise ValueError("give --prompt TEXT or --prompts FILE.jsonl")
+    Args:
+        target: embedded name or HF model directory
+        drafter: exported drafter directory (none: plain)
+        prompt: a prompt (repeatable)
+        prompts: JSONL file, one {"turns": [...]} per line
+        limit: use the first N prompts of --prompts
+        max_new_tokens: most tokens generated per prompt
+        temperature: 0 = greedy
+        top_k: sample among the k most likely tokens only (default: all)
+        top_p: sample within the smallest set of tokens of probability p (default: all)
+        scheduler: auto (the hardware-aware scheduler this machine's SPS curve calls for) | static | threshold |
+            hardware_aware | async_hardware_aware
+        gamma: static: drafts verified per round
+        threshold: threshold: survival threshold
+        sps: SPS table JSON (default: cached profile)
+        seed: random seed of the sampling
+        batch_size: concurrent requests (default: all)
+        layout: padded | flat
+        verifier: auto (lean where supported) | lean | hf
+        acceptance: rejection | coupled (T > 0: plain coupled decoding's tokens, any drafter)
+        no_chat: do not apply the chat template
+        stop: stop string (repeatable)
+        json_out: write texts, token ids and stats here
+        device: auto (CUDA when available) | cpu | cuda | cuda:N
+        dtype: target: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
+        drafter_dtype: drafter: auto (the faster of fp32/bf16 here) | bf16 | fp32
+    """
     from ..checkpoint import recorded_target_args
+    from ..infer.decode import check_decode_args
+    from ..infer.decode import decode as speculative_decode
 
-    recorded = recorded_target_args(a.drafter) if a.drafter else {}  # the layers and chat format it was trained with
-    target = load_target_checked(a.target, dtype=a.dtype, device=a.device, **recorded)
-    drafter = load_drafter_checked(a.drafter, target, a.drafter_dtype) if a.drafter else None
-    stream = len(prompts) == 1
-    res = decode(
-        target,
-        drafter,
-        prompts,
-        max_new_tokens=a.max_new_tokens,
-        temperature=a.temperature,
-        top_k=a.top_k,
-        top_p=a.top_p,
-        scheduler=scheduler_spec(a),
-        seed=a.seed,
-        chat=not a.no_chat,
-        stop=a.stop or None,
-        batch_size=a.batch_size,
-        layout=a.layout,
-        verifier=a.verifier,
-        acceptance=a.acceptance,
-        on_commit=_Streamer(target.tokenizer) if stream else None,
+    check_decode_args(max_new_tokens, temperature, top_k, top_p, batch_size)  # all checked before a model loads
+    checks.at_least("--limit", limit, 0)
+    check_scheduler_args(scheduler, gamma, threshold, sps)
+    check_choice("--layout", layout, LAYOUTS)
+    check_verifier(verifier)
+    check_choice("--acceptance", acceptance, ["rejection", "coupled"])
+    devices.check_device_args(device, dtype, drafter_dtype)
+    if any(not s for s in stop):
+        raise checks.UsageError("--stop must not be empty (an empty stop string would cut every output to nothing)")
+    checks.output_file("--json_out", json_out)
+    if drafter is not None:
+        checks.drafter_config(drafter)
+    texts = list(prompt) + (read_prompts(prompts, limit) if prompts else [])
+    if not texts:
+        raise ValueError("give --prompt TEXT or --prompts FILE.jsonl")
+    recorded = recorded_target_args(drafter) if drafter else {}  # the layers and chat format it was trained with
+    tgt = load_target_checked(target, dtype=dtype, device=device, **recorded)
+    model = load_drafter_checked(drafter, tgt, drafter_dtype) if drafter else None
+    stream = len(texts) == 1
+    res = speculative_decode(
+        tgt,
+        model,
+        texts,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        scheduler=scheduler_spec(scheduler, gamma, threshold, sps),
+        seed=seed,
+        chat=not no_chat,
+        stop=list(stop) or None,
+        batch_size=batch_size,
+        layout=layout,
+        verifier=verifier,
+        acceptance=acceptance,
+        on_commit=_Streamer(tgt.tokenizer) if stream else None,
         progress=not stream,
     )
     if stream:
@@ -223,43 +214,94 @@ def run_decode(argv: list[str]) -> None:
     else:
         for i, text in enumerate(res.texts):
             print(f"--- [{i}] {res.finish_reasons[i]} ---\n{text}")
-    mode = "greedy" if a.temperature < GREEDY_EPS else f"T={a.temperature}"
-    who = f"drafter {a.drafter}, scheduler {a.scheduler}" if drafter is not None else "plain decoding"
+    mode = "greedy" if temperature < GREEDY_EPS else f"T={temperature}"
+    who = f"drafter {drafter}, scheduler {scheduler}" if model is not None else "plain decoding"
     print(f"[dspark-lightning] {who}, {mode}: {res.stats.summary()}", file=sys.stderr)
-    if a.json_out:
+    if json_out:
         out = {"texts": res.texts, "token_ids": res.token_ids, "finish_reasons": res.finish_reasons}
         out |= {"stats": res.stats.to_dict(), "requests": res.requests}
-        atomic_write(a.json_out, json.dumps(out, indent=2) + "\n")  # the previous file survives a full disk
+        atomic_write(json_out, json.dumps(out, indent=2) + "\n")  # the previous file survives a full disk
 
 
-def run_profile(argv: list[str]) -> None:
+def profile(
+    target: str = "smollm2-135m-instruct",
+    out: str | None = None,
+    plot: str | None = None,
+    max_tokens: int | None = None,
+    context_len: int = 512,
+    repeats: int = 5,
+    verifier: str = "auto",
+    breakdown: str | None = None,
+    tokens: Sequence[int] = (1, 2, 4, 8, 16),
+    rounds: int | None = None,
+    drafter: str | None = None,
+    layers: int = 2,
+    device: str = "auto",
+    dtype: str = "auto",
+    drafter_dtype: str = "auto",
+) -> None:
+    """Measure the target's SPS(B) on this machine, or (--breakdown verify|draft) the cost of each part of a
+    verification or drafting round.
+
+    Args:
+        target: embedded name or HF model directory
+        out: table JSON (default: the per-device cache); with --breakdown: a directory
+        plot: also write a PNG of the curve
+        max_tokens: largest B profiled (default 256)
+        context_len: cached context tokens during the timed forward
+        repeats: timed forwards per B (the median is kept)
+        verifier: the verifier timed: auto | lean | hf
+        breakdown: verify: one verification step per verifier and B, and its ops; draft: one drafting round per
+            component and drafter variant; writes <out>/{verify,draft}_profile.*
+        tokens: --breakdown verify: the B timed
+        rounds: --breakdown: interleaved timed rounds (default: 9 verify, 15 draft)
+        drafter: --breakdown draft: a trained drafter, timed in fp32 and bf16 next to random ones
+        layers: --breakdown draft: layers of the random DSpark drafters
+        device: auto (CUDA when available) | cpu | cuda | cuda:N
+        dtype: target: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
+        drafter_dtype: drafter: auto (the faster of fp32/bf16 here) | bf16 | fp32
+    """
     from ..infer.sps import default_path, profile_sps
 
-    a = profile_parser().parse_args(argv)
-    if a.breakdown is not None:
-        return run_breakdown(a)
-    checks.at_least("--max_tokens", a.max_tokens, 1)
-    checks.at_least("--context_len", a.context_len, 1)
-    checks.at_least("--repeats", a.repeats, 1)
-    check_verifier(a.verifier)
-    check_device_args(a)
-    checks.output_file("--out", a.out)
-    checks.output_file("--plot", a.plot)
-    target = load_target_checked(a.target, dtype=a.dtype, device=a.device)
-    checks.fits_positions(target, a.context_len + (a.max_tokens or 256), "--context_len + --max_tokens")
-    table = profile_sps(
-        target, max_tokens=a.max_tokens, context_len=a.context_len, repeats=a.repeats, verifier=a.verifier
-    )
-    roof = roofline_of(table, target, a.context_len)
-    path = table.save(a.out or default_path(target, a.context_len))
+    if breakdown is not None:
+        check_choice("--breakdown", breakdown, ("verify", "draft"))
+        if out is None:
+            raise checks.UsageError("--breakdown writes <out>/{verify,draft}_profile.{json,md}: give --out DIR")
+        if plot is not None:
+            raise checks.UsageError("--plot draws the SPS curve; --breakdown writes tables only")
+        if drafter is not None and breakdown != "draft":
+            raise checks.UsageError("--drafter is timed by --breakdown draft")
+        checks.at_least("--context_len", context_len, 1)
+        checks.at_least("--rounds", rounds, 1)
+        checks.at_least("--layers", layers, 1)
+        for b in tokens:
+            checks.at_least("--tokens", b, 1)
+        devices.check_device_args(device, dtype, drafter_dtype)
+        checks.output_dir("--out", out)
+        if drafter is not None:
+            checks.drafter_config(drafter)
+        return profile_breakdown(breakdown, target, out, context_len, list(tokens), rounds, drafter, layers, device,
+                                 dtype)  # fmt: skip
+    checks.at_least("--max_tokens", max_tokens, 1)
+    checks.at_least("--context_len", context_len, 1)
+    checks.at_least("--repeats", repeats, 1)
+    check_verifier(verifier)
+    devices.check_device_args(device, dtype, drafter_dtype)
+    checks.output_file("--out", out)
+    checks.output_file("--plot", plot)
+    tgt = load_target_checked(target, dtype=dtype, device=device)
+    checks.fits_positions(tgt, context_len + (max_tokens or 256), "--context_len + --max_tokens")
+    table = profile_sps(tgt, max_tokens=max_tokens, context_len=context_len, repeats=repeats, verifier=verifier)
+    roof = roofline_of(table, tgt, context_len)
+    path = table.save(out or default_path(tgt, context_len))
     print(f"[dspark-lightning] SPS table -> {path}")
     for b, raw, s in zip(table.tokens, table.raw_sps, table.sps, strict=True):
         print(f"  B={b:4d}  {1000 / raw:8.2f} ms  SPS {raw:8.2f} (smoothed {s:8.2f})")
     print(roof)
-    if a.plot:
+    if plot:
         from ..plots import plot_sps
 
-        print(f"[dspark-lightning] plot -> {plot_sps(table, a.plot)}")
+        print(f"[dspark-lightning] plot -> {plot_sps(table, plot)}")
 
 
 def roofline_of(table, target, context_len: int) -> str:
@@ -278,56 +320,37 @@ def roofline_of(table, target, context_len: int) -> str:
     return rf.roofline_text(rf.roofline_rows(times, nbytes, machine, context_len), nbytes, machine, context_len)
 
 
-def check_breakdown_args(a) -> None:
-    """``--breakdown``'s options, before any model is loaded."""
-    check_choice("--breakdown", a.breakdown, ("verify", "draft"))
-    if a.out is None:
-        raise checks.UsageError("--breakdown writes <out>/{verify,draft}_profile.{json,md}: give --out DIR")
-    if a.plot is not None:
-        raise checks.UsageError("--plot draws the SPS curve; --breakdown writes tables only")
-    if a.drafter is not None and a.breakdown != "draft":
-        raise checks.UsageError("--drafter is timed by --breakdown draft")
-    checks.at_least("--context_len", a.context_len, 1)
-    checks.at_least("--rounds", a.rounds, 1)
-    checks.at_least("--layers", a.layers, 1)
-    for b in a.tokens:
-        checks.at_least("--tokens", b, 1)
-    check_device_args(a)
-    checks.output_dir("--out", a.out)
-    if a.drafter is not None:
-        checks.drafter_config(a.drafter)
-
-
-def run_breakdown(a) -> None:
-    """``profile --breakdown verify|draft``: the tables of :mod:`dspark_lightning.profiling.breakdown` into
-    ``--out``."""
+def profile_breakdown(
+    kind: str, target: str, out: str, context_len: int, tokens: list[int], rounds: int | None, drafter: str | None,
+    layers: int, device: str, dtype: str,
+) -> None:  # fmt: skip
+    """``profile --breakdown verify|draft`` (its flags checked): the tables of
+    :mod:`dspark_lightning.profiling.breakdown` into ``out``."""
     from pathlib import Path
 
+    from ..checkpoint import recorded_target_args
     from ..profiling import breakdown as bd
 
-    check_breakdown_args(a)
-    from ..checkpoint import recorded_target_args
-
-    recorded = recorded_target_args(a.drafter) if a.drafter is not None else {}  # the layers it was trained on
-    target = load_target_checked(a.target, dtype=a.dtype, device=a.device, **recorded)
-    if a.breakdown == "verify":
-        checks.fits_positions(target, a.context_len + max(a.tokens), "--context_len + --tokens")
-        doc = bd.verify_breakdown(target, context=a.context_len, tokens=tuple(a.tokens), rounds=a.rounds or 9)
+    recorded = recorded_target_args(drafter) if drafter is not None else {}  # the layers it was trained on
+    tgt = load_target_checked(target, dtype=dtype, device=device, **recorded)
+    if kind == "verify":
+        checks.fits_positions(tgt, context_len + max(tokens), "--context_len + --tokens")
+        doc = bd.verify_breakdown(tgt, context=context_len, tokens=tuple(tokens), rounds=rounds or 9)
         md = bd.verify_markdown(doc)
     else:
-        checks.fits_positions(target, a.context_len + 8, "--context_len + a round")
+        checks.fits_positions(tgt, context_len + 8, "--context_len + a round")
         trained = {}
-        if a.drafter is not None:
-            trained["trained"] = load_drafter_checked(a.drafter, target, "fp32")
-            trained["trained bf16"] = load_drafter_checked(a.drafter, target, "bf16")
-        drafters = bd.draft_variants(target, trained, layers=a.layers)
-        doc = bd.draft_breakdown(target, drafters, context=a.context_len, rounds=a.rounds or 15)
-        doc["info"]["drafter"] = a.drafter
+        if drafter is not None:
+            trained["trained"] = load_drafter_checked(drafter, tgt, "fp32")
+            trained["trained bf16"] = load_drafter_checked(drafter, tgt, "bf16")
+        drafters = bd.draft_variants(tgt, trained, layers=layers)
+        doc = bd.draft_breakdown(tgt, drafters, context=context_len, rounds=rounds or 15)
+        doc["info"]["drafter"] = drafter
         md = bd.draft_markdown(doc)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    json_name, md_name = bd.OUTPUT_FILES[a.breakdown]
-    atomic_write(out / json_name, json.dumps(doc, indent=2) + "\n")
-    atomic_write(out / md_name, md + "\n")
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    json_name, md_name = bd.OUTPUT_FILES[kind]
+    atomic_write(folder / json_name, json.dumps(doc, indent=2) + "\n")
+    atomic_write(folder / md_name, md + "\n")
     print(md)
-    print(f"[dspark-lightning] profile --breakdown -> {out / json_name}, {out / md_name}", file=sys.stderr)
+    print(f"[dspark-lightning] profile --breakdown -> {folder / json_name}, {folder / md_name}", file=sys.stderr)

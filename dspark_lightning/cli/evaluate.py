@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 from jsonargparse import ArgumentParser
 
@@ -73,7 +72,7 @@ def check_common(a) -> None:
     if schedulers is not None:
         names = schedulers if isinstance(schedulers, list) else [schedulers]
         for name in names:
-            check_scheduler_args(SimpleNamespace(scheduler=name, gamma=a.gamma, sps=getattr(a, "sps", None)))
+            check_scheduler_args(name, a.gamma, sps=getattr(a, "sps", None))
         if len(set(names)) != len(names):
             raise checks.UsageError(f"--scheduler names a scheduler twice: {' '.join(names)}")
         if a.gamma is not None and "static" not in names:

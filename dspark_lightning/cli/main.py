@@ -30,12 +30,12 @@ from ..errors import one_line_error
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded at run time
 
 TYPED_COMMANDS = {  # subcommand -> (module, typed function): its parser is generated from the function (signature.py)
+    "decode": ("dspark_lightning.cli.decode", "decode"),
+    "profile": ("dspark_lightning.cli.decode", "profile"),
     "export": ("dspark_lightning.cli.export", "export"),
 }
 INFER_COMMANDS = {  # subcommand -> (module, function); none of them imports Lightning
     **TYPED_COMMANDS,
-    "decode": ("dspark_lightning.cli.decode", "run_decode"),
-    "profile": ("dspark_lightning.cli.decode", "run_profile"),
     "eval": ("dspark_lightning.cli.evaluate", "run_eval"),
     "bench": ("dspark_lightning.cli.evaluate", "run_bench"),
     "calibrate": ("dspark_lightning.cli.evaluate", "run_calibrate"),
