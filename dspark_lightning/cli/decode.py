@@ -14,8 +14,6 @@ import sys
 from collections.abc import Sequence
 from typing import Annotated
 
-from jsonargparse import ArgumentParser
-
 from .. import checks, devices
 from ..atomic import atomic_write
 from ..checkpoint import load_drafter_checked
@@ -24,20 +22,6 @@ from ..targets import load_target_checked
 from .signature import REPEATED
 
 LAYOUTS = ("padded", "flat")
-
-
-def add_device_args(p: ArgumentParser) -> None:
-    """``--device`` / ``--dtype`` / ``--drafter_dtype`` for every command that runs the target."""
-    p.add_argument("--device", type=str, default="auto", help="auto (CUDA when available) | cpu | cuda | cuda:N")
-    p.add_argument("--dtype", type=str, default="auto", help="target: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32")
-    p.add_argument(
-        "--drafter_dtype", type=str, default="auto", help="drafter: auto (the faster of fp32/bf16 here) | bf16 | fp32"
-    )
-
-
-def check_device_args(a) -> None:
-    """``--device`` / ``--dtype`` / ``--drafter_dtype`` name things that exist, before the target is loaded."""
-    devices.check_device_args(a.device, a.dtype, a.drafter_dtype)
 
 
 def check_choice(name: str, value: str, choices) -> None:

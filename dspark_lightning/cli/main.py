@@ -32,15 +32,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded at run tim
 TYPED_COMMANDS = {  # subcommand -> (module, typed function): its parser is generated from the function (signature.py)
     "decode": ("dspark_lightning.cli.decode", "decode"),
     "profile": ("dspark_lightning.cli.decode", "profile"),
+    "eval": ("dspark_lightning.cli.evaluate", "evaluate"),
+    "bench": ("dspark_lightning.cli.evaluate", "bench"),
+    "threshold-sweep": ("dspark_lightning.cli.evaluate", "threshold_sweep"),
+    "serve-bench": ("dspark_lightning.cli.evaluate", "serve_bench"),
     "export": ("dspark_lightning.cli.export", "export"),
 }
 INFER_COMMANDS = {  # subcommand -> (module, function); none of them imports Lightning
     **TYPED_COMMANDS,
-    "eval": ("dspark_lightning.cli.evaluate", "run_eval"),
-    "bench": ("dspark_lightning.cli.evaluate", "run_bench"),
-    "calibrate": ("dspark_lightning.cli.evaluate", "run_calibrate"),
-    "threshold-sweep": ("dspark_lightning.cli.evaluate", "run_threshold_sweep"),
-    "serve-bench": ("dspark_lightning.cli.evaluate", "run_serve_bench"),
+    "calibrate": ("dspark_lightning.cli.evaluate", "run_calibrate"),  # generated from calibration.calibrate()
     "llamacpp": ("dspark_lightning.export.llamacpp", "run_llamacpp"),
     "target": ("dspark_lightning.targets.gguf_import", "run_target"),  # bring your own target: GGUF -> HF directory
     "write-prompts": ("dspark_lightning.data.self_prompts", "run_write_prompts"),  # no recipe: a prompt file
