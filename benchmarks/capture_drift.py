@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from dspark_lightning.cli.prepare import _parse
+from dspark_lightning.cli.prepare import check_cache, parse_recipe
 from dspark_lightning.data.features import captured_sample, extract_features, target_law_summary
 from dspark_lightning.data.regenerate import load_captured, regenerate
 from dspark_lightning.devices import cpu_model
@@ -43,7 +43,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=96)
     ap.add_argument("--out", default="benchmarks/results/data/capture_drift")
     a = ap.parse_args()
-    dm, _ = _parse("prepare", ["--config", a.recipe], False)
+    dm, _ = parse_recipe("prepare", ["--config", a.recipe], check_cache)
     job = dm.prepare_job(progress=True)
     prompts = job.prompts["train"][: a.prompts]
     target = job.load_target()  # the features' target, in data.target_dtype (fp32 on a CPU)
