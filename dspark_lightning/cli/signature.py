@@ -69,19 +69,23 @@ def flag_kwargs(hint: Any, default: Any) -> dict[str, Any]:
     return out
 
 
+def flag_parameters(func: Callable, skip: Collection[str] = ()) -> list[inspect.Parameter]:
+    """The parameters of ``func`` that are flags: all but those in ``skip`` and ``*args`` / ``**kwargs``."""
+    params = inspect.signature(func).parameters.values()
+    return [p for p in params if p.name not in skip and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
 def add_function_flags(
     parser: ArgumentParser, func: Callable, skip: Collection[str] = (), flags: Mapping[str, str] | None = None
 ) -> None:
     """Add a flag for each parameter of ``func`` but those in ``skip``; ``flags``: parameter -> another flag name.
     A parameter without help in the docstring is a TypeError (every flag is documented)."""
     helps, hints = arg_help(func), typing.get_type_hints(func, include_extras=True)
-    for name, param in inspect.signature(func).parameters.items():
-        if name in skip or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            continue
-        if name not in helps:
-            raise TypeError(f"{func.__qualname__}: parameter {name!r} has no entry in the docstring's Args:")
-        flag = (flags or {}).get(name, name)
-        parser.add_argument(f"--{flag}", help=helps[name], **flag_kwargs(hints[name], param.default))
+    for param in flag_parameters(func, skip):
+        if param.name not in helps:
+            raise TypeError(f"{func.__qualname__}: parameter {param.name!r} has no entry in the docstring's Args:")
+        flag = (flags or {}).get(param.name, param.name)
+        parser.add_argument(f"--{flag}", help=helps[param.name], **flag_kwargs(hints[param.name], param.default))
 
 
 def command_parser(
@@ -97,9 +101,7 @@ def function_kwargs(
     cfg: Any, func: Callable, skip: Collection[str] = (), flags: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     """The keyword arguments of ``func`` from a namespace parsed by a parser :func:`add_function_flags` built."""
-    names = [n for n, p in inspect.signature(func).parameters.items() if n not in skip and p.kind not in (
-        p.VAR_POSITIONAL, p.VAR_KEYWORD)]  # fmt: skip
-    return {name: cfg[(flags or {}).get(name, name)] for name in names}
+    return {p.name: cfg[(flags or {}).get(p.name, p.name)] for p in flag_parameters(func, skip)}
 
 
 def run(
