@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
+from dspark_lightning.cli.prepare import check_cache, parse_recipe
 from dspark_lightning.data.features.extract import captured_sample, extract_features, target_law_summary
 from dspark_lightning.data.regen.regenerate import load_captured, regenerate
 from dspark_lightning.devices import cpu_model
-from dspark_lightning.lightning.prepare_cli import _parse
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -43,7 +43,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=96)
     ap.add_argument("--out", default="benchmarks/results/data/capture_drift")
     a = ap.parse_args()
-    dm, _ = _parse("prepare", ["--config", a.recipe], False)
+    dm, _ = parse_recipe("prepare", ["--config", a.recipe], check_cache)
     job = dm.prepare_job(progress=True)
     prompts = job.prompts["train"][: a.prompts]
     target = job.load_target()  # the features' target, in data.target_dtype (fp32 on a CPU)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
+from dspark_lightning.cli.prepare import check_cache, parse_recipe
 from dspark_lightning.data.regen.regenerate import EngineRegenerator, generation_settings
 from dspark_lightning.devices import cpu_model
-from dspark_lightning.lightning.prepare_cli import _parse
 
 
 def main() -> None:
@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[48, 96, 192])
     ap.add_argument("--out", default="benchmarks/results/data/regen_concurrency")
     a = ap.parse_args()
-    dm, _ = _parse("prepare", ["--config", a.recipe], False)
+    dm, _ = parse_recipe("prepare", ["--config", a.recipe], check_cache)
     job = dm.prepare_job(progress=False)
     recs = job.prompts["train"][: a.prompts]
     target = job.load_regen_target() if job.load_regen_target is not None else job.load_target()

@@ -64,6 +64,15 @@ def resolve_dtype(dtype: str | torch.dtype | None = "auto", device: str | torch.
     return DTYPES[key]
 
 
+def check_device_args(device: str, dtype: str, drafter_dtype: str | None = None) -> None:
+    """A command's ``--device`` / ``--dtype`` / ``--drafter_dtype``: a device this machine has and dtypes that exist,
+    checked before any model is loaded (ValueError naming the bad one)."""
+    dev = resolve_device(device)
+    resolve_dtype(dtype, dev)
+    if drafter_dtype is not None:
+        resolve_dtype(drafter_dtype, dev)
+
+
 def param_dtype(module) -> torch.dtype | None:
     """The dtype of a module's first parameter (what a drafter runs in), None for parameter-free objects."""
     p = next(iter(module.parameters()), None) if isinstance(module, torch.nn.Module) else None

@@ -1,4 +1,4 @@
-"""How a user error is shown: one line (shared by the console script, cli.py, and the Lightning commands)."""
+"""How a user error is shown: one line (shared by the console script, cli/, and the Lightning commands)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from .. import checks, locks
 from ..atomic import atomic_write
 from ..checkpoint import load_drafter_checked, read_config, recorded_target_args
 from ..data.prompts.evalsets import CALIBRATION_PROMPTS
-from ..devices import resolve_device, resolve_dtype
+from ..devices import check_device_args
 from ..targets import load_target_checked
 from .files import load_rollouts, save_calibration
 from .report import calibration_markdown, plot_reliability
@@ -55,10 +55,7 @@ def check_calibrate_args(
     checks.at_least("--min_rows", min_rows, 0)
     checks.at_least("--min_class", min_class, 0)
     checks.output_dir("--report_dir", report_dir)
-    dev = resolve_device(device)
-    resolve_dtype(dtype, dev)
-    if drafter_dtype is not None:
-        resolve_dtype(drafter_dtype, dev)
+    check_device_args(device, dtype, drafter_dtype)
 
 
 def calibrate(
@@ -81,17 +78,32 @@ def calibrate(
     target: Any = None,
     quiet: bool = False,
 ) -> Path:
-    """Fit STS temperatures for ``drafter`` (an exported drafter directory) at serving ``temperature`` and write
-    ``calibration_T<T>.json`` beside its weights; returns that file.
+    """Fit STS confidence temperatures of a drafter for one serving temperature; writes ``calibration_T<T>.json``
+    beside its weights and returns that file.
 
     The rows are rounds of real speculative decoding with full-length verification on the STS pool's prompts
-    (``prompts_per_domain`` of each of ``domains``, disjoint from training and from ``eval``); every
-    1/``heldout_fraction``-th prompt is kept out of the fit and scored after it. A position with fewer than
-    ``min_rows`` rounds, or fewer than ``min_class`` surviving or failing ones, copies the previous temperature.
-    ``report_dir``: also the report (JSON, markdown, a reliability diagram per position) and the rollouts;
-    ``rollouts_file``: refit from such saved rollouts without decoding. ``target``: an already loaded target
-    (default: the one the drafter records, on ``device`` in ``dtype``). Holds the drafter folder's lock, so two
-    calibrations never write the same files at once.
+    (disjoint from training and from ``eval``); every 1/``heldout_fraction``-th prompt is kept out of the fit and
+    scored after it. Holds the drafter folder's lock, so two calibrations never write the same files at once. The
+    ``calibrate`` command's flags are generated from this signature.
+
+    Args:
+        drafter: exported drafter directory (the file is saved there)
+        temperature: serving temperature the calibration is for
+        domains: STS pool domains the prompts come from
+        prompts_per_domain: STS pool prompts per domain
+        heldout_fraction: prompts kept out of the fit and scored after
+        max_new_tokens: most tokens generated per prompt
+        batch_size: concurrent requests
+        seed: random seed of the sampling
+        min_rows: fewer rounds at a position: copy the previous T
+        min_class: fewer surviving or failing rounds: copy the previous T
+        report_dir: also write report JSON, PNGs and rollouts.pt
+        rollouts_file: refit from a saved rollouts.pt (no decoding)
+        device: auto (CUDA when available) | cpu | cuda | cuda:N
+        dtype: target: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
+        drafter_dtype: drafter: auto (the faster of fp32/bf16 here) | bf16 | fp32
+        target: an already loaded target (default: the one the drafter records, on ``device`` in ``dtype``)
+        quiet: print neither the table nor progress
     """
     check_calibrate_args(
         drafter, temperature=temperature, domains=domains, prompts_per_domain=prompts_per_domain,

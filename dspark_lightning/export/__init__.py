@@ -7,7 +7,6 @@ Our own format (save / load, hashes, placement) is :mod:`dspark_lightning.checkp
   (servers.py); a drafter a layout cannot represent raises :class:`InteropError` (common.py).
 - serving.py: the registered ``layout`` reader that :func:`~dspark_lightning.checkpoint.load_drafter` uses for an
   HF-style config.json.
-- cli.py: the ``dspark-lightning export`` command.
 
 Imports neither Lightning nor the training stack, nor the runtime; the runtime loads drafters through
 ``checkpoint/``, never through this package.
@@ -15,7 +14,6 @@ Imports neither Lightning nor the training stack, nor the runtime; the runtime l
 
 from __future__ import annotations
 
-from .cli import export_parser, run_export
 from .common import InteropError
 from .convert import FORMATS, ExportResult, export_drafter, export_serving
 from .servers import Server, server_for, server_names
@@ -26,9 +24,7 @@ __all__ = [
     "InteropError",
     "Server",
     "export_drafter",
-    "export_parser",
     "export_serving",
-    "run_export",
     "server_for",
     "server_names",
 ]

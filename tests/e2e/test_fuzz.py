@@ -41,7 +41,7 @@ def test_bad_input_is_refused_in_one_line(argv, fuzz_workspace, monkeypatch, cap
 
 
 def test_help_lists_every_command(capsys):
-    from dspark_lightning.cli import DATA_COMMANDS, INFER_COMMANDS
+    from dspark_lightning.cli.main import DATA_COMMANDS, INFER_COMMANDS
 
     code, out, _ = run_main(["--help"], capsys)
     overview = out.split("(LightningCLI)")[0]

@@ -166,7 +166,7 @@ def test_yaml_structure_is_bounded_in_time_and_depth():
     import time
 
     from dspark_lightning import checks
-    from dspark_lightning.cli import yaml_structure
+    from dspark_lightning.cli.main import yaml_structure
 
     from .test_fuzz_classes import _recipes
 

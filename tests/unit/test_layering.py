@@ -47,13 +47,12 @@ PLACES = {
     "checkpoint": "checkpoint",
     "export": "export",
     "infer": "infer",
-    "infer/cli.py": "eval",  # the decode / profile commands read prompt files through data/ (a front end, like eval/)
     "data": "data",
     "calibration": "calibration",
     "eval": "eval",
     "testing.py": "testing",  # plugin conformance checks: build, export, reload and decode a drafter
     "lightning": "lightning",
-    "cli.py": "cli",
+    "cli": "cli",
     "__init__.py": "cli",  # the package root: the public facade
 }
 

@@ -24,31 +24,34 @@ import sys
 from argparse import ArgumentError
 from typing import Any
 
-from . import checks
-from .errors import one_line_error
+from .. import checks
+from ..errors import one_line_error
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded at run time
 
+TYPED_COMMANDS = {  # subcommand -> (module, typed function): its parser is generated from the function (signature.py)
+    "decode": ("dspark_lightning.cli.decode", "decode"),
+    "profile": ("dspark_lightning.cli.decode", "profile"),
+    "eval": ("dspark_lightning.cli.evaluate", "evaluate"),
+    "bench": ("dspark_lightning.cli.evaluate", "bench"),
+    "threshold-sweep": ("dspark_lightning.cli.evaluate", "threshold_sweep"),
+    "serve-bench": ("dspark_lightning.cli.evaluate", "serve_bench"),
+    "export": ("dspark_lightning.cli.export", "export"),
+}
 INFER_COMMANDS = {  # subcommand -> (module, function); none of them imports Lightning
-    "decode": ("dspark_lightning.infer.cli", "run_decode"),
-    "profile": ("dspark_lightning.infer.cli", "run_profile"),
-    "eval": ("dspark_lightning.eval.cli", "run_eval"),
-    "bench": ("dspark_lightning.eval.cli", "run_bench"),
-    "calibrate": ("dspark_lightning.eval.cli", "run_calibrate"),
-    "threshold-sweep": ("dspark_lightning.eval.cli", "run_threshold_sweep"),
-    "serve-bench": ("dspark_lightning.eval.cli", "run_serve_bench"),
-    "export": ("dspark_lightning.export.cli", "run_export"),
+    **TYPED_COMMANDS,
+    "calibrate": ("dspark_lightning.cli.evaluate", "run_calibrate"),  # generated from calibration.calibrate()
     "llamacpp": ("dspark_lightning.export.llamacpp", "run_llamacpp"),
     "target": ("dspark_lightning.targets.gguf_import", "run_target"),  # bring your own target: GGUF -> HF directory
     "write-prompts": ("dspark_lightning.data.prompts.self_prompts", "run_write_prompts"),  # no recipe: a prompt file
 }
 
 DATA_COMMANDS = {  # subcommand -> (module, function); they parse a recipe's data: section as fit does
-    "prepare": ("dspark_lightning.lightning.prepare_cli", "run_prepare"),
-    "check-cache": ("dspark_lightning.lightning.prepare_cli", "run_check_cache"),
+    "prepare": ("dspark_lightning.cli.prepare", "run_prepare"),
+    "check-cache": ("dspark_lightning.cli.prepare", "run_check_cache"),
 }
 FORMER_NAMES = {  # a renamed command still runs under its former name, and says so
-    "verify": ("dspark_lightning.lightning.prepare_cli", "run_verify"),  # now check-cache
+    "verify": ("dspark_lightning.cli.prepare", "run_verify"),  # now check-cache
 }
 
 
@@ -103,7 +106,7 @@ def _close_bars(erase: bool = False) -> None:
 def os_error_message(exc: OSError) -> str:
     """One line for an OS error that reached the top: a full disk (the path and the space), a closed or full
     standard output, or the errno and the path it concerns (permission, read-only file system, name too long...)."""
-    from .atomic import disk_full_message, is_disk_full, stdout_failed
+    from ..atomic import disk_full_message, is_disk_full, stdout_failed
 
     if is_disk_full(exc):
         return disk_full_message(exc)
@@ -139,7 +142,7 @@ def recursion_message(exc: RecursionError) -> str:
 def _release_stdout() -> None:
     """A standard output that can no longer be written (a closed pipe, a full device) is pointed at /dev/null, so
     the interpreter's final flush does not print a second error and change the exit code."""
-    from .atomic import stdout_failed
+    from ..atomic import stdout_failed
 
     if not stdout_failed(errno.ENOSPC):  # a non-terminal device counts: pointing it at /dev/null is harmless
         return
@@ -197,17 +200,23 @@ def _dispatch(argv: list[str], args: list[str] | None, command: str) -> None:
 
         from yaml import YAMLError
 
-        from .atomic import DiskFullError, disk_full_message, is_disk_full
-        from .checkpoint import DrafterLoadError
-        from .data.features.cache import CacheError
-        from .locks import FolderLockedError
-        from .registry import RegistryError
+        from ..atomic import DiskFullError, disk_full_message, is_disk_full
+        from ..checkpoint import DrafterLoadError
+        from ..data.features.cache import CacheError
+        from ..locks import FolderLockedError
+        from ..registry import RegistryError
 
         errors = (ArgumentError, RegistryError, FileNotFoundError, DrafterLoadError, ValueError, NotImplementedError)
         errors += (CacheError, FileExistsError, YAMLError, DiskFullError, FolderLockedError)
         try:
-            module, func = commands[argv[0]]
-            getattr(importlib.import_module(module), func)(argv[1:])
+            module, name = commands[argv[0]]
+            func = getattr(importlib.import_module(module), name)
+            if argv[0] in TYPED_COMMANDS:
+                from .signature import run
+
+                run(func, argv[1:], f"dspark-lightning {argv[0]}")
+            else:
+                func(argv[1:])  # a function of the argument list: the command parses it itself
         except errors as exc:
             _say(argv[0], one_line_error(exc))
             sys.exit(2)
@@ -217,7 +226,7 @@ def _dispatch(argv: list[str], args: list[str] | None, command: str) -> None:
             _say(argv[0], disk_full_message(exc))
             sys.exit(2)
         return
-    from .lightning.cli import main as lightning_main
+    from ..lightning.cli import main as lightning_main
 
     lightning_main(args)  # None: LightningCLI reads sys.argv itself (passing both makes it warn)
 
@@ -359,7 +368,3 @@ def yaml_structure(what: str, text: str) -> None:
                 )
     except yaml.YAMLError:
         return
-
-
-if __name__ == "__main__":
-    main()

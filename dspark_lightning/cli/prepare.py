@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from ..data.features.cache import verify_cache
 from ..data.prepare import SPLITS, DataPaths
-from . import recipe_checks
-from .datamodule import DSparkDataModule
+from ..lightning import recipe_checks
+from ..lightning.datamodule import DSparkDataModule
+from .signature import add_function_flags, description, function_kwargs
 
 
 def _data_section_only(argv: list[str]) -> list[str]:
@@ -44,30 +46,27 @@ def _data_section_only(argv: list[str]) -> list[str]:
     return out
 
 
-def _parse(prog: str, argv: list[str], extra: bool) -> tuple[DSparkDataModule, Any]:
+def parse_recipe(prog: str, argv: list[str], func: Callable) -> tuple[DSparkDataModule, dict[str, Any]]:
+    """The data module of the recipe (``--config``, ``--data.<key>=...``) and ``func``'s other keyword arguments,
+    from the flags generated from its signature (:mod:`.signature`)."""
     from jsonargparse import ActionConfigFile
     from lightning.pytorch.cli import LightningArgumentParser
 
-    parser = LightningArgumentParser(prog=f"dspark-lightning {prog}", exit_on_error=False, description=__doc__)
+    parser = LightningArgumentParser(
+        prog=f"dspark-lightning {prog}", exit_on_error=False, description=description(func)
+    )
     parser.add_argument("--config", action=ActionConfigFile, help="a recipe (its data: section is read)")
     parser.add_lightning_class_args(DSparkDataModule, "data")
-    if extra:
-        parser.add_argument("--rank", type=int | None, default=None, help="this rank (default: $RANK, else 0)")
-        parser.add_argument("--world_size", type=int | None, default=None, help="ranks (default: $WORLD_SIZE, else 1)")
-        parser.add_argument("--merge", action="store_true", help="only merge the finished ranks (once, after all)")
-        parser.add_argument("--verify", action="store_true", help="hash every shard once the data is merged")
-        parser.add_argument("--device", type=str | None, default=None, help="default: this rank's GPU, else cpu")
+    add_function_flags(parser, func, skip=("data",))
     cfg = parser.parse_args(_data_section_only(argv))
     recipe_checks.data_args(cfg.data, DSparkDataModule)
-    if extra:
-        recipe_checks.rank_args(cfg.rank, cfg.world_size)
-    return parser.instantiate_classes(cfg).data, cfg
+    return parser.instantiate_classes(cfg).data, function_kwargs(cfg, func, skip=("data",))
 
 
-def _world(cfg: Any) -> tuple[int, int, bool]:
+def _world(rank: int | None, world_size: int | None) -> tuple[int, int, bool]:
     """(rank, world size, launched by torchrun): explicit arguments win over the torch.distributed variables."""
-    if cfg.rank is not None or cfg.world_size is not None:
-        return cfg.rank or 0, cfg.world_size or 1, False
+    if rank is not None or world_size is not None:
+        return rank or 0, world_size or 1, False
     world = int(os.environ.get("WORLD_SIZE", 1))
     return int(os.environ.get("RANK", 0)), world, world > 1 and "MASTER_ADDR" in os.environ
 
@@ -82,23 +81,40 @@ def lock_folders(job: Any, rank: int, world: int, launched: bool, merge: bool) -
     return [work, *folders] if rank == 0 and (world == 1 or launched) else folders
 
 
-def run_prepare(argv: list[str]) -> None:
+def prepare(
+    data: DSparkDataModule,
+    rank: int | None = None,
+    world_size: int | None = None,
+    merge: bool = False,
+    verify: bool = False,
+    device: str | None = None,
+) -> None:
+    """Regenerate responses and cache target features of a recipe's data, sharded by rank (rank 0 merges).
+
+    Args:
+        data: the recipe's data module
+        rank: this rank (default: $RANK, else 0)
+        world_size: ranks (default: $WORLD_SIZE, else 1)
+        merge: only merge the finished ranks (once, after all)
+        verify: hash every shard once the data is merged
+        device: default: this rank's GPU, else cpu
+    """
     import contextlib
 
     from .. import locks
 
-    dm, cfg = _parse("prepare", argv, extra=True)
-    dm.prepare_device = cfg.device
-    rank, world, launched = _world(cfg)
-    job = dm.prepare_job()
+    recipe_checks.rank_args(rank, world_size)
+    data.prepare_device = device
+    rank, world, launched = _world(rank, world_size)
+    job = data.prepare_job()
     with contextlib.ExitStack() as held:
-        for folder in lock_folders(job, rank, world, launched, cfg.merge):
+        for folder in lock_folders(job, rank, world, launched, merge):
             held.enter_context(locks.folder_lock(folder, "prepare"))
-        _prepare(dm, cfg, job, rank, world, launched)
+        _prepare(data, job, rank, world, launched, merge, verify)
 
 
-def _prepare(dm: DSparkDataModule, cfg: Any, job: Any, rank: int, world: int, launched: bool) -> None:
-    if cfg.merge:
+def _prepare(dm: DSparkDataModule, job: Any, rank: int, world: int, launched: bool, merge: bool, verify: bool) -> None:
+    if merge:
         job.merge(world)
     elif launched:
         import torch.distributed as dist
@@ -118,26 +134,36 @@ def _prepare(dm: DSparkDataModule, cfg: Any, job: Any, rank: int, world: int, la
     if rank == 0 and job.is_done():
         print(f"[dspark-lightning] prepared data for {world} rank(s) -> {DataPaths(Path(dm.work_dir)).prepared}")
         dm.report_roofline()
-        if cfg.verify:
-            _check_cache(dm)
+        if verify:
+            check_cache(dm)
     elif world > 1 and not launched:
         print(f"[dspark-lightning] rank {rank}/{world} done; merge with: prepare --merge --world_size {world}")
 
 
-def _check_cache(dm: DSparkDataModule) -> None:
-    if dm.features != "cached":
+def check_cache(data: DSparkDataModule) -> None:
+    """The sha256 of every cached feature shard of a recipe's data.
+
+    Args:
+        data: the recipe's data module
+    """
+    if data.features != "cached":
         print("[dspark-lightning] check-cache: data.features is online, there are no cached shards to check")
         return
-    paths = DataPaths(Path(dm.work_dir))
+    paths = DataPaths(Path(data.work_dir))
     for split in SPLITS:
         st = verify_cache(paths.cache(split))
         print(f"[dspark-lightning] check-cache {paths.cache(split)}: {st['shards']} shards, {st['samples']} samples ok")
 
 
+def run_prepare(argv: list[str]) -> None:
+    """``dspark-lightning prepare``: :func:`prepare` with the recipe's data and the flags."""
+    data, kwargs = parse_recipe("prepare", argv, prepare)
+    prepare(data, **kwargs)
+
+
 def run_check_cache(argv: list[str]) -> None:
-    """``dspark-lightning check-cache``: the sha256 of every cached feature shard of a recipe's data."""
-    dm, _ = _parse("check-cache", argv, extra=False)
-    _check_cache(dm)
+    """``dspark-lightning check-cache``: :func:`check_cache` of the recipe's data."""
+    check_cache(parse_recipe("check-cache", argv, check_cache)[0])
 
 
 def run_verify(argv: list[str]) -> None:

@@ -1,0 +1,15 @@
+"""The ``dspark-lightning`` console script, the top floor of the package (nothing below imports it).
+
+- main.py: :func:`main`, the dispatcher: every failure ends in one line on stderr and exit code 2;
+- signature.py: a command's parser generated from a typed, documented function;
+- decode.py: ``decode`` and ``profile``;
+- evaluate.py: ``eval``, ``bench``, ``calibrate``, ``threshold-sweep`` and ``serve-bench``;
+- export.py: ``export``;
+- prepare.py: ``prepare`` and ``check-cache``, a recipe's data stages (the only commands here that import Lightning).
+
+``fit`` / ``validate`` / ``test`` are LightningCLI's (``dspark_lightning/lightning/cli.py``).
+"""
+
+from .main import main
+
+__all__ = ["main"]

@@ -1,0 +1,340 @@
+"""``dspark-lightning decode`` and ``dspark-lightning profile`` (no Lightning import).
+
+dspark-lightning decode --target smollm2-135m-instruct --drafter outputs/.../drafter --prompt "What is 17*23?"
+dspark-lightning decode --target tiny-debug --prompts prompts.jsonl --json_out results.json
+dspark-lightning profile --target smollm2-135m-instruct --out sps.json --plot sps.png
+dspark-lightning profile --breakdown verify --out docs/data/verify_profile      (per-part cost of a round)
+dspark-lightning profile --breakdown draft --drafter outputs/.../drafter --out docs/data/draft_profile
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Annotated
+
+from .. import checks, devices
+from ..atomic import atomic_write
+from ..checkpoint import load_drafter_checked
+from ..infer.sampling import GREEDY_EPS
+from ..targets import load_target_checked
+from .signature import REPEATED
+
+LAYOUTS = ("padded", "flat")
+
+
+def check_choice(name: str, value: str, choices) -> None:
+    if value not in choices:
+        raise checks.UsageError(f"{name} {value!r} is not one of {', '.join(choices)}")
+
+
+def check_scheduler_args(
+    scheduler: str, gamma: int | None = None, threshold: float | None = None, sps: str | None = None
+) -> None:
+    """The scheduler name, its knobs and the SPS table file: all cheap to check before any model is loaded."""
+    from ..registry import names
+
+    check_choice("--scheduler", scheduler, names("scheduler"))
+    if gamma is not None:
+        checks.at_least("--gamma", gamma, 1)
+    if threshold is not None:
+        checks.probability("--threshold", threshold)
+    if sps:
+        check_sps_file(sps)
+
+
+def check_sps_file(path: str) -> None:
+    """An SPS table JSON (``dspark-lightning profile --out``) with matching, non-empty ``tokens`` and ``sps``."""
+    doc = checks.read_json(checks.input_file("--sps", path), "SPS table")
+    tokens, sps = (doc.get("tokens"), doc.get("sps")) if isinstance(doc, dict) else (None, None)
+    if not isinstance(tokens, list) or not isinstance(sps, list) or not tokens or len(tokens) != len(sps):
+        raise checks.UsageError(f"SPS table {path} needs non-empty 'tokens' and 'sps' lists of one length")
+
+
+def check_verifier(value: str) -> None:
+    from ..registry import names
+
+    check_choice("--verifier", value, ["auto", *names("verifier")])
+
+
+def scheduler_spec(scheduler: str, gamma: int | None, threshold: float, sps: str | None) -> dict:
+    if scheduler == "static":
+        return {"name": "static", "gamma": gamma}
+    if scheduler == "threshold":
+        return {"name": "threshold", "threshold": threshold}
+    return {"name": scheduler, "sps": sps} if sps else {"name": scheduler}
+
+
+def read_prompts(path: str, limit: int | None) -> list[str]:
+    """The first turn of each record of a ``{"turns": [...]}`` JSONL file (the first ``limit``); an unreadable file
+    or one without prompts is an error naming it."""
+    from ..data.prompts.sources import JsonlPrompts
+
+    checks.input_file("--prompts", path)
+    try:
+        prompts = [rec.turns[0] for rec in JsonlPrompts(path=path).records()]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError) as exc:
+        raise checks.UsageError(f"--prompts {path} is not a JSONL file of {{'turns': [...]}} records ({exc})") from None
+    if not prompts:
+        raise checks.UsageError(f"--prompts {path} holds no prompts")
+    return prompts[:limit] if limit is not None else prompts
+
+
+class _Streamer:
+    """Prints one request's text as it is committed (decoding the whole output each time keeps UTF-8 whole)."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tok, self.ids, self.shown = tokenizer, [], 0
+
+    def __call__(self, _index: int, new: list[int]) -> None:
+        self.ids.extend(new)
+        text = self.tok.decode(self.ids, skip_special_tokens=True)
+        if not text.endswith("\ufffd"):
+            sys.stdout.write(text[self.shown :])
+            sys.stdout.flush()
+            self.shown = len(text)
+
+
+def decode(
+    target: str = "smollm2-135m-instruct",
+    drafter: str | None = None,
+    prompt: Annotated[Sequence[str], REPEATED] = (),
+    prompts: str | None = None,
+    limit: int | None = None,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    scheduler: str = "auto",
+    gamma: int | None = None,
+    threshold: float = 0.5,
+    sps: str | None = None,
+    seed: int = 0,
+    batch_size: int | None = None,
+    layout: str = "padded",
+    verifier: str = "auto",
+    acceptance: str = "rejection",
+    no_chat: bool = False,
+    stop: Annotated[Sequence[str], REPEATED] = (),
+    json_out: str | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    drafter_dtype: str = "auto",
+) -> None:
+    """Lossless speculative decoding with a drafter.
+
+    Args:
+        target: embedded name or HF model directory
+        drafter: exported drafter directory (none: plain)
+        prompt: a prompt (repeatable)
+        prompts: JSONL file, one {"turns": [...]} per line
+        limit: use the first N prompts of --prompts
+        max_new_tokens: most tokens generated per prompt
+        temperature: 0 = greedy
+        top_k: sample among the k most likely tokens only (default: all)
+        top_p: sample within the smallest set of tokens of probability p (default: all)
+        scheduler: auto (the hardware-aware scheduler this machine's SPS curve calls for) | static | threshold |
+            hardware_aware | async_hardware_aware
+        gamma: static: drafts verified per round
+        threshold: threshold: survival threshold
+        sps: SPS table JSON (default: cached profile)
+        seed: random seed of the sampling
+        batch_size: concurrent requests (default: all)
+        layout: padded | flat
+        verifier: auto (lean where supported) | lean | hf
+        acceptance: rejection | coupled (T > 0: plain coupled decoding's tokens, any drafter)
+        no_chat: do not apply the chat template
+        stop: stop string (repeatable)
+        json_out: write texts, token ids and stats here
+        device: auto (CUDA when available) | cpu | cuda | cuda:N
+        dtype: target: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
+        drafter_dtype: drafter: auto (the faster of fp32/bf16 here) | bf16 | fp32
+    """
+    from ..checkpoint import recorded_target_args
+    from ..infer.decode import check_decode_args
+    from ..infer.decode import decode as speculative_decode
+
+    check_decode_args(max_new_tokens, temperature, top_k, top_p, batch_size)  # all checked before a model loads
+    checks.at_least("--limit", limit, 0)
+    check_scheduler_args(scheduler, gamma, threshold, sps)
+    check_choice("--layout", layout, LAYOUTS)
+    check_verifier(verifier)
+    check_choice("--acceptance", acceptance, ["rejection", "coupled"])
+    devices.check_device_args(device, dtype, drafter_dtype)
+    if any(not s for s in stop):
+        raise checks.UsageError("--stop must not be empty (an empty stop string would cut every output to nothing)")
+    checks.output_file("--json_out", json_out)
+    if drafter is not None:
+        checks.drafter_config(drafter)
+    texts = list(prompt) + (read_prompts(prompts, limit) if prompts else [])
+    if not texts:
+        raise ValueError("give --prompt TEXT or --prompts FILE.jsonl")
+    recorded = recorded_target_args(drafter) if drafter else {}  # the layers and chat format it was trained with
+    tgt = load_target_checked(target, dtype=dtype, device=device, **recorded)
+    model = load_drafter_checked(drafter, tgt, drafter_dtype) if drafter else None
+    stream = len(texts) == 1
+    res = speculative_decode(
+        tgt,
+        model,
+        texts,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        scheduler=scheduler_spec(scheduler, gamma, threshold, sps),
+        seed=seed,
+        chat=not no_chat,
+        stop=list(stop) or None,
+        batch_size=batch_size,
+        layout=layout,
+        verifier=verifier,
+        acceptance=acceptance,
+        on_commit=_Streamer(tgt.tokenizer) if stream else None,
+        progress=not stream,
+    )
+    if stream:
+        print()
+    else:
+        for i, text in enumerate(res.texts):
+            print(f"--- [{i}] {res.finish_reasons[i]} ---\n{text}")
+    mode = "greedy" if temperature < GREEDY_EPS else f"T={temperature}"
+    who = f"drafter {drafter}, scheduler {scheduler}" if model is not None else "plain decoding"
+    print(f"[dspark-lightning] {who}, {mode}: {res.stats.summary()}", file=sys.stderr)
+    if json_out:
+        out = {"texts": res.texts, "token_ids": res.token_ids, "finish_reasons": res.finish_reasons}
+        out |= {"stats": res.stats.to_dict(), "requests": res.requests}
+        atomic_write(json_out, json.dumps(out, indent=2) + "\n")  # the previous file survives a full disk
+
+
+def profile(
+    target: str = "smollm2-135m-instruct",
+    out: str | None = None,
+    plot: str | None = None,
+    max_tokens: int | None = None,
+    context_len: int = 512,
+    repeats: int = 5,
+    verifier: str = "auto",
+    breakdown: str | None = None,
+    tokens: Sequence[int] = (1, 2, 4, 8, 16),
+    rounds: int | None = None,
+    drafter: str | None = None,
+    layers: int = 2,
+    device: str = "auto",
+    dtype: str = "auto",
+    drafter_dtype: str = "auto",
+) -> None:
+    """Measure the target's SPS(B) on this machine, or (--breakdown verify|draft) the cost of each part of a
+    verification or drafting round.
+
+    Args:
+        target: embedded name or HF model directory
+        out: table JSON (default: the per-device cache); with --breakdown: a directory
+        plot: also write a PNG of the curve
+        max_tokens: largest B profiled (default 256)
+        context_len: cached context tokens during the timed forward
+        repeats: timed forwards per B (the median is kept)
+        verifier: the verifier timed: auto | lean | hf
+        breakdown: verify: one verification step per verifier and B, and its ops; draft: one drafting round per
+            component and drafter variant; writes <out>/{verify,draft}_profile.*
+        tokens: --breakdown verify: the B timed
+        rounds: --breakdown: interleaved timed rounds (default: 9 verify, 15 draft)
+        drafter: --breakdown draft: a trained drafter, timed in fp32 and bf16 next to random ones
+        layers: --breakdown draft: layers of the random DSpark drafters
+        device: auto (CUDA when available) | cpu | cuda | cuda:N
+        dtype: target: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
+        drafter_dtype: drafter: auto (the faster of fp32/bf16 here) | bf16 | fp32
+    """
+    from ..infer.profiling.sps import default_path, profile_sps
+
+    if breakdown is not None:
+        check_choice("--breakdown", breakdown, ("verify", "draft"))
+        if out is None:
+            raise checks.UsageError("--breakdown writes <out>/{verify,draft}_profile.{json,md}: give --out DIR")
+        if plot is not None:
+            raise checks.UsageError("--plot draws the SPS curve; --breakdown writes tables only")
+        if drafter is not None and breakdown != "draft":
+            raise checks.UsageError("--drafter is timed by --breakdown draft")
+        checks.at_least("--context_len", context_len, 1)
+        checks.at_least("--rounds", rounds, 1)
+        checks.at_least("--layers", layers, 1)
+        for b in tokens:
+            checks.at_least("--tokens", b, 1)
+        devices.check_device_args(device, dtype, drafter_dtype)
+        checks.output_dir("--out", out)
+        if drafter is not None:
+            checks.drafter_config(drafter)
+        return profile_breakdown(breakdown, target, out, context_len, list(tokens), rounds, drafter, layers, device,
+                                 dtype)  # fmt: skip
+    checks.at_least("--max_tokens", max_tokens, 1)
+    checks.at_least("--context_len", context_len, 1)
+    checks.at_least("--repeats", repeats, 1)
+    check_verifier(verifier)
+    devices.check_device_args(device, dtype, drafter_dtype)
+    checks.output_file("--out", out)
+    checks.output_file("--plot", plot)
+    tgt = load_target_checked(target, dtype=dtype, device=device)
+    checks.fits_positions(tgt, context_len + (max_tokens or 256), "--context_len + --max_tokens")
+    table = profile_sps(tgt, max_tokens=max_tokens, context_len=context_len, repeats=repeats, verifier=verifier)
+    roof = roofline_of(table, tgt, context_len)
+    path = table.save(out or default_path(tgt, context_len))
+    print(f"[dspark-lightning] SPS table -> {path}")
+    for b, raw, s in zip(table.tokens, table.raw_sps, table.sps, strict=True):
+        print(f"  B={b:4d}  {1000 / raw:8.2f} ms  SPS {raw:8.2f} (smoothed {s:8.2f})")
+    print(roof)
+    if plot:
+        from ..plots import plot_sps
+
+        print(f"[dspark-lightning] plot -> {plot_sps(table, plot)}")
+
+
+def roofline_of(table, target, context_len: int) -> str:
+    """The measured steps against the memory-bound floor (:mod:`dspark_lightning.infer.profiling.roofline`), for the B a
+    decoding step reaches."""
+    from ..infer.profiling import roofline as rf
+
+    dev = next(target.model.parameters()).device
+    nbytes, machine = rf.step_bytes(target), rf.Machine.measure(dev, next(target.model.parameters()).dtype)
+    times = {b: 1.0 / raw for b, raw in zip(table.tokens, table.raw_sps, strict=True) if b <= 16 or b in (32, 64)}
+    table.meta["roofline"] = {
+        "bandwidth_gb_s": round(machine.bandwidth / 1e9, 2),
+        "gflop_s": round(machine.flops / 1e9, 1),
+        "weight_mb": round(nbytes.weights / 1e6, 1),
+    }
+    return rf.roofline_text(rf.roofline_rows(times, nbytes, machine, context_len), nbytes, machine, context_len)
+
+
+def profile_breakdown(
+    kind: str, target: str, out: str, context_len: int, tokens: list[int], rounds: int | None, drafter: str | None,
+    layers: int, device: str, dtype: str,
+) -> None:  # fmt: skip
+    """``profile --breakdown verify|draft`` (its flags checked): the tables of
+    :mod:`dspark_lightning.infer.profiling.breakdown` into ``out``."""
+    from pathlib import Path
+
+    from ..checkpoint import recorded_target_args
+    from ..infer.profiling import breakdown as bd
+
+    recorded = recorded_target_args(drafter) if drafter is not None else {}  # the layers it was trained on
+    tgt = load_target_checked(target, dtype=dtype, device=device, **recorded)
+    if kind == "verify":
+        checks.fits_positions(tgt, context_len + max(tokens), "--context_len + --tokens")
+        doc = bd.verify_breakdown(tgt, context=context_len, tokens=tuple(tokens), rounds=rounds or 9)
+        md = bd.verify_markdown(doc)
+    else:
+        checks.fits_positions(tgt, context_len + 8, "--context_len + a round")
+        trained = {}
+        if drafter is not None:
+            trained["trained"] = load_drafter_checked(drafter, tgt, "fp32")
+            trained["trained bf16"] = load_drafter_checked(drafter, tgt, "bf16")
+        drafters = bd.draft_variants(tgt, trained, layers=layers)
+        doc = bd.draft_breakdown(tgt, drafters, context=context_len, rounds=rounds or 15)
+        doc["info"]["drafter"] = drafter
+        md = bd.draft_markdown(doc)
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    json_name, md_name = bd.OUTPUT_FILES[kind]
+    atomic_write(folder / json_name, json.dumps(doc, indent=2) + "\n")
+    atomic_write(folder / md_name, md + "\n")
+    print(md)
+    print(f"[dspark-lightning] profile --breakdown -> {folder / json_name}, {folder / md_name}", file=sys.stderr)

@@ -1,0 +1,443 @@
+"""``dspark-lightning eval``, ``bench``, ``calibrate``, ``threshold-sweep`` and ``serve-bench`` (no Lightning import).
+
+dspark-lightning eval --drafter dspark=outputs/compare/dspark/tb/version_0/drafter --drafter dflash=... --out DIR
+dspark-lightning bench --drafter dspark=... --out outputs/bench
+dspark-lightning bench --drafter DIR --scheduler static hardware_aware --layouts padded flat --out DIR
+dspark-lightning eval --drafter DIR --scheduler static --gamma 7 --temperature 0 --batch_size 1 --out DIR
+dspark-lightning calibrate --drafter outputs/compare/dspark/tb/version_0/drafter --temperature 1.0
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+from .. import checks, devices
+from ..checkpoint import load_drafter_checked
+from ..eval.serve import DEFAULT_METHODS
+from ..targets import load_target_checked
+from .decode import LAYOUTS, check_choice, check_scheduler_args, check_sps_file
+from .signature import REPEATED, run
+
+DOMAINS = ("math", "code", "chat")  # the built-in held-out sets; a --dataset names one of them as its domain
+
+
+@dataclass(frozen=True)
+class Shared:
+    """The options every evaluation command takes: the drafters (``name=path`` or ``path``), the target, the
+    built-in prompt sets, the output directory and the devices."""
+
+    drafter: Sequence[str]
+    target: str | None
+    domains: Sequence[str]
+    prompts_per_domain: int
+    max_new_tokens: int
+    out: str
+    device: str
+    dtype: str
+    drafter_dtype: str
+
+    def check(self, schedulers: Sequence[str] | None = None, gamma: int | None = None, sps: str | None = None) -> None:
+        """These options and the schedulers a command runs (None: it chooses them itself), checked before any model
+        is loaded: sizes, domains, the files read and the output."""
+        checks.at_least("--prompts_per_domain", self.prompts_per_domain, 1)
+        checks.at_least("--max_new_tokens", self.max_new_tokens, 1)
+        for d in self.domains:
+            check_choice("--domains", d, DOMAINS)
+        for spec in self.drafter:
+            checks.drafter_config(spec.rpartition("=")[2])
+        if schedulers is not None:
+            for name in schedulers:
+                check_scheduler_args(name, gamma, sps=sps)
+            if len(set(schedulers)) != len(schedulers):
+                raise checks.UsageError(f"--scheduler names a scheduler twice: {' '.join(schedulers)}")
+            if gamma is not None and "static" not in schedulers:
+                raise checks.UsageError("--gamma fixes the static scheduler's block: give it with --scheduler static")
+        elif sps:
+            check_sps_file(sps)
+        checks.output_dir("--out", self.out)
+        devices.check_device_args(self.device, self.dtype, self.drafter_dtype)
+
+    def load(self):
+        """(target, {name: drafter}): a drafter is named by ``name=`` or after its registered kind; the target is
+        ``--target`` or the first drafter's."""
+        pairs = []
+        for spec in self.drafter:
+            name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
+            cfg = checks.drafter_config(path)
+            pairs.append((name or cfg.get("drafter") or ("dspark" if cfg.get("seq_head") else "dflash"), path, cfg))
+        names = [n for n, _, _ in pairs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"drafter names must be unique, got {names}; name them: --drafter name=path")
+        target_name = self.target
+        if target_name is None:
+            if not pairs:
+                raise ValueError("give --target or at least one --drafter")
+            target_name = pairs[0][2]["target"]["name"]
+        from ..checkpoint import recorded_target_args
+
+        recorded = recorded_target_args(pairs[0][1]) if pairs else {}  # the first drafter's layers and chat format
+        target = load_target_checked(target_name, dtype=self.dtype, device=self.device, **recorded)
+        # refused here, not after the first domain's decode
+        checks.fits_positions(target, self.max_new_tokens + 1, "--max_new_tokens with a one-token prompt")
+        return target, {n: load_drafter_checked(p, target, self.drafter_dtype) for n, p, _ in pairs}
+
+
+def check_dataset_spec(spec: str) -> None:
+    """``name=path.jsonl[:domain]``: the file exists and the domain, when given, is a built-in one (the macro
+    average is over domains, so an unknown one would enter it as a fourth)."""
+    name, eq, rest = spec.partition("=")
+    if not eq or not name:
+        raise checks.UsageError(f"--dataset wants name=path.jsonl[:domain], got {spec!r}")
+    path, _, domain = rest.partition(":") if not Path(rest).is_file() else (rest, "", "")
+    checks.input_file(f"--dataset {name}:", path)
+    if domain:
+        check_choice(f"--dataset {name}: domain", domain, DOMAINS)
+
+
+def scheduler_of(name: str, gamma: int | None, sps: str | None):
+    """The spec of the scheduler ``name``: ``static`` with ``--gamma`` as its fixed block, a hardware-aware one with
+    the ``--sps`` table."""
+    if name == "static" and gamma is not None:
+        return {"name": "static", "gamma": gamma}
+    if sps and (name == "auto" or "hardware_aware" in name):
+        from ..infer import SPSTable
+
+        return {"name": name, "sps": SPSTable.load(sps)}
+    return name
+
+
+def show(paths: dict[str, Path], table: str, command: str) -> None:
+    """Print the markdown ``table`` a command wrote, then (on stderr) every file it wrote."""
+    print(paths[table].read_text())
+    print(f"[dspark-lightning] {command} -> {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
+
+
+def evaluate(
+    *,
+    drafter: Annotated[Sequence[str], REPEATED] = (),
+    target: str | None = None,
+    domains: Sequence[str] = DOMAINS,
+    prompts_per_domain: int = 8,
+    max_new_tokens: int = 256,
+    seed: int = 980406,
+    scheduler: str = "static",
+    gamma: int | None = None,
+    sps: str | None = None,
+    out: str,
+    dataset: Annotated[Sequence[str], REPEATED] = (),
+    prompts: str | None = None,
+    temperature: float = 1.0,
+    batch_size: int = 8,
+    device: str = "auto",
+    dtype: str = "auto",
+    drafter_dtype: str = "auto",
+) -> None:
+    """τ table, position-wise acceptance and speed.
+
+    Args:
+        drafter: exported drafter directory, optionally named: name=path (repeatable)
+        target: default: the first drafter's target
+        domains: built-in held-out sets
+        prompts_per_domain: prompts of each set
+        max_new_tokens: most tokens generated per prompt
+        seed: random seed of the sampling
+        scheduler: scheduler for every drafter (default static: full blocks, as the paper's Table 1)
+        gamma: static: drafts verified per round (default: whole blocks)
+        sps: SPS table JSON for hardware_aware schedulers
+        out: output directory
+        dataset: extra {"turns": [...]} JSONL: name=path.jsonl[:domain] (repeatable)
+        prompts: a responses JSONL (e.g. a recipe's <work_dir>/responses_heldout.jsonl) instead of the built-in
+            sets: one set per source (python_stdlib/complete apart), its first --prompts_per_domain first user turns
+        temperature: sampling temperature (paper: 1.0; 0 = greedy)
+        batch_size: concurrent requests
+        device: auto (CUDA when available) | cpu | cuda | cuda:N
+        dtype: target: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
+        drafter_dtype: drafter: auto (the faster of fp32/bf16 here) | bf16 | fp32
+    """
+    from ..eval.runner import builtin_datasets, jsonl_dataset, responses_datasets, write_eval
+    from ..eval.runner import evaluate as run_evaluation
+
+    if not drafter:
+        raise ValueError("give at least one --drafter [name=]path")
+    shared = Shared(drafter, target, domains, prompts_per_domain, max_new_tokens, out, device, dtype, drafter_dtype)
+    shared.check([scheduler], gamma, sps)
+    checks.temperature("--temperature", temperature)
+    checks.at_least("--batch_size", batch_size, 1)
+    for spec in dataset:
+        check_dataset_spec(spec)
+    if prompts is not None:
+        checks.input_file("--prompts", prompts)
+        try:
+            datasets = responses_datasets(prompts, prompts_per_domain)
+        except (OSError, ValueError) as exc:
+            raise checks.UsageError(f"--prompts {prompts}: {exc}") from None
+    else:
+        datasets = builtin_datasets(domains, prompts_per_domain)
+    datasets += [jsonl_dataset(s, prompts_per_domain) for s in dataset]  # read before any model loads
+    names = [d.name for d in datasets]
+    if len(set(names)) != len(names):
+        raise checks.UsageError(f"two prompt sets share a name ({', '.join(names)}): rename the --dataset")
+    tgt, drafters = shared.load()
+    doc = run_evaluation(
+        tgt,
+        drafters,
+        datasets,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        scheduler=scheduler_of(scheduler, gamma, sps),
+        seed=seed,
+    )
+    show(write_eval(doc, out), "tau_table.md", "eval")
+
+
+def bench(
+    *,
+    drafter: Annotated[Sequence[str], REPEATED] = (),
+    target: str | None = None,
+    domains: Sequence[str] = DOMAINS,
+    prompts_per_domain: int = 3,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+    scheduler: Sequence[str] = ("auto",),
+    gamma: int | None = None,
+    sps: str | None = None,
+    out: str,
+    temperatures: Sequence[float] = (0.0, 1.0),
+    batches: Sequence[int] = (1, 8),
+    repeats: int = 2,
+    prompt_lookup_tokens: int = 10,
+    acceptance: Sequence[str] = ("rejection",),
+    layouts: Sequence[str] = ("padded",),
+    device: str = "auto",
+    dtype: str = "auto",
+    drafter_dtype: str = "auto",
+) -> None:
+    """Side-by-side throughput on the same target.
+
+    Args:
+        drafter: exported drafter directory, optionally named: name=path (repeatable)
+        target: default: the first drafter's target
+        domains: built-in held-out sets
+        prompts_per_domain: prompts of each set
+        max_new_tokens: most tokens generated per prompt
+        seed: random seed of the sampling
+        scheduler: scheduler(s) for every drafter; several: one row per drafter and scheduler
+        gamma: static: drafts verified per round (default: whole blocks)
+        sps: SPS table JSON for hardware_aware schedulers
+        out: output directory
+        temperatures: sampling temperatures (a cell each)
+        batches: concurrent requests (a cell each)
+        repeats: alternating repeats per cell (order reversed each time)
+        prompt_lookup_tokens: HF prompt-lookup candidate length
+        acceptance: rejection and/or coupled (T > 0: extra rows under coupled acceptance)
+        layouts: KV-cache layouts of our decoders: padded and/or flat (several: a row per decoder and layout)
+        device: auto (CUDA when available) | cpu | cuda | cuda:N
+        dtype: target: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
+        drafter_dtype: drafter: auto (the faster of fp32/bf16 here) | bf16 | fp32
+    """
+    from ..eval.bench import bench as run_bench
+    from ..eval.bench import write_bench
+    from ..eval.runner import builtin_datasets, scheduler_label
+
+    shared = Shared(drafter, target, domains, prompts_per_domain, max_new_tokens, out, device, dtype, drafter_dtype)
+    shared.check(scheduler, gamma, sps)
+    for t in temperatures:
+        checks.temperature("--temperatures", t)
+    for b in batches:
+        checks.at_least("--batches", b, 1)
+    checks.at_least("--repeats", repeats, 1)
+    checks.at_least("--prompt_lookup_tokens", prompt_lookup_tokens, 1)
+    for x in acceptance:
+        check_choice("--acceptance", x, ["rejection", "coupled"])
+    for layout in layouts:
+        check_choice("--layouts", layout, LAYOUTS)
+    if len(set(layouts)) != len(layouts):
+        raise checks.UsageError(f"--layouts names a layout twice: {' '.join(layouts)}")
+    specs = [scheduler_of(name, gamma, sps) for name in scheduler]
+    tgt, drafters = shared.load()
+    sets = {d.domain: d.prompts for d in builtin_datasets(domains, prompts_per_domain)}
+    doc = run_bench(
+        tgt,
+        drafters,
+        sets,
+        temperatures=tuple(temperatures),
+        batches=tuple(batches),
+        max_new_tokens=max_new_tokens,
+        repeats=repeats,
+        schedulers={scheduler_label(s): s for s in specs},
+        seed=seed,
+        prompt_lookup_tokens=prompt_lookup_tokens,
+        acceptance=tuple(acceptance),
+        layouts=tuple(layouts),
+    )
+    show(write_bench(doc, out), "bench.md", "bench")
+
+
+def run_calibrate(argv: list[str]) -> None:
+    """``dspark-lightning calibrate``: its parser is generated from :func:`dspark_lightning.calibration.calibrate`
+    itself (all its parameters but an already loaded ``target`` and ``quiet``; ``rollouts_file`` is
+    ``--rollouts``), so the command and the Python API take the same arguments."""
+    from ..calibration import calibrate
+
+    run(calibrate, argv, "dspark-lightning calibrate", skip=("target", "quiet"), flags={"rollouts_file": "rollouts"})
+
+
+def threshold_sweep(
+    *,
+    drafter: Annotated[Sequence[str], REPEATED] = (),
+    target: str | None = None,
+    domains: Sequence[str] = DOMAINS,
+    prompts_per_domain: int = 8,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+    out: str,
+    thresholds: Sequence[float] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
+    mode: str = "cumulative",
+    temperature: float = 1.0,
+    batch_size: int = 8,
+    raw_confidences: bool = False,
+    device: str = "auto",
+    dtype: str = "auto",
+    drafter_dtype: str = "auto",
+) -> None:
+    """Confidence-threshold sweep (Figure 5).
+
+    Args:
+        drafter: the exported drafter directory, optionally named: name=path (exactly one)
+        target: default: the drafter's target
+        domains: built-in held-out sets
+        prompts_per_domain: prompts of each set
+        max_new_tokens: most tokens generated per prompt
+        seed: random seed of the sampling
+        out: output directory
+        thresholds: the confidence thresholds swept
+        mode: cumulative (calibrated survival a_k) or raw
+        temperature: sampling temperature
+        batch_size: concurrent requests
+        raw_confidences: ignore the drafter's STS calibration
+        device: auto (CUDA when available) | cpu | cuda | cuda:N
+        dtype: target: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
+        drafter_dtype: drafter: auto (the faster of fp32/bf16 here) | bf16 | fp32
+    """
+    from ..eval.runner import builtin_datasets
+    from ..eval.sweep import threshold_sweep as run_sweep
+    from ..eval.sweep import write_threshold_sweep
+
+    if len(drafter) != 1:
+        raise ValueError("give exactly one --drafter")
+    shared = Shared(drafter, target, domains, prompts_per_domain, max_new_tokens, out, device, dtype, drafter_dtype)
+    shared.check()
+    for t in thresholds:
+        checks.probability("--thresholds", t)
+    check_choice("--mode", mode, ("cumulative", "raw"))
+    checks.temperature("--temperature", temperature)
+    checks.at_least("--batch_size", batch_size, 1)
+    tgt, drafters = shared.load()
+    doc = run_sweep(
+        tgt,
+        next(iter(drafters.values())),
+        builtin_datasets(domains, prompts_per_domain),
+        thresholds=list(thresholds),
+        mode=mode,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        calibrated=not raw_confidences,
+        seed=seed,
+    )
+    show(write_threshold_sweep(doc, out), "threshold_sweep.md", "threshold-sweep")
+
+
+def serve_bench(
+    *,
+    drafter: Annotated[Sequence[str], REPEATED] = (),
+    target: str | None = None,
+    domains: Sequence[str] = DOMAINS,
+    prompts_per_domain: int = 8,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+    sps: str | None = None,
+    out: str,
+    concurrency: Sequence[int] = (1, 2, 4, 8, 16, 32),
+    methods: Sequence[str] = tuple(DEFAULT_METHODS),
+    window_s: float = 20.0,
+    repeats: int = 1,
+    layout: str = "padded",
+    temperature: float = 1.0,
+    device: str = "auto",
+    dtype: str = "auto",
+    drafter_dtype: str = "auto",
+) -> None:
+    """Closed-loop concurrency study (Figures 7-8).
+
+    Args:
+        drafter: the exported drafter directory, optionally named: name=path (one; none: plain decoding only)
+        target: default: the drafter's target
+        domains: built-in held-out sets
+        prompts_per_domain: prompts of each set (the domains interleaved)
+        max_new_tokens: most tokens generated per request
+        seed: random seed of the sampling
+        sps: SPS table JSON for hardware_aware schedulers
+        out: output directory
+        concurrency: concurrent clients (a cell each)
+        methods: plain, static:γ, threshold:θ, hardware_aware, async_hardware_aware
+        window_s: measured seconds per cell (after warm-up)
+        repeats: runs per cell (order reversed each time); rows are means
+        layout: cache layout: padded or flat (docs/inference.md)
+        temperature: sampling temperature
+        device: auto (CUDA when available) | cpu | cuda | cuda:N
+        dtype: target: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
+        drafter_dtype: drafter: auto (the faster of fp32/bf16 here) | bf16 | fp32
+    """
+    from ..eval.runner import builtin_datasets
+    from ..eval.serve import method_scheduler, write_serve_bench
+    from ..eval.serve import serve_bench as run_serve_bench
+
+    if len(drafter) > 1:
+        raise ValueError("give one --drafter (the methods compare its schedulers)")
+    shared = Shared(drafter, target, domains, prompts_per_domain, max_new_tokens, out, device, dtype, drafter_dtype)
+    shared.check(sps=sps)
+    for c in concurrency:
+        checks.at_least("--concurrency", c, 1)
+    for m in methods:  # static:γ with γ >= 1, threshold:θ with θ in [0, 1]
+        name, _, arg = m.partition(":")
+        try:
+            method_scheduler(m)
+        except ValueError as exc:  # int("x") / float("x") name the value, not the option
+            raise checks.UsageError(f"--methods {m!r}: {exc}") from None
+        if arg and name == "static":
+            checks.at_least(f"--methods {m}: γ", int(arg), 1)
+        if arg and name == "threshold":
+            checks.probability(f"--methods {m}: θ", float(arg))
+    checks.in_range("--window_s", window_s, 0.0, open_low=True)
+    checks.at_least("--repeats", repeats, 1)
+    check_choice("--layout", layout, LAYOUTS)
+    checks.temperature("--temperature", temperature)
+    tgt, drafters = shared.load()
+    table = None
+    if sps:
+        from ..infer import SPSTable
+
+        table = SPSTable.load(sps)
+    datasets = builtin_datasets(domains, prompts_per_domain)
+    prompts = [p for group in zip(*(d.prompts for d in datasets), strict=True) for p in group]  # domains interleaved
+    doc = run_serve_bench(
+        tgt,
+        next(iter(drafters.values()), None),
+        prompts,
+        concurrency=tuple(concurrency),
+        methods=list(methods),
+        sps=table,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        window_s=window_s,
+        repeats=repeats,
+        seed=seed,
+        layout=layout,
+    )
+    show(write_serve_bench(doc, out), "serve_bench.md", "serve-bench")
