@@ -206,7 +206,7 @@ def read_layout(path: Path, cfg: dict[str, Any], target: Any, device=None, dtype
     """A working drafter from a serving directory (config.json names an HF architecture instead of our
     ``format_version``), read by the first registered ``layout`` whose ``claims(cfg)`` is true and placed like
     :func:`load_drafter` places ours. A layout reader is ``claims(cfg) -> bool`` and ``read(path, cfg, target) ->
-    Drafter`` (the built-in one: ``export/serving.py``, DeepSpec's ``Qwen3DSparkModel``)."""
+    Drafter`` (the built-in one: ``export/layouts.py``, DeepSpec's ``Qwen3DSparkModel``)."""
     from ..registry import get, names
 
     for name in names("layout"):

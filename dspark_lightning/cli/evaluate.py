@@ -17,7 +17,7 @@ from typing import Annotated
 
 from .. import checks, devices
 from ..checkpoint import load_drafter_checked
-from ..eval.serve import DEFAULT_METHODS
+from ..eval.serve_bench import DEFAULT_METHODS
 from ..targets import load_target_checked
 from .decode import LAYOUTS, check_choice, check_scheduler_args, check_sps_file
 from .signature import REPEATED, run
@@ -395,8 +395,8 @@ def serve_bench(
         drafter_dtype: drafter: auto (the faster of fp32/bf16 here) | bf16 | fp32
     """
     from ..eval.runner import builtin_datasets
-    from ..eval.serve import method_scheduler, write_serve_bench
-    from ..eval.serve import serve_bench as run_serve_bench
+    from ..eval.serve_bench import method_scheduler, write_serve_bench
+    from ..eval.serve_bench import serve_bench as run_serve_bench
 
     if len(drafter) > 1:
         raise ValueError("give one --drafter (the methods compare its schedulers)")

@@ -5,7 +5,7 @@ Our own format (save / load, hashes, placement) is :mod:`dspark_lightning.checkp
 - convert.py: :func:`export_drafter` / :func:`export_serving` to ``native``, ``dspark-hf`` (``Qwen3DSparkModel``,
   dspark_hf.py) or ``eagle3-hf`` (``LlamaForCausalLMEagle3``, eagle3_hf.py), exact per server with ``server``
   (servers.py); a drafter a layout cannot represent raises :class:`InteropError` (common.py).
-- serving.py: the registered ``layout`` reader that :func:`~dspark_lightning.checkpoint.load_drafter` uses for an
+- layouts.py: the registered ``layout`` reader that :func:`~dspark_lightning.checkpoint.load_drafter` uses for an
   HF-style config.json.
 
 Imports neither Lightning nor the training stack, nor the runtime; the runtime loads drafters through

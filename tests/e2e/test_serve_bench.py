@@ -7,8 +7,8 @@ import torch
 
 from dspark_lightning import create, load_target
 from dspark_lightning.checkpoint import save_drafter
-from dspark_lightning.eval.serve import DEFAULT_METHODS
-from dspark_lightning.eval.serve import OUTPUT_FILES as SERVE_FILES
+from dspark_lightning.eval.serve_bench import DEFAULT_METHODS
+from dspark_lightning.eval.serve_bench import OUTPUT_FILES as SERVE_FILES
 from dspark_lightning.eval.sweep import OUTPUT_FILES as SWEEP_FILES
 from dspark_lightning.infer import SPSTable
 
@@ -79,7 +79,7 @@ def test_serve_bench_rejects_an_unknown_method(drafter_dir, tmp_path, capsys):
 
 def test_a_registered_scheduler_is_a_method(monkeypatch):
     from dspark_lightning import registry
-    from dspark_lightning.eval.serve import method_scheduler
+    from dspark_lightning.eval.serve_bench import method_scheduler
 
     class One:  # a third-party scheduler: verify one draft per request
         def __call__(self, conf):
