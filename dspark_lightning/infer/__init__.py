@@ -5,9 +5,10 @@ from dspark_lightning.infer import decode
 
 from .accept import Acceptance, accept
 from .decode import DecodeResult, decode, encode_prompt
-from .draft import BlockProposer, Proposal, StatelessProposer, make_proposer
+from .draft import BlockProposer, Proposal, make_proposer
 from .engine import Engine
 from .lean import LeanVerifier
+from .proposer import ProposerBase, StatelessProposer
 from .protocols import Proposer, Scheduler, Verifier
 from .request import Request
 from .sampling import SamplingParams, probs, sample
@@ -37,6 +38,7 @@ __all__ = [
     "LeanVerifier",
     "Proposal",
     "Proposer",
+    "ProposerBase",
     "Request",
     "RoundLog",
     "SPSTable",
