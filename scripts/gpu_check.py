@@ -274,7 +274,7 @@ def main() -> None:
             r["s"] = round(time.perf_counter() - t0, 1)
         rows.extend(new)
         print(json.dumps(new), flush=True)
-    from dspark_lightning.infer.sps import device_tag
+    from dspark_lightning.infer.schedule.sps import device_tag
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else device_tag(device)
     info = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": str(device), "dtype": _dt(dtype), "name": name,

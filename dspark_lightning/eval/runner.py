@@ -178,7 +178,7 @@ def run_info(target, **extra: Any) -> dict:
 
     import transformers
 
-    from ..infer.sps import device_tag
+    from ..infer.schedule.sps import device_tag
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
     return {

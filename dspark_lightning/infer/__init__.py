@@ -3,16 +3,15 @@
 from dspark_lightning.infer import decode
 """
 
-from .accept import Acceptance, accept
+from .acceptance.accept import Acceptance, accept
+from .acceptance.sampling import SamplingParams, probs, sample
 from .decode import DecodeResult, decode, encode_prompt
-from .draft import BlockProposer, Proposal, make_proposer
 from .engine import Engine
-from .lean import LeanVerifier
-from .proposer import ProposerBase, StatelessProposer
+from .propose.draft import BlockProposer, Proposal, make_proposer
+from .propose.proposer import ProposerBase, StatelessProposer
 from .protocols import Proposer, Scheduler, Verifier
 from .request import Request
-from .sampling import SamplingParams, probs, sample
-from .schedulers import (
+from .schedule.schedulers import (
     AsyncHardwareAwareScheduler,
     AutoScheduler,
     HardwareAwareScheduler,
@@ -21,9 +20,10 @@ from .schedulers import (
     build_scheduler,
     prefix_schedule,
 )
-from .sps import SPSTable, load_or_profile, profile_sps
+from .schedule.sps import SPSTable, load_or_profile, profile_sps
 from .stats import DecodeStats, RoundLog, summarize
-from .verify import HFVerifier, build_verifier
+from .verify.hf import HFVerifier, build_verifier
+from .verify.lean import LeanVerifier
 
 __all__ = [
     "Acceptance",

@@ -18,7 +18,7 @@ from .. import checks
 from ..atomic import atomic_write
 from ..checkpoint import load_drafter_checked
 from ..targets import load_target_checked
-from .sampling import GREEDY_EPS
+from .acceptance.sampling import GREEDY_EPS
 
 LAYOUTS = ("padded", "flat")
 
@@ -238,7 +238,7 @@ def run_decode(argv: list[str]) -> None:
 
 
 def run_profile(argv: list[str]) -> None:
-    from .sps import default_path, profile_sps
+    from .schedule.sps import default_path, profile_sps
 
     a = profile_parser().parse_args(argv)
     if a.breakdown is not None:

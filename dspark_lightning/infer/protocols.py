@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 
 if TYPE_CHECKING:
-    from .accept import Acceptance
-    from .draft import Proposal
-    from .draft_cost import DraftCost
+    from .acceptance.accept import Acceptance
+    from .acceptance.sampling import Generators, SamplingParams
+    from .propose.draft import Proposal
     from .request import Request
-    from .sampling import Generators, SamplingParams
+    from .schedule.draft_cost import DraftCost
 
 
 @dataclass

@@ -64,8 +64,8 @@ def _device(target) -> torch.device:
 
 
 def _verifiers(target) -> dict[str, Any]:
-    from ..infer.lean import LeanVerifier, lean_unsupported
-    from ..infer.verify import HFVerifier
+    from ..infer.verify.hf import HFVerifier
+    from ..infer.verify.lean import LeanVerifier, lean_unsupported
 
     out = {"hf": HFVerifier(target)}
     if lean_unsupported(target, "padded") is None:
@@ -194,9 +194,9 @@ def draft_variants(target, trained: dict[str, Any] | None = None, layers: int = 
 
 def draft_breakdown(target, drafters: dict[str, Any], *, context: int = 512, rounds: int = 15, seed: int = 0) -> dict:
     """Median ms per round of each drafting component, per drafter and T in (0, 1), after 2 warm-up rounds."""
-    from ..infer.draft import BlockProposer
-    from ..infer.sampling import SamplingParams
-    from ..infer.verify import build_verifier
+    from ..infer.acceptance.sampling import SamplingParams
+    from ..infer.propose.draft import BlockProposer
+    from ..infer.verify.hf import build_verifier
 
     device = _device(target)
     V = target.geometry.vocab_size

@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 
 from ..atomic import atomic_write
+from ..infer.acceptance.sampling import SamplingParams
 from ..infer.build import make_engine
-from ..infer.draft_cost import DraftCost
-from ..infer.sampling import SamplingParams
-from ..infer.sps import default_path
+from ..infer.schedule.draft_cost import DraftCost
+from ..infer.schedule.sps import default_path
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
 ROUNDS = 4  # timed rounds per batch size (after one warm-up decode)

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from dspark_lightning.infer import LeanVerifier
-from dspark_lightning.infer import kernels as K
+from dspark_lightning.infer.verify import kernels as K
 from dspark_lightning.profiling import roofline as rf
 
 

@@ -16,9 +16,8 @@ from infer_helpers import make_drafter
 import dspark_lightning.infer as infer
 from dspark_lightning import create, names
 from dspark_lightning.infer import SamplingParams, SPSTable, StatelessProposer, decode, make_proposer
-from dspark_lightning.infer.accept import RejectionAcceptance
-from dspark_lightning.infer.coupled import CoupledAcceptance
-from dspark_lightning.infer.draft_cost import DraftCost
+from dspark_lightning.infer.acceptance.accept import RejectionAcceptance
+from dspark_lightning.infer.acceptance.coupled import CoupledAcceptance
 from dspark_lightning.infer.protocols import (
     SCHEDULER_HOOKS,
     AcceptanceMode,
@@ -30,6 +29,7 @@ from dspark_lightning.infer.protocols import (
     Verifier,
     members,
 )
+from dspark_lightning.infer.schedule.draft_cost import DraftCost
 
 SPS = SPSTable.from_points({1: 30.0, 4: 28.0, 16: 20.0, 64: 8.0})
 HARDWARE_AWARE = {"hardware_aware", "async_hardware_aware", "auto"}
@@ -41,7 +41,7 @@ ROLES = {
     "proposer": (Proposer, ReducedVocabulary),
     "acceptance": (AcceptanceMode,),
 }
-DRIVERS = ("engine.py", "decode.py", "build.py", "backlog.py")  # the code that drives the parts
+DRIVERS = ("engine.py", "decode.py", "build.py", "propose/backlog.py")  # the code that drives the parts
 
 
 def declared(role: str) -> set[str]:

@@ -9,7 +9,7 @@ import torch
 
 from dspark_lightning.cli import main
 from dspark_lightning.infer import HardwareAwareScheduler, SPSTable, load_or_profile, profile_sps
-from dspark_lightning.infer.sps import nonincreasing
+from dspark_lightning.infer.schedule.sps import nonincreasing
 
 
 def test_table_interpolates_and_rejects_beyond_profile(tmp_path):

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import torch
 
-from ..drafters.chain import ChainDrafter
-from ..registry import register
+from ...drafters.chain import ChainDrafter
+from ...registry import register
+from ..acceptance.sampling import SamplingParams, probs, sample
+from ..verify.kvcache import KVLayer
 from .draft import Proposal
-from .kvcache import KVLayer
 from .proposer import ProposerBase, draft_confidence
-from .sampling import SamplingParams, probs, sample
 
 
 class ChainProposer(ProposerBase):

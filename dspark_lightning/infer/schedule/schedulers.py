@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .. import checks
-from ..registry import create, get, register
+from ... import checks
+from ...registry import create, get, register
 from .sps import SPSTable, load_or_profile
 
 if TYPE_CHECKING:

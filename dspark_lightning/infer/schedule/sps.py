@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from ..atomic import atomic_write
-from ..devices import device_tag  # noqa: F401 - re-exported: the tag tables are keyed by
+from ...atomic import atomic_write
+from ...devices import device_tag  # noqa: F401 - re-exported: the tag tables are keyed by
 
 DEFAULT_GRID = (*range(1, 17), 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
@@ -91,7 +91,7 @@ class SPSTable:
 
     @classmethod
     def load(cls, path: str | Path) -> SPSTable:
-        from .. import checks
+        from ... import checks
 
         d = checks.read_json(path, "SPS table")
         if not isinstance(d, dict) or not {"tokens", "sps"} <= d.keys():
@@ -109,13 +109,13 @@ class SPSTable:
 
 
 def default_path(target, context_len: int) -> Path:
-    from ..targets import cache_root
+    from ...targets import cache_root
 
     dev = next(target.model.parameters())
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", str(target.name))
     dtype = str(dev.dtype).split(".")[-1]
-    from .kernels import VERSION
-    from .lean import lean_unsupported
+    from ..verify.kernels import VERSION
+    from ..verify.lean import lean_unsupported
 
     # the verifier decode() picks by default; the lean one's steps depend on the kernel choice, so its version too
     impl = f"lean-k{VERSION}" if lean_unsupported(target) is None else "hf"
@@ -135,7 +135,7 @@ def profile_sps(
 ) -> SPSTable:
     """Time the target's verification forward for every B in ``grid`` (up to ``max_tokens``), with the verifier
     ``decode()`` uses (``auto``: the lean forward where it supports the target)."""
-    from .verify import build_verifier
+    from ..verify.hf import build_verifier
 
     points = [b for b in grid if max_tokens is None or b <= max_tokens]
     if not points:

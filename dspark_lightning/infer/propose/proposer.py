@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .kvcache import RequestCache
-from .sampling import SamplingParams
+from ..acceptance.sampling import SamplingParams
+from ..verify.kvcache import RequestCache
 
 if TYPE_CHECKING:
     from .draft import Proposal

@@ -406,7 +406,7 @@ class RequestCache:
     """The per-request bookkeeping of a component that keeps its entries in a :class:`RaggedCache` (``kv``): the
     host's count of each request's cached positions (``held``, what compaction's ``live_max`` is read from, never
     the device), freeing finished requests and each new column's owner. The drafter proposers
-    (:class:`~dspark_lightning.infer.proposer.ProposerBase`) and the HF verifier share it; ``device`` is the
+    (:class:`~dspark_lightning.infer.propose.proposer.ProposerBase`) and the HF verifier share it; ``device`` is the
     owner's."""
 
     device: torch.device

@@ -12,7 +12,7 @@ features taken from the target's verification pass (docs/algorithm.md §3.7), so
 Other drafter families plug in on this (runtime) side through the one registry: ``@register("proposer", name)`` on a
 factory ``(drafter, layout, conf_temperatures) -> proposer``, and ``proposer_name = name`` on the drafter class. A
 proposer is a :class:`~.protocols.Proposer`: ``block_size`` and the ``add / remove / extend / propose`` methods (as the
-chain drafters' :class:`~dspark_lightning.infer.chain.ChainProposer` has them); ``extend`` also receives ``hidden=``
+chain drafters' :class:`~.chain.ChainProposer` has them); ``extend`` also receives ``hidden=``
 (the target's final hidden states) and ``propose`` receives ``requests=`` (prompt and output token lists) for proposers
 that need them. :class:`~.proposer.ProposerBase` holds what the proposers with a drafter context cache share (its
 per-request bookkeeping, the draft-vocabulary mapping), :class:`~.proposer.StatelessProposer` is the base of one
@@ -27,13 +27,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ..drafters.backbones import per_layer_masks
-from ..registry import create, register
-from . import kernels as kernel_tables
-from .kernels import Linear
-from .kvcache import KVLayer
+from ...drafters.backbones import per_layer_masks
+from ...registry import create, register
+from ..acceptance.sampling import SamplingParams, probs, sample
+from ..verify import kernels as kernel_tables
+from ..verify.kernels import Linear
+from ..verify.kvcache import KVLayer
 from .proposer import ProposerBase, draft_confidence
-from .sampling import SamplingParams, probs, sample
 
 
 @dataclass

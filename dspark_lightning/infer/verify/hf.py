@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import create, register
+from ...registry import create, register
+from ..protocols import SegmentOutput, Verifier
 from .kvcache import RequestCache
 from .lean import lean_unsupported
-from .protocols import SegmentOutput, Verifier
 
 LAYOUTS = ("padded", "flat")
 
