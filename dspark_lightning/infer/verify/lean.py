@@ -13,7 +13,7 @@ shows both). This verifier computes the same function with:
   uses a tiny (W, S) mask built from two ``arange`` comparisons);
 - the tapped layers' raw outputs taken directly from the loop (no hooks).
 
-Outputs equal the HF forward up to floating-point reassociation (tested against :class:`~.verify.HFVerifier`
+Outputs equal the HF forward up to floating-point reassociation (tested against :class:`~.hf.HFVerifier`
 and, through ``decode()``, greedy equality with HF ``generate()``). Only the padded layout exists:
 each request owns one cache row. Unsupported architectures raise :class:`NotImplementedError`, and
 ``verifier="auto"`` falls back to ``hf`` for them.
