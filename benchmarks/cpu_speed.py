@@ -64,7 +64,7 @@ def decode_speed(target, drafter, domains, n: int, max_new_tokens: int) -> list[
 
 def kernel_summary(target) -> dict:
     from dspark_lightning.infer import LeanVerifier
-    from dspark_lightning.infer.lean import _shape_keys
+    from dspark_lightning.infer.verify.lean import _shape_keys
 
     table = LeanVerifier(target).kernels
     if table is None:

@@ -163,9 +163,9 @@ def check_scheduler(spec: Any, seed: int = 0, **kwargs: Any) -> None:
     hands them; and ``decode()`` with it, batched, reproduces the target's greedy output token for token."""
     from .drafters import build_drafter
     from .infer import HardwareProfile, SPSTable, build_scheduler
-    from .infer.draft_cost import DraftCost
     from .infer.hardware import PARTS
-    from .infer.schedulers import Scheduler
+    from .infer.schedule.draft_cost import DraftCost
+    from .infer.schedule.schedulers import Scheduler
 
     def make() -> Scheduler:
         return build_scheduler({"name": spec, **kwargs}) if isinstance(spec, str) else spec(**kwargs)

@@ -17,7 +17,7 @@ from typing import Annotated
 from .. import checks, devices
 from ..atomic import atomic_write
 from ..checkpoint import load_drafter_checked
-from ..infer.sampling import GREEDY_EPS
+from ..infer.acceptance.sampling import GREEDY_EPS
 from ..targets import load_target_checked
 from .signature import REPEATED
 

@@ -16,7 +16,7 @@ anchor a, step s pairs the feature of a-1+s (the target's for s = 0, the layer's
 with x_{a+s} and predicts x_{a+s+1}. Step 0 runs causally over the whole sequence (its keys are the
 context every later step sees); steps s >= 1 run only at the anchors, each query attending to the
 step-0 keys at positions <= a-1 plus the same anchor's keys of steps 1..s (the TTT diagonal), with
-RoPE positions a-1+s. Inference (:class:`~dspark_lightning.infer.chain.ChainProposer`) computes exactly
+RoPE positions a-1+s. Inference (:class:`~dspark_lightning.infer.propose.chain.ChainProposer`) computes exactly
 this with a cache of step-0 keys of committed positions.
 """
 
@@ -86,7 +86,7 @@ class ChainDrafter(SharesTargetParts, nn.Module):
         intermediate_size: MLP width (default: the target's).
     """
 
-    proposer_name = "chain"  # the runtime's proposer for it (registry kind "proposer", infer/chain.py)
+    proposer_name = "chain"  # the runtime's proposer for it (registry kind "proposer", infer/propose/chain.py)
 
     def __init__(
         self,

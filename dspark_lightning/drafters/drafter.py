@@ -120,7 +120,7 @@ def check_draft_vocab(ids: torch.Tensor, size: int, vocab_size: int) -> None:
 
 
 class Drafter(SharesTargetParts, nn.Module):
-    proposer_name = "block"  # the runtime's proposer for it (registry kind "proposer", infer/draft.py)
+    proposer_name = "block"  # the runtime's proposer for it (registry kind "proposer", infer/propose/draft.py)
 
     def __init__(
         self,

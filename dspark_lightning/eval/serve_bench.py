@@ -71,9 +71,9 @@ def closed_loop(
     layout: str = "padded",
 ) -> dict:
     """Keep ``concurrency`` requests active for ``warmup_steps`` rounds, then measure a ``window_s`` window."""
+    from ..infer.acceptance.sampling import SamplingParams
     from ..infer.decode import check_positions, make_engine
     from ..infer.profiling.hardware import measure_hardware
-    from ..infer.sampling import SamplingParams
 
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")

@@ -3,18 +3,18 @@
 from dspark_lightning.infer import decode
 """
 
-from .accept import Acceptance, accept
+from .acceptance.accept import Acceptance, accept
+from .acceptance.sampling import SamplingParams, probs, sample
 from .decode import DecodeResult, decode, encode_prompt
-from .draft import BlockProposer, Proposal, StatelessProposer, make_proposer
 from .engine import Engine
 from .hardware import HardwareProfile
-from .lean import LeanVerifier
 from .profiling.hardware import measure_hardware
 from .profiling.sps import load_or_profile, profile_sps
+from .propose.draft import BlockProposer, Proposal, make_proposer
+from .propose.proposer import ProposerBase, StatelessProposer
 from .protocols import Proposer, Verifier
 from .request import Request
-from .sampling import SamplingParams, probs, sample
-from .schedulers import (
+from .schedule.schedulers import (
     AsyncHardwareAwareScheduler,
     AutoScheduler,
     HardwareAwareScheduler,
@@ -24,9 +24,10 @@ from .schedulers import (
     build_scheduler,
     prefix_schedule,
 )
-from .sps import SPSTable
+from .schedule.sps import SPSTable
 from .stats import DecodeStats, RoundLog, summarize
-from .verify import HFVerifier, build_verifier
+from .verify.hf import HFVerifier, build_verifier
+from .verify.lean import LeanVerifier
 
 __all__ = [
     "Acceptance",
@@ -42,6 +43,7 @@ __all__ = [
     "LeanVerifier",
     "Proposal",
     "Proposer",
+    "ProposerBase",
     "Request",
     "RoundLog",
     "SPSTable",

@@ -11,10 +11,10 @@ import warnings
 from typing import Any
 
 from ..checkpoint.calibration import temperatures_for
-from .draft import make_proposer
+from .acceptance.sampling import SamplingParams
 from .engine import Engine
 from .hardware import HardwareProfile
-from .sampling import SamplingParams
+from .propose.draft import make_proposer
 
 
 def make_engine(target, drafter, params: SamplingParams, *, scheduler: Any = "static", seed: int = 0,

@@ -26,12 +26,12 @@ from .. import checks
 from ..checkpoint import check_chat_format, load_drafter, read_config, recorded_target_args
 from ..devices import resolve_device, resolve_dtype
 from ..targets import load_target
+from .acceptance.sampling import SamplingParams
 from .build import make_engine
 from .engine import Engine
 from .hardware import HardwareProfile
 from .profiling.hardware import measure_hardware
-from .sampling import SamplingParams
-from .schedulers import build_scheduler
+from .schedule.schedulers import build_scheduler
 from .stats import DecodeStats, RoundLog, summarize
 
 Prompt = str | list[int] | list[dict[str, str]] | torch.Tensor

@@ -21,18 +21,18 @@ from dataclasses import dataclass
 
 import torch
 
-from .accept import Acceptance, RejectionAcceptance
-from .backlog import ContextBacklog
-from .clock import RoundClock
-from .coupled import CoupledAcceptance
-from .draft import Proposal
+from .acceptance.accept import Acceptance, RejectionAcceptance
+from .acceptance.coupled import CoupledAcceptance
+from .acceptance.sampling import SamplingParams, target_law
 from .hardware import HardwareProfile
+from .propose.backlog import ContextBacklog
+from .propose.draft import Proposal
 from .protocols import AcceptanceMode, KernelChoice, Proposer, ReducedVocabulary, SegmentOutput
 from .request import Request, stream_seed
-from .sampling import SamplingParams, target_law
-from .schedulers import build_scheduler, overrides, survival
+from .schedule.clock import RoundClock
+from .schedule.schedulers import build_scheduler, overrides, survival
 from .stats import RoundLog
-from .verify import build_verifier
+from .verify.hf import build_verifier
 
 ACCEPTANCE = ("rejection", "coupled")
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from .acceptance.sampling import SamplingParams
 from .engine import Engine
-from .sampling import SamplingParams
 
 
 class FeatureTrace:

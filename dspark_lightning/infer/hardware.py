@@ -14,9 +14,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .draft_cost import DraftCost
-    from .kernels import KernelTable
-    from .sps import SPSTable
+    from .schedule.draft_cost import DraftCost
+    from .schedule.sps import SPSTable
+    from .verify.kernels import KernelTable
 
 PARTS = ("sps", "draft_cost", "kernels")
 

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 
 if TYPE_CHECKING:
-    from .accept import Acceptance
-    from .draft import Proposal
-    from .kernels import KernelTable
+    from .acceptance.accept import Acceptance
+    from .acceptance.sampling import Generators, SamplingParams
+    from .propose.draft import Proposal
     from .request import Request
-    from .sampling import Generators, SamplingParams
+    from .verify.kernels import KernelTable
 
 
 @dataclass

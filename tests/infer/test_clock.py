@@ -5,7 +5,7 @@ import torch
 from infer_helpers import make_drafter
 
 from dspark_lightning.infer import Engine, SamplingParams, make_proposer
-from dspark_lightning.infer.clock import RoundClock
+from dspark_lightning.infer.schedule.clock import RoundClock
 
 
 class FakeEvent:

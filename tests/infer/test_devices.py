@@ -137,7 +137,7 @@ def test_resolve_device_with_cuda():
 def test_schedulers_return_host_lengths():
     """Schedulers run on the host: whatever the confidences' device, l comes back as a CPU long tensor."""
     from dspark_lightning.infer import SPSTable
-    from dspark_lightning.infer.schedulers import build_scheduler
+    from dspark_lightning.infer.schedule.schedulers import build_scheduler
 
     conf = torch.tensor([[0.9, 0.8, 0.1], [0.5, 0.2, 0.1]], dtype=torch.bfloat16)
     sps = SPSTable.from_points({1: 1.0, 4: 0.95, 8: 0.9})

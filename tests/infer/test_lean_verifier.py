@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dspark_lightning.infer import HFVerifier, LeanVerifier, build_verifier
-from dspark_lightning.infer.lean import lean_unsupported
+from dspark_lightning.infer.verify.lean import lean_unsupported
 
 
 def close(a, b, what):
@@ -67,7 +67,7 @@ def test_cpu_low_precision_attention_runs_in_fp32_and_keeps_the_dtype(causal):
     and cast back: the result is the fp32 attention of the same bf16 inputs, rounded once, in the inputs' dtype."""
     import torch.nn.functional as F
 
-    from dspark_lightning.infer.lean import attention
+    from dspark_lightning.infer.verify.lean import attention
 
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(3, 6, s, 16, generator=g) for s in (4, 9, 9))

@@ -62,7 +62,7 @@ def test_joint_law_of_two_tokens_block3():
 
 def test_sampler_and_verifier_read_the_same_q(toy_target, monkeypatch):
     """Structural: the tensor each draft token is drawn from is bit-identical to Proposal.q used by accept()."""
-    import dspark_lightning.infer.draft as draft_mod
+    import dspark_lightning.infer.propose.draft as draft_mod
     from dspark_lightning.infer import make_proposer
 
     seen = []

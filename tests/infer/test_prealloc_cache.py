@@ -7,7 +7,7 @@ import torch
 from infer_helpers import hf_greedy, make_drafter
 
 from dspark_lightning.infer import Engine, SamplingParams, make_proposer
-from dspark_lightning.infer.kvcache import Buffer, KVLayer, RaggedCache
+from dspark_lightning.infer.verify.kvcache import Buffer, KVLayer, RaggedCache
 
 
 class CatLayer:

@@ -28,9 +28,8 @@ from dspark_lightning.infer import (
     decode,
     make_proposer,
 )
-from dspark_lightning.infer.accept import RejectionAcceptance
-from dspark_lightning.infer.coupled import CoupledAcceptance
-from dspark_lightning.infer.draft_cost import DraftCost
+from dspark_lightning.infer.acceptance.accept import RejectionAcceptance
+from dspark_lightning.infer.acceptance.coupled import CoupledAcceptance
 from dspark_lightning.infer.protocols import (
     AcceptanceMode,
     KernelChoice,
@@ -39,7 +38,8 @@ from dspark_lightning.infer.protocols import (
     Verifier,
     members,
 )
-from dspark_lightning.infer.schedulers import HOOKS, FunctionScheduler
+from dspark_lightning.infer.schedule.draft_cost import DraftCost
+from dspark_lightning.infer.schedule.schedulers import HOOKS, FunctionScheduler
 from dspark_lightning.testing import check_scheduler
 
 SPS = SPSTable.from_points({1: 30.0, 4: 28.0, 16: 20.0, 64: 8.0})

@@ -5,7 +5,7 @@ import torch
 
 from dspark_lightning import create, names
 from dspark_lightning.infer import SPSTable, prefix_schedule
-from dspark_lightning.infer.schedulers import (
+from dspark_lightning.infer.schedule.schedulers import (
     AsyncHardwareAwareScheduler,
     admit,
     global_capacity,
@@ -115,7 +115,7 @@ def test_whole_step_rate_includes_the_draft_time():
 
     Model timing (default) takes the cost from the profile or ``draft_cost``; live timing from the wall clock."""
     from dspark_lightning.infer import HardwareAwareScheduler
-    from dspark_lightning.infer.draft_cost import DraftCost
+    from dspark_lightning.infer.schedule.draft_cost import DraftCost
 
     sps = SPSTable.from_points({1: 1 / 0.063, 2: 1 / 0.107, 8: 1 / 0.110})
     conf = torch.tensor([[0.5, 0.5, 0.5]])
@@ -135,14 +135,14 @@ def test_whole_step_rate_includes_the_draft_time():
 
 
 def test_draft_cost_interpolates():
-    from dspark_lightning.infer.draft_cost import DraftCost
+    from dspark_lightning.infer.schedule.draft_cost import DraftCost
 
     c = DraftCost([1, 2, 8], [0.01, 0.02, 0.05])
     assert c(1) == 0.01 and c(2) == 0.02 and abs(c(5) - 0.035) < 1e-12 and abs(c(16) - 0.1) < 1e-12
 
 
 def test_draft_gate_skips_when_drafting_loses_and_probes_back():
-    from dspark_lightning.infer.schedulers import DraftGate
+    from dspark_lightning.infer.schedule.schedulers import DraftGate
 
     gate = DraftGate(probe=2, max_probe=8, window=1, warmup=1)  # window 1: each observation replaces the estimate
     assert gate.wants_draft(1, plain_rate=None)  # nothing measured yet: draft
@@ -160,7 +160,7 @@ def test_draft_gate_skips_when_drafting_loses_and_probes_back():
 def test_draft_gate_warms_up_and_judges_a_ratio_of_sums():
     """One unlucky first round (1 token in a long step) must not lock a drafter that pays out: the gate drafts
     through its warm-up, then compares tokens / seconds summed over the window (not a mean of per-step rates)."""
-    from dspark_lightning.infer.schedulers import DraftGate
+    from dspark_lightning.infer.schedule.schedulers import DraftGate
 
     gate = DraftGate(probe=8, max_probe=64, window=4, warmup=3)
     for tokens in (1, 4, 4):  # 1 token, then 4 per 0.1 s step: 9 tokens in 0.3 s = 30 tok/s
@@ -192,7 +192,7 @@ def test_draft_gate_warms_up_and_judges_a_ratio_of_sums():
 def test_draft_gate_where_drafting_loses_drafts_only_its_warmup_and_probes():
     """Over a long response where drafting never pays, the drafted steps are the warm-up plus one probe per
     doubling interval: expiring estimates do not restart the warm-up (they used to, every max_age steps)."""
-    from dspark_lightning.infer.schedulers import DraftGate
+    from dspark_lightning.infer.schedule.schedulers import DraftGate
 
     gate = DraftGate(probe=8, max_probe=64, window=16, warmup=4, max_age=64)
     drafted = 0
@@ -224,7 +224,7 @@ def test_a_step_in_the_sps_curve_is_named():
     import warnings
 
     from dspark_lightning.infer import HardwareAwareScheduler, SPSTable
-    from dspark_lightning.infer.schedulers import step_in_curve
+    from dspark_lightning.infer.schedule.schedulers import step_in_curve
 
     step = SPSTable.from_points({1: 26.4, 2: 15.8, 8: 15.8, 9: 14.0, 16: 12.0})
     smooth = SPSTable.from_points({1: 33.3, 2: 30.1, 3: 27.3, 4: 21.0, 8: 17.2, 16: 10.7})
@@ -246,7 +246,7 @@ def test_auto_scheduler_runs_what_the_measured_curve_calls_for():
     import warnings
 
     from dspark_lightning.infer import HardwareAwareScheduler
-    from dspark_lightning.infer.schedulers import AutoScheduler
+    from dspark_lightning.infer.schedule.schedulers import AutoScheduler
 
     step = SPSTable.from_points({1: 26.4, 2: 15.8, 8: 15.8, 9: 14.0, 16: 12.0})
     smooth = SPSTable.from_points({1: 33.3, 2: 30.1, 3: 27.3, 4: 21.0, 8: 17.2, 16: 10.7})

@@ -7,7 +7,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from dspark_lightning import load_target
 from dspark_lightning.infer import decode
-from dspark_lightning.infer.verify import build_verifier
+from dspark_lightning.infer.verify.hf import build_verifier
 
 
 def shallow(layers: int, layer_ids=None):

@@ -17,7 +17,7 @@ from dspark_lightning.infer import (
     measure_hardware,
     profile_sps,
 )
-from dspark_lightning.infer.sps import nonincreasing
+from dspark_lightning.infer.schedule.sps import nonincreasing
 
 
 def test_table_interpolates_and_rejects_beyond_profile(tmp_path):

@@ -4,7 +4,7 @@ float64 tensor): a request's numbers depend only on its key and counter, and the
 import torch
 from infer_helpers import chi2_pvalue
 
-from dspark_lightning.infer.sampling import CHUNK, SamplingParams, Streams, sample
+from dspark_lightning.infer.acceptance.sampling import CHUNK, SamplingParams, Streams, sample
 
 
 def test_a_rows_numbers_depend_on_its_key_and_counter_only():
@@ -46,7 +46,7 @@ def test_two_level_sampler_draws_the_law_across_chunk_boundaries():
 
 def test_greedy_acceptance_reads_logits_as_it_read_the_one_hot_law():
     from dspark_lightning.infer import accept
-    from dspark_lightning.infer.sampling import probs, target_law
+    from dspark_lightning.infer.acceptance.sampling import probs, target_law
 
     g, V, R = 4, 50, 64
     torch.manual_seed(0)

@@ -11,10 +11,10 @@ import torch
 from infer_helpers import chi2_pvalue, exact_marginals, hf_greedy, make_drafter
 
 from dspark_lightning.infer import decode
-from dspark_lightning.infer.lean import lean_unsupported
-from dspark_lightning.infer.sampling import SamplingParams
-from dspark_lightning.infer.sps import SPSTable
-from dspark_lightning.infer.verify import build_verifier
+from dspark_lightning.infer.acceptance.sampling import SamplingParams
+from dspark_lightning.infer.schedule.sps import SPSTable
+from dspark_lightning.infer.verify.hf import build_verifier
+from dspark_lightning.infer.verify.lean import lean_unsupported
 from dspark_lightning.testing import FAMILIES, random_target
 
 SCHEDULERS = ["static", "threshold", "hardware_aware", "async_hardware_aware", "auto"]

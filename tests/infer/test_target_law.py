@@ -22,7 +22,7 @@ from transformers import (
 
 from dspark_lightning import load_target
 from dspark_lightning.infer import SamplingParams, build_verifier, decode, probs
-from dspark_lightning.infer.lean import lean_unsupported
+from dspark_lightning.infer.verify.lean import lean_unsupported
 
 V, LAYERS = 8, 4
 N_SAMPLES = 4000

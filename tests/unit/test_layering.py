@@ -149,7 +149,7 @@ def import_graph(pkg: Path = PKG) -> dict[str, set[str]]:
 
 
 def rel(module: str, pkg: Path = PKG) -> str:
-    """``dspark_lightning.infer.draft`` -> ``infer/draft.py``; a package -> its folder name (``drafters``)."""
+    """``dspark_lightning.infer.verify.hf`` -> ``infer/verify/hf.py``; a package -> its folder name (``drafters``)."""
     parts = module.split(".")[1:]
     if not parts:
         return "__init__.py"

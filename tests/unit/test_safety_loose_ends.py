@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dspark_lightning import load_drafter
-from dspark_lightning.infer.sps import SPSTable
+from dspark_lightning.infer.schedule.sps import SPSTable
 from dspark_lightning.registry import create
 
 REPO = Path(__file__).resolve().parents[2]

@@ -2,10 +2,11 @@
 
 ``verify``: one verification step as ``decode()`` runs it (forward over B new tokens after a cached context, LM head
 over the B positions, fp32 softmax, rollback) for B in ``tokens``, per verifier: ``hf`` (the HF forward through
-:class:`~dspark_lightning.infer.verify.HFVerifier`: ragged cache, dense mask), ``lean-linear``
-(:class:`~dspark_lightning.infer.lean.LeanVerifier` with ``F.linear`` products; on a CPU) and ``lean`` (the matrix
-kernels chosen on this machine, :mod:`dspark_lightning.infer.kernels`; the default). Rounds interleave the variants
-(every B, every variant, then again, reversed) so machine drift hits all alike; medians and the ratio to the smallest B,
+:class:`~dspark_lightning.infer.verify.hf.HFVerifier`: ragged cache, dense mask), ``lean-linear``
+(:class:`~dspark_lightning.infer.verify.lean.LeanVerifier` with ``F.linear`` products; on a CPU) and ``lean`` (the
+matrix kernels chosen on this machine, :mod:`dspark_lightning.infer.verify.kernels`; the default). Rounds interleave
+the variants (every B, every variant, then again, reversed) so machine drift hits all alike; medians and the ratio to
+the smallest B,
 then a torch-profiler breakdown (self time per op) of the default verifier at B = 1 and 8.
 
 ``draft``: the drafting cost of one round per component, batch 1, γ = 7: backbone (cache masks, embedding, decoder
@@ -64,8 +65,8 @@ def _device(target) -> torch.device:
 
 
 def _verifiers(target) -> dict[str, Any]:
-    from ..lean import LeanVerifier, lean_unsupported
-    from ..verify import HFVerifier
+    from ..verify.hf import HFVerifier
+    from ..verify.lean import LeanVerifier, lean_unsupported
 
     out = {"hf": HFVerifier(target)}
     if lean_unsupported(target, "padded") is None:
@@ -194,9 +195,9 @@ def draft_variants(target, trained: dict[str, Any] | None = None, layers: int = 
 
 def draft_breakdown(target, drafters: dict[str, Any], *, context: int = 512, rounds: int = 15, seed: int = 0) -> dict:
     """Median ms per round of each drafting component, per drafter and T in (0, 1), after 2 warm-up rounds."""
-    from ..draft import BlockProposer
-    from ..sampling import SamplingParams
-    from ..verify import build_verifier
+    from ..acceptance.sampling import SamplingParams
+    from ..propose.draft import BlockProposer
+    from ..verify.hf import build_verifier
 
     device = _device(target)
     V = target.geometry.vocab_size

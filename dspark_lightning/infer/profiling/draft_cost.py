@@ -1,4 +1,4 @@
-"""The drafter's cost per round (:class:`~dspark_lightning.infer.draft_cost.DraftCost`), measured once per
+"""The drafter's cost per round (:class:`~dspark_lightning.infer.schedule.draft_cost.DraftCost`), measured once per
 (drafter, target, machine) and cached next to the SPS table.
 
 :func:`profile_draft_cost` runs a short static decode of synthetic prompts at the batch sizes a call can reach and
@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 
 from ...atomic import atomic_write
+from ..acceptance.sampling import SamplingParams
 from ..build import make_engine
-from ..draft_cost import DraftCost
-from ..sampling import SamplingParams
+from ..schedule.draft_cost import DraftCost
 from .sps import default_path
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from ...devices import device_tag
-from ..sps import DEFAULT_GRID, SPSTable, nonincreasing
+from ..schedule.sps import DEFAULT_GRID, SPSTable, nonincreasing
 
 
 def default_path(target, context_len: int) -> Path:
@@ -21,8 +21,8 @@ def default_path(target, context_len: int) -> Path:
     dev = next(target.model.parameters())
     name = re.sub(r"[^A-Za-z0-9._-]+", "_", str(target.name))
     dtype = str(dev.dtype).split(".")[-1]
-    from ..kernels import VERSION
-    from ..lean import lean_unsupported
+    from ..verify.kernels import VERSION
+    from ..verify.lean import lean_unsupported
 
     # the verifier decode() picks by default; the lean one's steps depend on the kernel choice, so its version too
     impl = f"lean-k{VERSION}" if lean_unsupported(target) is None else "hf"
@@ -42,7 +42,7 @@ def profile_sps(
 ) -> SPSTable:
     """Time the target's verification forward for every B in ``grid`` (up to ``max_tokens``), with the verifier
     ``decode()`` uses (``auto``: the lean forward where it supports the target)."""
-    from ..verify import build_verifier
+    from ..verify.hf import build_verifier
 
     points = [b for b in grid if max_tokens is None or b <= max_tokens]
     if not points:

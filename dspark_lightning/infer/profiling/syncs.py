@@ -10,9 +10,9 @@ waits, so such reads go unnoticed; :class:`HostReads` makes them visible by inte
 - every other tensor is *device* (factories given ``device=``, ``.to(device)``, model outputs, caches, and any
   tensor made before the counter started), and each value read of a device tensor counts one synchronisation.
 
-This is how CUDA behaves when the engine's device is a GPU and the default device is the CPU. While it counts,
-the runtime's :func:`~dspark_lightning.infer.sampling.reads_are_free` answers False, so the code takes the paths it
-takes on an accelerator (a CPU skips no data-dependent shortcut) and the count is the accelerator path's. On CUDA
+This is how CUDA behaves when the engine's device is a GPU and the default device is the CPU. While it counts, the
+runtime's :func:`~dspark_lightning.infer.acceptance.sampling.reads_are_free` answers False, so the code takes the paths
+it takes on an accelerator (a CPU skips no data-dependent shortcut) and the count is the accelerator path's. On CUDA
 itself, ``torch.cuda.set_sync_debug_mode`` is the ground truth (``scripts/gpu_check.py`` reports both).
 """
 

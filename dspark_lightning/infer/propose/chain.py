@@ -13,42 +13,24 @@ from __future__ import annotations
 
 import torch
 
-from ..drafters.chain import ChainDrafter
-from ..registry import register
-from .draft import Proposal, draft_confidence, to_target_vocab
-from .kvcache import KVLayer, RaggedCache
-from .sampling import SamplingParams, probs, sample
+from ...drafters.chain import ChainDrafter
+from ...registry import register
+from ..acceptance.sampling import SamplingParams, probs, sample
+from ..verify.kvcache import KVLayer
+from .draft import Proposal
+from .proposer import ProposerBase, draft_confidence
 
 
-class ChainProposer:
+class ChainProposer(ProposerBase):
     """The :class:`~.protocols.Proposer` of the chain drafters (see the module docstring)."""
 
     def __init__(self, drafter, layout: str = "padded") -> None:
-        self.drafter = drafter.eval()
-        self.block_size = drafter.block_size
-        self.device = next(drafter.parameters()).device
-        self.dtype = next(drafter.parameters()).dtype
-        self.head_w = drafter.draft_head_weight().to(self.dtype)  # gathered once (reduced vocabulary), drafter dtype
-        self.kv = RaggedCache([KVLayer()], flat=layout == "flat", device=self.device)
+        super().__init__(drafter, [KVLayer()], layout)
         self.pending: dict[int, tuple[int, torch.Tensor]] = {}  # rid -> (first position, features (L, d))
-        self.held: dict[int, int] = {}  # rid -> cached positions (host-side, for compaction checks)
 
-    @property
-    def draft_vocab(self) -> torch.Tensor | None:
-        """Target token ids of the draft laws' columns (:class:`~.protocols.ReducedVocabulary`)."""
-        return self.drafter.draft_vocab
-
-    def add(self, ids: list[int]) -> None:
-        self.kv.add_requests(ids)
-        self.held.update((i, 0) for i in ids)
-
-    def remove(self, ids: list[int]) -> None:
+    def forget(self, ids: list[int]) -> None:
         for rid in ids:
             self.pending.pop(rid, None)
-            self.held.pop(rid, None)
-        if ids:
-            self.kv.remove_requests(ids)
-            self.kv.compact(live_max=self.kv.live_bound(self.held))
 
     @torch.no_grad()
     def extend(self, ids, context, start, lengths, hidden=None) -> None:
@@ -97,20 +79,16 @@ class ChainProposer:
         self.held.update((rid, s0 + n) for rid, s0, n in zip(ids, starts, lens_h, strict=True))
         F = torch.nn.utils.rnn.pad_sequence(feats, batch_first=True)
         T = torch.nn.utils.rnn.pad_sequence(toks, batch_first=True).to(self.device)
-        rid = torch.as_tensor(ids, dtype=torch.long, device=self.device)
         pos = torch.as_tensor(starts, device=self.device)[:, None] + torch.arange(F.shape[1], device=self.device)
         x, res = lay.pair(grid.scatter(F, 0.0), d.embed(grid.scatter(T, 0)))
-        q_owner = grid.scatter(torch.where(grid.valid, rid[:, None], -1), -1)
+        q_owner = self._owners(grid, ids)
         q_pos = grid.scatter(pos, 0)
         cos, sin = lay.rope(q_pos)
         same = (q_owner[:, :, None] == q_owner[:, None, :]) & (q_owner[:, :, None] >= 0)
         mask = torch.cat([self.kv.attend(q_owner, q_pos), same & (q_pos[:, None, :] <= q_pos[:, :, None])], -1)
         ctx_k, ctx_v = self._ctx(x.shape[0])
         h = grid.gather(lay(x, res, cos, sin, ctx_k, ctx_v, mask))  # (R, W, d)
-        k, v = lay.attn.kv(x, cos, sin)
-        self.kv.layers[0].update(k, v)
-        self.kv.append(q_owner, q_pos)
-        self.kv.compact(live_max=self.kv.live_bound(self.held))
+        self._commit([lay.attn.kv(x, cos, sin)], q_owner, q_pos)
         return h[torch.arange(R, device=self.device), lens - 1]
 
     @torch.no_grad()
@@ -128,20 +106,16 @@ class ChainProposer:
         R = len(ids)
         h = self._step0(ids, anchor_pos, requests)  # (R, d): predicts x_{P+1}
         grid = self.kv.grid(ids, [1] * R)
-        rid = torch.as_tensor(ids, dtype=torch.long, device=self.device)
-        c_owner = grid.scatter(rid[:, None], -1)  # (rows, L): one query per request
+        c_owner = self._owners(grid, ids)  # (rows, L): one query per request
         self_ok = (c_owner[:, :, None] == c_owner[:, None, :]) & (c_owner[:, :, None] >= 0)
         ctx_mask = self.kv.attend(c_owner, grid.scatter((anchor_pos - 1)[:, None], 0))  # committed keys only
         ctx_k, ctx_v = self._ctx(c_owner.shape[0])  # grows by each step's keys, written past the cached ones
         toks, qs, confs, zs = [], [], [], []
-        vocab = d.draft_vocab  # (N,) target ids of a reduced draft vocabulary, or None
         for s in range(g):
             z = d.logits(h, self.head_w)  # (R, N or V)
             q = probs(z, params)
             confs.append(draft_confidence(q, z, params))
-            x = sample(q, params, generator) if teacher_tokens is None else teacher_tokens[:, s]
-            if vocab is not None and teacher_tokens is None:
-                x = vocab[x]  # draft-vocabulary index -> target token id
+            x = self._target_ids(sample(q, params, generator)) if teacher_tokens is None else teacher_tokens[:, s]
             toks.append(x)
             qs.append(q)
             zs.append(z)
@@ -153,7 +127,7 @@ class ChainProposer:
             h = grid.gather(lay(xin, res, cos, sin, ctx_k, ctx_v, mask))[:, 0]
             k, v = lay.attn.kv(xin, cos, sin)
             ctx_k, ctx_v = self.kv.layers[0].lookahead(k, v, offset=s * k.shape[2])  # uncommitted: no rollback
-        q, z = to_target_vocab(d, torch.stack(qs, 1), torch.stack(zs, 1))
+        q, z = self._target_laws(torch.stack(qs, 1), torch.stack(zs, 1))
         return Proposal(tokens=torch.stack(toks, 1), q=q, conf=torch.stack(confs, 1), logits=z)
 
 

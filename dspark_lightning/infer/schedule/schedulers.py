@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .. import checks
-from ..registry import create, get, register
+from ... import checks
+from ...registry import create, get, register
 from .sps import SPSTable
 
 if TYPE_CHECKING:
+    from ..hardware import HardwareProfile
     from .draft_cost import DraftCost
-    from .hardware import HardwareProfile
 
 
 class Scheduler:

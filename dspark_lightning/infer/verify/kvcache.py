@@ -400,3 +400,40 @@ def _zero_padded(t: torch.Tensor, rows: int, length: int) -> torch.Tensor:
     r, s = min(rows, t.shape[0]), min(length, t.shape[2])
     out[:r, :, :s] = t[:r, :, :s]
     return out
+
+
+class RequestCache:
+    """The per-request bookkeeping of a component that keeps its entries in a :class:`RaggedCache` (``kv``): the
+    host's count of each request's cached positions (``held``, what compaction's ``live_max`` is read from, never
+    the device), freeing finished requests and each new column's owner. The drafter proposers
+    (:class:`~dspark_lightning.infer.propose.proposer.ProposerBase`) and the HF verifier share it; ``device`` is the
+    owner's."""
+
+    device: torch.device
+    kv: RaggedCache
+    held: dict[int, int]  # request id -> cached positions
+
+    def _open_cache(self, layers: list, layout: str) -> None:
+        self.kv = RaggedCache(layers, flat=layout == "flat", device=self.device)
+        self.held = {}
+
+    def _compact(self) -> None:
+        """Squeeze free entries out when they make up most of the cache (:meth:`RaggedCache.compact`)."""
+        self.kv.compact(live_max=self.kv.live_bound(self.held))
+
+    def _drop(self, ids: list[int]) -> None:
+        """Free every entry of requests ``ids`` (finished)."""
+        if ids:
+            self.kv.remove_requests(ids)
+            for i in ids:
+                self.held.pop(i, None)
+            self._compact()
+
+    def _owners(self, grid: Grid, ids: list[int]) -> torch.Tensor:
+        """The request id of each cell of ``grid`` (rows, L) over ``ids``, -1 in its padding."""
+        rid = torch.as_tensor(ids, dtype=torch.long, device=self.device)
+        return grid.scatter(torch.where(grid.valid, rid[:, None], -1), -1)
+
+    def cached_length(self, rid: int) -> int:
+        """Live cached positions of request ``rid`` (0 once removed)."""
+        return int((self.kv.owner == rid).sum())

@@ -12,9 +12,11 @@ features taken from the target's verification pass (docs/algorithm.md §3.7), so
 Other drafter families plug in on this (runtime) side through the one registry: ``@register("proposer", name)`` on a
 factory ``(drafter, layout, conf_temperatures) -> proposer``, and ``proposer_name = name`` on the drafter class. A
 proposer is a :class:`~.protocols.Proposer`: ``block_size`` and the ``add / remove / extend / propose`` methods (as the
-chain drafters' :class:`~dspark_lightning.infer.chain.ChainProposer` has them); ``extend`` also receives ``hidden=``
+chain drafters' :class:`~.chain.ChainProposer` has them); ``extend`` also receives ``hidden=``
 (the target's final hidden states) and ``propose`` receives ``requests=`` (prompt and output token lists) for proposers
-that need them. The model layer (``drafters/``) never imports the runtime: it names its proposer. A third-party drafter
+that need them. :class:`~.proposer.ProposerBase` holds what the proposers with a drafter context cache share (its
+per-request bookkeeping, the draft-vocabulary mapping), :class:`~.proposer.StatelessProposer` is the base of one
+without a cache. The model layer (``drafters/``) never imports the runtime: it names its proposer. A third-party drafter
 may instead carry a ``make_proposer(layout, conf_temperatures)`` method.
 """
 
@@ -25,12 +27,13 @@ from dataclasses import dataclass
 
 import torch
 
-from ..drafters.backbones import per_layer_masks
-from ..registry import create, register
-from . import kernels as kernel_tables
-from .kernels import Linear
-from .kvcache import KVLayer, RaggedCache
-from .sampling import SamplingParams, probs, sample
+from ...drafters.backbones import per_layer_masks
+from ...registry import create, register
+from ..acceptance.sampling import SamplingParams, probs, sample
+from ..verify import kernels as kernel_tables
+from ..verify.kernels import Linear
+from ..verify.kvcache import KVLayer
+from .proposer import ProposerBase, draft_confidence
 
 
 @dataclass
@@ -40,11 +43,6 @@ class Proposal:
     conf: torch.Tensor  # (R, γ) conditional confidences ĉ_k in [0, 1], each computed before x_k was sampled
     logits: torch.Tensor  # (R, γ, V) final draft logits z_k
     conf_logits: torch.Tensor | None = None  # (R, γ) raw confidence-head logits (before STS), if there is a head
-
-
-def draft_confidence(q: torch.Tensor, z: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """ĉ of a drafter without a confidence head: its own top probability, known before x_k is drawn."""
-    return (q if not params.greedy else z.float().softmax(-1)).max(-1).values
 
 
 class Stopwatch:
@@ -83,34 +81,6 @@ def _head_product(drafter, weight: torch.Tensor) -> Linear | None:
     return None if table is None else Linear(weight, None, table)
 
 
-def to_target_vocab(drafter, q: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Laws and logits over a reduced draft vocabulary (…, N) -> the target vocabulary (…, V): q exactly 0 and
-    z = -inf outside the subset (unchanged without a reduced vocabulary)."""
-    vocab = getattr(drafter, "draft_vocab", None)
-    if vocab is None:
-        return q, z
-    full_q = q.new_zeros((*q.shape[:-1], drafter.embed.num_embeddings)).index_copy_(-1, vocab, q)
-    return full_q, drafter.full_logits(z)
-
-
-class StatelessProposer:
-    """Base for proposers that keep no per-request cache (n-gram lookups, test oracles): only ``propose`` remains."""
-
-    block_size: int
-
-    def add(self, ids: list[int]) -> None:
-        pass
-
-    def remove(self, ids: list[int]) -> None:
-        pass
-
-    def extend(self, ids: list[int], context: torch.Tensor, start: torch.Tensor, lengths: torch.Tensor, hidden=None):
-        pass
-
-    def propose(self, ids, anchors, anchor_pos, params, generator=None, requests=None) -> Proposal:
-        raise NotImplementedError
-
-
 def make_proposer(drafter, layout: str = "padded", conf_temperatures=None):
     """The inference-side proposer of ``drafter``: the registered proposer its class names (``proposer_name``), else
     its own ``make_proposer`` method (third-party drafters)."""
@@ -122,7 +92,7 @@ def make_proposer(drafter, layout: str = "padded", conf_temperatures=None):
     raise TypeError(f"{type(drafter).__name__} is not a drafter decode() can run (no proposer registered for it)")
 
 
-class BlockProposer:
+class BlockProposer(ProposerBase):
     """Proposes γ tokens per request with a parallel backbone plus optional sequential/confidence heads.
 
     Args:
@@ -132,43 +102,22 @@ class BlockProposer:
     """
 
     def __init__(self, drafter, layout: str = "padded", conf_temperatures=None) -> None:
-        self.drafter = drafter.eval()
-        self.block_size = drafter.block_size
         bb = drafter.backbone
-        self.device = next(drafter.parameters()).device
-        self.dtype = next(drafter.parameters()).dtype  # the drafter may run in bf16: q is still fp32
-        self.kv = RaggedCache([KVLayer() for _ in bb.layers], flat=layout == "flat", device=self.device)
+        super().__init__(drafter, [KVLayer() for _ in bb.layers], layout)
         self.temps = None
         if conf_temperatures is not None:
             temps = torch.as_tensor(conf_temperatures, dtype=torch.float32, device=self.device)
             if temps.shape != (self.block_size,) or bool((temps <= 0).any()):
                 raise ValueError(f"conf_temperatures must be {self.block_size} positive numbers, got {temps.tolist()}")
             self.temps = temps
-        self.head_w = drafter.draft_head_weight().to(self.dtype)  # (N or V, d), gathered once
         self.head = _head_product(drafter, self.head_w)
-        self.vocab = drafter.draft_vocab  # (N,) target ids of the draft vocabulary, or None (ReducedVocabulary)
         self.state: dict[int, torch.Tensor] | None = {} if getattr(bb, "context_state", False) else None
         self.clock = Stopwatch()  # clock.enable() -> per-component times (profile --breakdown draft)
-        self.held: dict[int, int] = {}  # request id -> cached positions (host-side, for compaction checks)
 
-    @property
-    def draft_vocab(self) -> torch.Tensor | None:
-        """Target token ids of the draft laws' columns (:class:`~.protocols.ReducedVocabulary`)."""
-        return self.drafter.draft_vocab
-
-    def add(self, ids: list[int]) -> None:
-        self.kv.add_requests(ids)
-        self.held.update((i, 0) for i in ids)
-
-    def remove(self, ids: list[int]) -> None:
-        if ids:
-            self.kv.remove_requests(ids)
+    def forget(self, ids: list[int]) -> None:
+        if self.state is not None:
             for i in ids:
-                self.held.pop(i, None)
-            self.kv.compact(live_max=self.kv.live_bound(self.held))
-            if self.state is not None:
-                for i in ids:
-                    self.state.pop(i, None)
+                self.state.pop(i, None)
 
     @torch.no_grad()
     def extend(self, ids: list[int], context: torch.Tensor, start: torch.Tensor, lengths: torch.Tensor, hidden=None):
@@ -189,14 +138,10 @@ class BlockProposer:
         bb = self.drafter.backbone
         grid = self.kv.grid(ids, n)
         W = max(n, default=0)
-        rid = torch.as_tensor(ids, dtype=torch.long, device=self.device)
         pos = start.to(self.device, non_blocking=True)[:, None] + torch.arange(W, device=self.device)
         fused = grid.scatter(bb.fuse(context[:, :W].to(self.dtype)), 0.0)  # (rows, L, d)
         q_pos = grid.scatter(pos, 0)
-        for layer, (k, v) in zip(self.kv.layers, bb.context_kv(fused, q_pos), strict=True):
-            layer.update(k, v)
-        self.kv.append(grid.scatter(torch.where(grid.valid, rid[:, None], -1), -1), q_pos)
-        self.kv.compact(live_max=self.kv.live_bound(self.held))
+        self._commit(bb.context_kv(fused, q_pos), self._owners(grid, ids), q_pos)
         self.clock.lap("extend")
 
     @torch.no_grad()
@@ -214,11 +159,10 @@ class BlockProposer:
         R = len(ids)
         self.clock.start()
         grid = self.kv.grid(ids, [g] * R)
-        rid = torch.as_tensor(ids, dtype=torch.long, device=self.device)
         blk = torch.full((R, g), d.mask_token_id, dtype=torch.long, device=self.device)
         blk[:, 0] = anchors  # [x_0, M x (γ-1)] at P..P+γ-1 (shifted convention)
         pos = anchor_pos[:, None] + torch.arange(g, device=self.device)  # (R, γ)
-        q_owner = grid.scatter(rid[:, None].expand(R, g), -1)  # (rows, L)
+        q_owner = self._owners(grid, ids)  # (rows, L)
         q_anchor = grid.scatter(anchor_pos[:, None].expand(R, g), 0)
         blk_ok = (q_owner[:, :, None] == q_owner[:, None, :]) & (q_owner[:, :, None] >= 0)  # own block only
 
@@ -260,9 +204,7 @@ class BlockProposer:
             q = probs(z, params)  # (R, N) fp32: sampled from and tested against
             if ch is None:
                 c = draft_confidence(q, z, params)
-            x = sample(q, params, generator)
-            if self.vocab is not None:
-                x = self.vocab[x]  # draft-vocabulary index -> target token id
+            x = self._target_ids(sample(q, params, generator))
             clock.lap("sampling")
             if teacher_tokens is not None:
                 x = teacher_tokens[:, k]
@@ -271,7 +213,7 @@ class BlockProposer:
             confs.append(c)
             zs.append(z)
             prev = x
-        q, z = to_target_vocab(d, torch.stack(qs, 1), torch.stack(zs, 1))
+        q, z = self._target_laws(torch.stack(qs, 1), torch.stack(zs, 1))
         clock.lap("sampling")
         return Proposal(
             tokens=torch.stack(toks, 1),

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..atomic import atomic_write
+from ...atomic import atomic_write
 
 DEFAULT_GRID = (*range(1, 17), 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
@@ -86,7 +86,7 @@ class SPSTable:
 
     @classmethod
     def load(cls, path: str | Path) -> SPSTable:
-        from .. import checks
+        from ... import checks
 
         d = checks.read_json(path, "SPS table")
         if not isinstance(d, dict) or not {"tokens", "sps"} <= d.keys():

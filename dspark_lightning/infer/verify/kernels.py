@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..atomic import atomic_write
+from ...atomic import atomic_write
 
 ROWS = (*range(1, 17), 24, 32, 64, 128)  # rows timed: one request's verification blocks, then prefill chunk sizes
 PACK_ROWS = 8  # MKL packs a weight for exactly this many rows; 4-8 rows are zero-padded to it
@@ -230,8 +230,8 @@ def measure(
 
 
 def table_path(device: torch.device, dtype: torch.dtype) -> Path:
-    from ..devices import device_tag
-    from ..targets import cache_root
+    from ...devices import device_tag
+    from ...targets import cache_root
 
     return cache_root() / "kernels" / f"{device_tag(device)}-{str(dtype).removeprefix('torch.')}-v{VERSION}.json"
 

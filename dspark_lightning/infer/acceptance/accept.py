@@ -19,7 +19,7 @@ import torch
 from .sampling import Generators, SamplingParams, Streams, reads_are_free, sample, uniforms
 
 if TYPE_CHECKING:
-    from .request import Request
+    from ..request import Request
 
 RESIDUAL_GUARD = 1e-8
 

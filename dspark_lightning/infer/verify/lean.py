@@ -13,7 +13,7 @@ shows both). This verifier computes the same function with:
   uses a tiny (W, S) mask built from two ``arange`` comparisons);
 - the tapped layers' raw outputs taken directly from the loop (no hooks).
 
-Outputs equal the HF forward up to floating-point reassociation (tested against :class:`~.verify.HFVerifier`
+Outputs equal the HF forward up to floating-point reassociation (tested against :class:`~.hf.HFVerifier`
 and, through ``decode()``, greedy equality with HF ``generate()``). Only the padded layout exists:
 each request owns one cache row. Unsupported architectures raise :class:`NotImplementedError`, and
 ``verifier="auto"`` falls back to ``hf`` for them.
@@ -26,10 +26,10 @@ import weakref
 import torch
 import torch.nn.functional as F
 
-from ..registry import register
+from ...registry import register
+from ..protocols import SegmentOutput
 from . import kernels as kernel_tables
 from .kernels import KernelTable, Linear
-from .protocols import SegmentOutput
 
 SUPPORTED = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -108,7 +108,7 @@ class LeanVerifier:
         layout: must be ``padded``.
         capacity: initial cache length per request (grows by doubling as needed).
         kernels: ``auto`` (this machine's kernel table, measured once per CPU, thread count and dtype and cached;
-            :mod:`.kernels`), a :class:`~dspark_lightning.infer.kernels.KernelTable`, or ``linear``
+            :mod:`.kernels`), a :class:`~dspark_lightning.infer.verify.kernels.KernelTable`, or ``linear``
             (``F.linear`` everywhere).
         progress: show the one-time kernel timing.
     """

@@ -33,7 +33,7 @@ class SamplingParams:
     def __post_init__(self) -> None:
         """The one check of the sampling arguments: every route (decode(), the engine, regeneration, the commands)
         builds its law here."""
-        from .. import checks
+        from ... import checks
 
         if self.temperature is None:
             raise checks.UsageError("temperature must be given, got None")

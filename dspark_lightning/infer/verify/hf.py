@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import create, register
+from ...registry import create, register
+from ..protocols import SegmentOutput, Verifier
 from .kernels import KernelTable
-from .kvcache import RaggedCache
+from .kvcache import RequestCache
 from .lean import lean_unsupported
-from .protocols import SegmentOutput, Verifier
 
 LAYOUTS = ("padded", "flat")
 
@@ -29,7 +29,7 @@ def attention_mask_4d(allowed: torch.Tensor, model, dtype: torch.dtype) -> torch
 
 
 @register("verifier", "hf")
-class HFVerifier:
+class HFVerifier(RequestCache):
     """Verifies drafts with a frozen HF causal LM (:class:`~dspark_lightning.targets.Target`); a
     :class:`~.protocols.Verifier`.
 
@@ -55,9 +55,8 @@ class HFVerifier:
         self.windows = target.windows
         if len(self.windows) > 1:
             self._check_mask_mapping(target)
-        self.kv = RaggedCache(layers, flat=layout == "flat", device=self.device)
+        self._open_cache(layers, layout)  # ``held``: request id -> committed length
         self.pad_id = 0
-        self.held: dict[int, int] = {}  # request id -> committed length (host-side, for compaction checks)
 
     @staticmethod
     def _check_mask_mapping(target) -> None:
@@ -89,11 +88,7 @@ class HFVerifier:
         return masks if len(masks) > 1 else next(iter(masks.values()))
 
     def remove(self, ids: list[int]) -> None:
-        if ids:
-            self.kv.remove_requests(ids)
-            for i in ids:
-                self.held.pop(i, None)
-            self.kv.compact(live_max=self.kv.live_bound(self.held))
+        self._drop(ids)
 
     @torch.no_grad()
     def forward(
@@ -105,13 +100,11 @@ class HFVerifier:
     ) -> SegmentOutput:
         grid = self.kv.grid(ids, lengths)
         W = tokens.shape[1]
-        rid = torch.as_tensor(ids, dtype=torch.long, device=self.device)
         start = torch.as_tensor(start, dtype=torch.long).to(self.device, non_blocking=True)
         pos = start[:, None] + torch.arange(W, device=self.device)  # (R, W)
-        owner = torch.where(grid.valid, rid[:, None], -1)
         inp = grid.scatter(tokens, self.pad_id)  # (rows, L)
         q_pos = grid.scatter(pos, 0)
-        q_owner = grid.scatter(owner, -1)
+        q_owner = self._owners(grid, ids)
         S_old = self.kv.length
         self.kv.append(q_owner, q_pos)
         allowed = self.kv.attend(q_owner, q_pos)  # (rows, L, S_old + L)
@@ -153,10 +146,6 @@ class HFVerifier:
             context[sel, :P] = out.context
         return SegmentOutput(hidden=hidden, context=context)
 
-    def cached_length(self, rid: int) -> int:
-        """Live cached positions of request ``rid`` (0 once removed)."""
-        return int((self.kv.owner == rid).sum())
-
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Target logits (..., V) exactly as the model's forward computes them (its LM head and post-processing)."""
         return self.target.logits(hidden)
@@ -167,7 +156,7 @@ class HFVerifier:
         keep = keep_pos.tolist() if isinstance(keep_pos, torch.Tensor) else list(keep_pos)
         self.held.update((rid, int(k) + 1) for rid, k in zip(ids, keep, strict=True))
         self.kv.release_after(ids, torch.as_tensor(keep, dtype=torch.long).to(self.device, non_blocking=True))
-        self.kv.compact(live_max=self.kv.live_bound(self.held))
+        self._compact()
 
 
 def build_verifier(name: str, target, layout: str = "padded", kernels: KernelTable | None = None) -> Verifier:

@@ -23,7 +23,7 @@ from .accept import Acceptance
 from .sampling import M32, SamplingParams, _hash32, sample
 
 if TYPE_CHECKING:
-    from .request import Request
+    from ..request import Request
 
 TOKEN_SALT = 0x27D4EB2F
 
