@@ -25,7 +25,7 @@ from collections import Counter
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .. import sampling
+from ..acceptance import sampling
 
 T = torch.Tensor
 READS = {T.item, T.tolist, T.__bool__, T.__int__, T.__float__, T.__index__, T.nonzero, torch.nonzero,
