@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from dspark_lightning.infer import LeanVerifier
-from dspark_lightning.infer import kernels as K
 from dspark_lightning.infer.profiling import roofline as rf
+from dspark_lightning.infer.verify import kernels as K
 
 
 def close(a, b, dtype):
