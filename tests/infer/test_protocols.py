@@ -52,7 +52,8 @@ ROLES = {
     "proposer": (Proposer, ReducedVocabulary),
     "acceptance": (AcceptanceMode,),
 }
-DRIVERS = ("engine.py", "decode.py", "build.py", "backlog.py", "profiling/hardware.py")  # the code driving the parts
+# the code that drives the parts
+DRIVERS = ("engine.py", "decode.py", "build.py", "propose/backlog.py", "profiling/hardware.py")
 
 
 def scheduler_members() -> set[str]:
