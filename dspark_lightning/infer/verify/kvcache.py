@@ -430,9 +430,10 @@ class RequestCache:
             self._compact()
 
     def _owners(self, grid: Grid, ids: list[int]) -> torch.Tensor:
-        """The request id of each cell of ``grid`` (rows, L) over ``ids``, -1 in its padding."""
+        """The request id of each cell of ``grid`` (rows, L) over ``ids``, -1 in its padding (``scatter`` drops the
+        entries past each request's length)."""
         rid = torch.as_tensor(ids, dtype=torch.long, device=self.device)
-        return grid.scatter(torch.where(grid.valid, rid[:, None], -1), -1)
+        return grid.scatter(rid[:, None].expand(grid.valid.shape), -1)
 
     def cached_length(self, rid: int) -> int:
         """Live cached positions of request ``rid`` (0 once removed)."""
