@@ -57,10 +57,7 @@ def edges() -> tuple[dict[str, int], Counter, set[tuple[str, str]], set[tuple[st
 
 
 def draw(out: Path) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from dspark_lightning.plots import plt, save_figure
 
     floor, count, allowed, bad, up = edges()
     boxes = sorted(floor)
@@ -94,7 +91,8 @@ def draw(out: Path) -> list[str]:
     ax.set_title(f"dspark_lightning: {len(boxes)} folders on {len(FLOORS)} floors; arrows are imports "
                  f"(red: up a floor, {len(up)}; dotted: the registry's documented back-edge)", fontsize=10)  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110, bbox_inches="tight")
+    fig.tight_layout()
+    save_figure(fig, out, dpi=110)  # replaced whole or not at all
     plt.close(fig)
     for f in range(len(FLOORS) - 1, -1, -1):
         print(f"{FLOORS[f]:>12}: {', '.join(sorted(rows.get(f, [])))}")
