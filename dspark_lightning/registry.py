@@ -21,7 +21,7 @@ one import that points up the package's floors (this module is a leaf the compon
 tests/unit/test_layering.py allows.
 
 Kinds: ``backbone``, ``seq_head``, ``conf_head``, ``drafter`` (models, ``drafters/``), ``scheduler``, ``verifier``,
-``proposer`` (the runtime, ``infer/``: a proposer factory ``(drafter, layout=, conf_temperatures=)`` named by a
+``proposer`` (the runtime, ``infer/``: a proposer factory ``(drafter, batching=, conf_temperatures=)`` named by a
 drafter class's ``proposer_name``), ``prompt_source`` (``data/prompts/sources.py``) and ``layout`` (readers of serving
 directories for ``checkpoint.load_drafter``: ``claims(cfg)``, ``read(path, cfg, target)``; ``export/layouts.py``) and
 ``server`` (programs that load an export, :class:`~dspark_lightning.export.servers.Server`: their rules and the files

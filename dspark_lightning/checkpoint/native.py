@@ -115,7 +115,7 @@ def check_compatible(cfg: dict[str, Any], target: Any, where: str) -> None:
         )
     if "convention" not in cfg:
         raise DrafterLoadError(
-            f"{where}: config.json has no 'convention' key (the block layout the drafter was trained in)"
+            f"{where}: config.json has no 'convention' key (the block convention the drafter was trained in)"
         )
     if cfg["convention"] != CONVENTION:
         raise DrafterLoadError(f"{where}: block convention {cfg['convention']!r}, this runtime uses {CONVENTION!r}")
@@ -164,7 +164,7 @@ def load_drafter(
     drafter shares the target's embedding and LM head, so both must be on one device). ``dtype``: the drafter's
     weights, default the target's dtype, ``"auto"`` the fastest on this device (measured on a CPU; what
     ``decode()`` and the CLI use); its precision never affects losslessness (the laws are fp32).
-    A serving ``Qwen3DSparkModel`` directory (DeepSpec, ``dspark-lightning export --format dspark-hf``) is read
+    A serving ``Qwen3DSparkModel`` directory (DeepSpec, ``dspark-lightning export --layout dspark-hf``) is read
     too; it records no target of ours, so pass ``target``.
     """
     path = Path(path)

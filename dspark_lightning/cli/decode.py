@@ -19,9 +19,9 @@ from ..atomic import atomic_write
 from ..checkpoint import load_drafter_checked
 from ..infer.acceptance.sampling import GREEDY_EPS
 from ..targets import load_target_checked
-from .signature import REPEATED
+from .signature import REPEATED, renamed
 
-LAYOUTS = ("padded", "flat")
+BATCHINGS = ("padded", "flat")
 
 
 def check_choice(name: str, value: str, choices) -> None:
@@ -96,6 +96,7 @@ class _Streamer:
             self.shown = len(text)
 
 
+@renamed(layout="batching")
 def decode(
     target: str = "smollm2-135m-instruct",
     drafter: str | None = None,
@@ -112,7 +113,7 @@ def decode(
     sps: str | None = None,
     seed: int = 0,
     batch_size: int | None = None,
-    layout: str = "padded",
+    batching: str = "padded",
     verifier: str = "auto",
     acceptance: str = "rejection",
     no_chat: bool = False,
@@ -141,7 +142,7 @@ def decode(
         sps: SPS table JSON (default: cached profile)
         seed: random seed of the sampling
         batch_size: concurrent requests (default: all)
-        layout: padded | flat
+        batching: padded (a row per request) | flat (one strip, no padding compute)
         verifier: auto (lean where supported) | lean | hf
         acceptance: rejection | coupled (T > 0: plain coupled decoding's tokens, any drafter)
         no_chat: do not apply the chat template
@@ -158,7 +159,7 @@ def decode(
     check_decode_args(max_new_tokens, temperature, top_k, top_p, batch_size)  # all checked before a model loads
     checks.at_least("--limit", limit, 0)
     check_scheduler_args(scheduler, gamma, threshold, sps)
-    check_choice("--layout", layout, LAYOUTS)
+    check_choice("--batching", batching, BATCHINGS)
     check_verifier(verifier)
     check_choice("--acceptance", acceptance, ["rejection", "coupled"])
     devices.check_device_args(device, dtype, drafter_dtype)
@@ -187,7 +188,7 @@ def decode(
         chat=not no_chat,
         stop=list(stop) or None,
         batch_size=batch_size,
-        layout=layout,
+        batching=batching,
         verifier=verifier,
         acceptance=acceptance,
         on_commit=_Streamer(tgt.tokenizer) if stream else None,

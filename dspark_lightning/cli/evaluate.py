@@ -2,7 +2,7 @@
 
 dspark-lightning eval --drafter dspark=outputs/compare/dspark/tb/version_0/drafter --drafter dflash=... --out DIR
 dspark-lightning bench --drafter dspark=... --out outputs/bench
-dspark-lightning bench --drafter DIR --scheduler static hardware_aware --layouts padded flat --out DIR
+dspark-lightning bench --drafter DIR --scheduler static hardware_aware --batching padded flat --out DIR
 dspark-lightning eval --drafter DIR --scheduler static --gamma 7 --temperature 0 --batch_size 1 --out DIR
 dspark-lightning calibrate --drafter outputs/compare/dspark/tb/version_0/drafter --temperature 1.0
 """
@@ -19,8 +19,8 @@ from .. import checks, devices
 from ..checkpoint import load_drafter_checked
 from ..eval.serve_bench import DEFAULT_METHODS
 from ..targets import load_target_checked
-from .decode import LAYOUTS, check_choice, check_scheduler_args, check_sps_file
-from .signature import REPEATED, run
+from .decode import BATCHINGS, check_choice, check_scheduler_args, check_sps_file
+from .signature import REPEATED, renamed, run
 
 DOMAINS = ("math", "code", "chat")  # the built-in held-out sets; a --dataset names one of them as its domain
 
@@ -195,6 +195,7 @@ def evaluate(
     show(write_eval(doc, out), "tau_table.md", "eval")
 
 
+@renamed(layouts="batching")
 def bench(
     *,
     drafter: Annotated[Sequence[str], REPEATED] = (),
@@ -212,7 +213,7 @@ def bench(
     repeats: int = 2,
     prompt_lookup_tokens: int = 10,
     acceptance: Sequence[str] = ("rejection",),
-    layouts: Sequence[str] = ("padded",),
+    batching: Sequence[str] = ("padded",),
     device: str = "auto",
     dtype: str = "auto",
     drafter_dtype: str = "auto",
@@ -235,7 +236,7 @@ def bench(
         repeats: alternating repeats per cell (order reversed each time)
         prompt_lookup_tokens: HF prompt-lookup candidate length
         acceptance: rejection and/or coupled (T > 0: extra rows under coupled acceptance)
-        layouts: KV-cache layouts of our decoders: padded and/or flat (several: a row per decoder and layout)
+        batching: how our decoders batch requests: padded and/or flat (both: a row per decoder and mode)
         device: auto (CUDA when available) | cpu | cuda | cuda:N
         dtype: target: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
         drafter_dtype: drafter: auto (the faster of fp32/bf16 here) | bf16 | fp32
@@ -254,10 +255,10 @@ def bench(
     checks.at_least("--prompt_lookup_tokens", prompt_lookup_tokens, 1)
     for x in acceptance:
         check_choice("--acceptance", x, ["rejection", "coupled"])
-    for layout in layouts:
-        check_choice("--layouts", layout, LAYOUTS)
-    if len(set(layouts)) != len(layouts):
-        raise checks.UsageError(f"--layouts names a layout twice: {' '.join(layouts)}")
+    for mode in batching:
+        check_choice("--batching", mode, BATCHINGS)
+    if len(set(batching)) != len(batching):
+        raise checks.UsageError(f"--batching names a mode twice: {' '.join(batching)}")
     specs = [scheduler_of(name, gamma, sps) for name in scheduler]
     tgt, drafters = shared.load()
     sets = {d.domain: d.prompts for d in builtin_datasets(domains, prompts_per_domain)}
@@ -273,7 +274,7 @@ def bench(
         seed=seed,
         prompt_lookup_tokens=prompt_lookup_tokens,
         acceptance=tuple(acceptance),
-        layouts=tuple(layouts),
+        batching=tuple(batching),
     )
     show(write_bench(doc, out), "bench.md", "bench")
 
@@ -353,6 +354,7 @@ def threshold_sweep(
     show(write_threshold_sweep(doc, out), "threshold_sweep.md", "threshold-sweep")
 
 
+@renamed(layout="batching")
 def serve_bench(
     *,
     drafter: Annotated[Sequence[str], REPEATED] = (),
@@ -367,7 +369,7 @@ def serve_bench(
     methods: Sequence[str] = tuple(DEFAULT_METHODS),
     window_s: float = 20.0,
     repeats: int = 1,
-    layout: str = "padded",
+    batching: str = "padded",
     temperature: float = 1.0,
     device: str = "auto",
     dtype: str = "auto",
@@ -388,7 +390,7 @@ def serve_bench(
         methods: plain, static:γ, threshold:θ, hardware_aware, async_hardware_aware
         window_s: measured seconds per cell (after warm-up)
         repeats: runs per cell (order reversed each time); rows are means
-        layout: cache layout: padded or flat (docs/inference.md)
+        batching: padded or flat: how requests share a forward (docs/inference.md)
         temperature: sampling temperature
         device: auto (CUDA when available) | cpu | cuda | cuda:N
         dtype: target: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
@@ -416,7 +418,7 @@ def serve_bench(
             checks.probability(f"--methods {m}: θ", float(arg))
     checks.in_range("--window_s", window_s, 0.0, open_low=True)
     checks.at_least("--repeats", repeats, 1)
-    check_choice("--layout", layout, LAYOUTS)
+    check_choice("--batching", batching, BATCHINGS)
     checks.temperature("--temperature", temperature)
     tgt, drafters = shared.load()
     table = None
@@ -438,6 +440,6 @@ def serve_bench(
         window_s=window_s,
         repeats=repeats,
         seed=seed,
-        layout=layout,
+        batching=batching,
     )
     show(write_serve_bench(doc, out), "serve_bench.md", "serve-bench")

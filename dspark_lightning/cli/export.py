@@ -1,9 +1,9 @@
 """``dspark-lightning export``: an exported drafter (any layout we read) to a layout servers load.
 
-    dspark-lightning export --drafter outputs/.../drafter --format dspark-hf --out serving/dspark
-    dspark-lightning export --drafter outputs/.../eagle3 --format eagle3-hf --out serving/eagle3 --dtype fp32
+    dspark-lightning export --drafter outputs/.../drafter --layout dspark-hf --out serving/dspark
+    dspark-lightning export --drafter outputs/.../eagle3 --layout eagle3-hf --out serving/eagle3 --dtype fp32
 
-``native`` re-saves our own format; ``dspark-hf`` writes ``Qwen3DSparkModel``; ``eagle3-hf`` writes
+``native`` re-saves our own layout; ``dspark-hf`` writes ``Qwen3DSparkModel``; ``eagle3-hf`` writes
 ``LlamaForCausalLMEagle3``; ``--server vllm|sglang|deepspec|llamacpp|all`` makes it exact for that server
 (export/servers.py; llamacpp also writes llama.cpp's GGUF, export/llamacpp.py).
 A drafter a layout or server cannot represent is refused with the reason (exit code 2).
@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from .. import checks
 from ..export.convert import export_drafter
+from .signature import renamed
 
 
+@renamed(format="layout")
 def export(
     drafter: str,
     out: str,
-    format: str = "dspark-hf",
+    layout: str = "dspark-hf",
     dtype: str | None = None,
     overwrite: bool = False,
     target: str | None = None,
@@ -32,7 +34,7 @@ def export(
     Args:
         drafter: exported drafter directory (ours or Qwen3DSparkModel)
         out: output directory
-        format: native | dspark-hf | eagle3-hf
+        layout: native (ours) | dspark-hf (Qwen3DSparkModel) | eagle3-hf (LlamaForCausalLMEagle3)
         dtype: bf16 | fp32 (default: bf16; native: as stored)
         overwrite: replace an existing export in --out
         target: target name or HF directory (default: recorded)
@@ -45,9 +47,9 @@ def export(
     checks.drafter_config(drafter)
     checks.output_dir("--out", out)
     checks.at_least("--num_anchors", num_anchors, 1)
-    res = export_drafter(drafter, format, out, dtype=dtype, overwrite=overwrite, target=target,
+    res = export_drafter(drafter, layout, out, dtype=dtype, overwrite=overwrite, target=target,
                          num_anchors=num_anchors, with_target_vocab=with_target_vocab, server=server,
                          target_gguf=target_gguf)  # fmt: skip
-    print(f"exported {drafter} -> {res.path} ({res.format}, {res.dtype}, {res.tensors} tensors)")
+    print(f"exported {drafter} -> {res.path} ({res.layout}, {res.dtype}, {res.tensors} tensors)")
     for note in res.notes:
         print(f"note: {note}")

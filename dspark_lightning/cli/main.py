@@ -6,7 +6,7 @@
     dspark-lightning profile --target ...
     dspark-lightning eval --drafter name=path ... --out DIR      (τ table, acceptance plot, speed)
     dspark-lightning bench --drafter name=path ... --out DIR     (side-by-side throughput)
-    dspark-lightning export --drafter DIR --format dspark-hf --out DIR   (layouts vLLM / SGLang serve)
+    dspark-lightning export --drafter DIR --layout dspark-hf --out DIR   (layouts vLLM / SGLang serve)
     dspark-lightning calibrate|threshold-sweep|serve-bench --drafter DIR ...   (STS, Figure 5, Figures 7-8)
     dspark-lightning target import --gguf FILE --out DIR         (a GGUF as an HF model directory, offline)
 

@@ -22,7 +22,7 @@ from ..registry import name_of
 from ..targets import TargetGeometry
 from .backbones import per_layer_masks
 
-# Block layout (docs/algorithm.md §3.3): the anchor slot is the first prediction; γ inputs give γ drafts.
+# The block's slots (docs/algorithm.md §3.3): the anchor slot is the first prediction; γ inputs give γ drafts.
 CONVENTION = "shifted"
 
 

@@ -6,7 +6,7 @@ at batch 1 every domain is its own prompt set (per-domain speed), at larger batc
 mixed. Within a cell the decoders run one after another and each repeat reverses the order
 (A B C, C B A, ...), so slow drift of the machine hits every decoder alike; tok/s pools tokens and
 time over the repeats. Several schedulers (`--scheduler static hardware_aware`) give one row per drafter and
-scheduler, several KV-cache layouts (`--layouts padded flat`) one row per decoder of ours and layout, all in the
+scheduler, both batching modes (`--batching padded flat`) one row per decoder of ours and mode, all in the
 same alternation.
 """
 
@@ -49,32 +49,32 @@ class Decoder:
     drafter: str | None = None  # a key of ``drafters``; None: plain decoding
     scheduler: Any = "static"
     scheduler_label: str | None = None
-    layout: str = "padded"
+    batching: str = "padded"
     verifier: str = "auto"
     acceptance: str = "rejection"
-    plain: str = PLAIN  # the row ``speedup_vs_plain`` divides by: our plain decoding in the same layout
+    plain: str = PLAIN  # the row ``speedup_vs_plain`` divides by: our plain decoding in the same batching mode
 
 
 def decoders(
-    drafters, schedulers: dict[str, Any], layouts: tuple[str, ...] = ("padded",), coupled: bool = False
+    drafters, schedulers: dict[str, Any], batching: tuple[str, ...] = ("padded",), coupled: bool = False
 ) -> list[Decoder]:
-    """The decoders of every cell. One scheduler and one layout: ``HF generate``, ``HF prompt lookup``, ``plain
+    """The decoders of every cell. One scheduler and one batching mode: ``HF generate``, ``HF prompt lookup``, ``plain
     decode(), HF forward``, ``plain decode()``, one row per drafter. Several schedulers: one row per drafter and
-    scheduler, ``<drafter> [<scheduler>]``; several layouts: our decoders once per layout, ``... [<layout>]``.
+    scheduler, ``<drafter> [<scheduler>]``; several batching modes: our decoders once per mode, ``... [<mode>]``.
     ``coupled``: plain decoding and each drafter again under coupled acceptance, ``... [coupled]`` (T > 0 only)."""
-    many_s, many_l = len(schedulers) > 1, len(layouts) > 1
-    first_plain = PLAIN + (f" [{layouts[0]}]" if many_l else "")
+    many_s, many_l = len(schedulers) > 1, len(batching) > 1
+    first_plain = PLAIN + (f" [{batching[0]}]" if many_l else "")
     out = [Decoder(HF, "hf", plain=first_plain), Decoder(HF_PLD, "hf_lookup", plain=first_plain)]
     extra = []
-    for layout in layouts:
-        at = f" [{layout}]" if many_l else ""
+    for mode in batching:
+        at = f" [{mode}]" if many_l else ""
         plain = PLAIN + at
-        ours = [Decoder(PLAIN + at, layout=layout, plain=plain)]
+        ours = [Decoder(PLAIN + at, batching=mode, plain=plain)]
         for d in drafters:
             for label, spec in schedulers.items():
                 name = d + (f" [{label}]" if many_s else "") + at
-                ours.append(Decoder(name, drafter=d, scheduler=spec, scheduler_label=label, layout=layout, plain=plain))
-        out += [Decoder(PLAIN_HF + at, layout=layout, verifier="hf", plain=plain), *ours]
+                ours.append(Decoder(name, drafter=d, scheduler=spec, scheduler_label=label, batching=mode, plain=plain))
+        out += [Decoder(PLAIN_HF + at, batching=mode, verifier="hf", plain=plain), *ours]
         if coupled:
             extra += [replace(e, name=COUPLED.format(e.name), acceptance="coupled") for e in ours]
     return out + extra
@@ -94,20 +94,20 @@ def bench(
     prompt_lookup_tokens: int = 10,
     acceptance: tuple[str, ...] = ("rejection",),
     schedulers: dict[str, Any] | None = None,
-    layouts: tuple[str, ...] = ("padded",),
+    batching: tuple[str, ...] = ("padded",),
     progress: bool = True,
 ) -> dict:
     """tok/s of HF generate(), HF prompt lookup, plain decode() (lean and HF forward) and each drafter, per cell
     (temperature, batch, prompt set), alternating ``repeats``; ``acceptance`` with ``coupled`` adds, at T > 0, plain
     decoding and each drafter under coupled acceptance (rows named ``... [coupled]``, compared with the same HF and
     plain rows). ``schedulers`` (label -> spec, instead of ``scheduler``): every drafter under each of them;
-    ``layouts``: our decoders in each KV-cache layout (padded, flat), alternated within the cell like the rest."""
+    ``batching``: our decoders in each batching mode (padded, flat), alternated within the cell like the rest."""
     from tqdm.auto import tqdm
 
     schedulers = schedulers or {scheduler_label(scheduler): scheduler}
     ids = {k: [target.render_prompt([{"role": "user", "content": p}]) for p in v] for k, v in prompt_sets.items()}
     mixed = [p for v in ids.values() for p in v]
-    every = decoders(drafters, schedulers, tuple(layouts), "coupled" in acceptance)
+    every = decoders(drafters, schedulers, tuple(batching), "coupled" in acceptance)
     cells = [(T, b, s) for T in temperatures for b in batches for s in (ids if b == 1 else ["all"])]
     for spec in schedulers.values():
         warmup(target, drafters, spec)
@@ -138,7 +138,7 @@ def bench(
                         seed=seed,
                         verifier=e.verifier,
                         acceptance=e.acceptance,
-                        layout=e.layout,
+                        batching=e.batching,
                     )
                 acc[e.name].append(r)
                 bar.update()
@@ -150,7 +150,7 @@ def bench(
         max_new_tokens=max_new_tokens,
         repeats=repeats,
         scheduler=one if one is not None else list(schedulers),
-        layouts=list(layouts),
+        batching=list(batching),
         acceptance=list(acceptance),
         seed=seed,
         prompt_lookup_tokens=prompt_lookup_tokens,
@@ -174,7 +174,7 @@ def _cell_rows(
         eng = by_name[e]
         row = {"decoder": e, "temperature": T, "batch": batch, "prompt_set": pset, "prompts": n_prompts}
         if eng.kind == "ours":
-            row["layout"] = eng.layout
+            row["batching"] = eng.batching
         if eng.scheduler_label is not None:
             row["scheduler"] = eng.scheduler_label
         if tok[e] is None:

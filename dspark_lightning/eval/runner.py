@@ -119,9 +119,10 @@ def scheduler_label(spec: Any) -> str:
 
 def run_decode(
     target, drafter, prompts, *, temperature, batch_size, scheduler, max_new_tokens, seed, verifier="auto",
-    acceptance="rejection", layout="padded",
+    acceptance="rejection", batching="padded",
 ) -> dict:  # fmt: skip
-    """One ``decode()`` run; the numbers every report reads (``layout``: the KV-cache layout, padded or flat)."""
+    """One ``decode()`` run; the numbers every report reads (``batching``: padded or flat, how the requests of a
+    forward share it)."""
     from ..infer import decode
 
     res = decode(
@@ -135,7 +136,7 @@ def run_decode(
         batch_size=batch_size,
         verifier=verifier,
         acceptance=acceptance,
-        layout=layout,
+        batching=batching,
     )
     s = res.stats
     return {

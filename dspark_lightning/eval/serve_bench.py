@@ -68,7 +68,7 @@ def closed_loop(
     warmup_steps: int = 2,
     min_steps: int = 3,
     seed: int = 0,
-    layout: str = "padded",
+    batching: str = "padded",
 ) -> dict:
     """Keep ``concurrency`` requests active for ``warmup_steps`` rounds, then measure a ``window_s`` window."""
     from ..infer.acceptance.sampling import SamplingParams
@@ -79,7 +79,8 @@ def closed_loop(
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     if not prompts:
         raise ValueError("the prompt pool is empty")
-    engine = make_engine(target, drafter, SamplingParams(temperature), scheduler=scheduler, seed=seed, layout=layout)
+    params = SamplingParams(temperature)
+    engine = make_engine(target, drafter, params, scheduler=scheduler, seed=seed, batching=batching)
     check_positions(target, prompts, max_new_tokens, engine.block_size)
     engine.use_hardware(measure_hardware(engine, target, drafter, concurrency))
     added = 0
@@ -153,7 +154,7 @@ def serve_bench(
     window_s: float = 20.0,
     repeats: int = 1,
     seed: int = 0,
-    layout: str = "padded",
+    batching: str = "padded",
     progress: bool = True,
 ) -> dict:
     """Every concurrency x method cell ``repeats`` times; the method order reverses at every other level and
@@ -179,14 +180,14 @@ def serve_bench(
                 uses, sched = specs[method]
                 row = closed_loop(target, drafter if uses else None, ids, concurrency=n, scheduler=sched,
                                   temperature=temperature, max_new_tokens=max_new_tokens, window_s=window_s,
-                                  seed=seed + rep, layout=layout)  # fmt: skip
+                                  seed=seed + rep, batching=batching)  # fmt: skip
                 runs.setdefault((n, method), []).append(row)
                 bar.update()
     bar.close()
     rows = [{"method": m, **merge_runs(runs[(n, m)])} for n in concurrency for m in methods]
     add_step_costs(rows, sps)
     info = run_info(target, temperature=temperature, max_new_tokens=max_new_tokens, window_s=window_s, seed=seed,
-                    repeats=repeats, layout=layout,
+                    repeats=repeats, batching=batching,
                     prompts=len(prompts), sps=None if sps is None else getattr(sps, "meta", None))  # fmt: skip
     return {"info": info, "methods": methods, "concurrency": list(concurrency), "rows": rows}
 

@@ -15,13 +15,13 @@ Imports neither Lightning nor the training stack, nor the runtime; the runtime l
 from __future__ import annotations
 
 from .common import InteropError
-from .convert import FORMATS, ExportResult, export_drafter, export_serving
+from .convert import LAYOUTS, ExportResult, export_drafter, export_serving
 from .servers import Server, server_for, server_names
 
 __all__ = [
-    "FORMATS",
     "ExportResult",
     "InteropError",
+    "LAYOUTS",
     "Server",
     "export_drafter",
     "export_serving",

@@ -1,6 +1,6 @@
 """An exported drafter (any layout we read) to a layout servers load (the ``export`` command's work).
 
-``native`` re-saves our own format; ``dspark-hf`` writes ``Qwen3DSparkModel``; ``eagle3-hf`` writes
+``native`` re-saves our own layout; ``dspark-hf`` writes ``Qwen3DSparkModel``; ``eagle3-hf`` writes
 ``LlamaForCausalLMEagle3``; ``server`` (vllm, sglang, deepspec, all) makes it exact for that server (servers.py).
 A drafter a layout or server cannot represent is refused with the reason (:class:`~.common.InteropError`).
 """
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,23 +44,29 @@ from .servers import (
     server_for,
 )
 
-FORMATS = ("native", "dspark-hf", "eagle3-hf")
+LAYOUTS = ("native", "dspark-hf", "eagle3-hf")  # what ``export --layout`` writes
 DEFAULT_NUM_ANCHORS = 512  # docs/algorithm.md §4; informational for serving, and our native export does not record it
 
 
 @dataclass
 class ExportResult:
     path: Path
-    format: str
+    layout: str
     dtype: str
     tensors: int
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def format(self) -> str:
+        """The former name of :attr:`layout` (a DeprecationWarning)."""
+        warnings.warn("ExportResult.format is now ExportResult.layout", DeprecationWarning, stacklevel=2)
+        return self.layout
 
 
 @artifact_entry("drafter")
 def export_drafter(
     drafter_dir: str | Path,
-    fmt: str,
+    layout: str,
     out: str | Path,
     *,
     dtype: str | None = None,
@@ -70,7 +77,7 @@ def export_drafter(
     server: str | None = None,
     target_gguf: bool = False,
 ) -> ExportResult:
-    """Load ``drafter_dir`` (our format or a serving one) and write it to ``out`` in ``fmt``.
+    """Load ``drafter_dir`` (our layout or a serving one) and write it to ``out`` in ``layout`` (:data:`LAYOUTS`).
 
     ``dtype``: ``bf16`` (serving default; the confidence head stays fp32) or ``fp32`` (native default: as stored).
     ``target``: a Target or a target name/directory; default the one a native export records.
@@ -79,12 +86,12 @@ def export_drafter(
     own ``target.gguf`` in the same precision.
     """
     src, out = Path(drafter_dir), Path(out)
-    if fmt not in FORMATS:
-        raise InteropError(f"unknown format {fmt!r}; choose from {', '.join(FORMATS)}")
+    if layout not in LAYOUTS:
+        raise InteropError(f"unknown layout {layout!r}; choose from {', '.join(LAYOUTS)}")
     if dtype is not None and dtype not in EXPORT_DTYPES:
         raise InteropError(f"unknown dtype {dtype!r}; choose from {', '.join(EXPORT_DTYPES)}")
     check_server(server)
-    if server is not None and fmt == "native":
+    if server is not None and layout == "native":
         raise InteropError("--server applies to the serving layouts (dspark-hf, eagle3-hf), not native")
     if target_gguf and not (server == ALL or (server is not None and server_for(server).writes_gguf)):
         raise InteropError("--target_gguf writes llama.cpp's GGUF of the target: use it with --server llamacpp or all")
@@ -94,9 +101,9 @@ def export_drafter(
     target = _target_for(src, cfg, target)
     drafter = load_drafter(src, target)
     anchors = num_anchors or cfg.get("num_anchors") or DEFAULT_NUM_ANCHORS
-    if fmt == "native":
+    if layout == "native":
         return _native(drafter, target, src, out, dtype, overwrite)
-    return export_serving(drafter, target, fmt, out, dtype=dtype or "bf16", overwrite=overwrite,
+    return export_serving(drafter, target, layout, out, dtype=dtype or "bf16", overwrite=overwrite,
                           num_anchors=anchors, with_target_vocab=with_target_vocab, server=server,
                           target_gguf=target_gguf)  # fmt: skip
 
@@ -105,7 +112,7 @@ def export_drafter(
 def export_serving(
     drafter: Any,
     target: Any,
-    fmt: str,
+    layout: str,
     out: str | Path,
     *,
     dtype: str = "bf16",
@@ -120,7 +127,7 @@ def export_serving(
     out, tdtype = Path(out), EXPORT_DTYPES[dtype]
     extra: dict[str, Any] = {}
     finish = None
-    if fmt == "dspark-hf":
+    if layout == "dspark-hf":
         notes = check_dspark(drafter)
         notes += refuse_dspark(drafter, HEADS.get(type(drafter.seq_head)), server, target)
         state = dspark_state(drafter, with_target_vocab)
@@ -140,17 +147,17 @@ def export_serving(
             finish = _gguf_writer(
                 drafter, target, dtype, int(num_anchors), target_gguf, strict=server != "all", notes=notes
             )
-    elif fmt == "eagle3-hf":
+    elif layout == "eagle3-hf":
         notes = check_eagle3(drafter)
         refuse_eagle3(server)
         state = cast_state(eagle3_state(drafter), tdtype)
         config = eagle3_config(drafter, target, tdtype)
         notes += eagle3_additions(config, list(drafter.geometry.layer_ids), server)
     else:
-        raise InteropError(f"{fmt!r} is not a serving layout; choose dspark-hf or eagle3-hf")
+        raise InteropError(f"{layout!r} is not a serving layout; choose dspark-hf or eagle3-hf")
     prepare_out(out, overwrite)
     write_layout(out, config, state, extra, finish)
-    return ExportResult(out, fmt, dtype, len(state), notes)
+    return ExportResult(out, layout, dtype, len(state), notes)
 
 
 def _gguf_writer(
@@ -200,7 +207,7 @@ def _target_for(src: Path, cfg: dict[str, Any], target: Any) -> Any:
 
 
 def _native(drafter: Any, target: Any, src: Path, out: Path, dtype: str | None, overwrite: bool) -> ExportResult:
-    """Re-save in our format; calibration files travel when the weights are unchanged (their hash matches)."""
+    """Re-save in our own layout; calibration files travel when the weights are unchanged (their hash matches)."""
     if dtype is not None:
         drafter = drafter.to(EXPORT_DTYPES[dtype])
     prepare_out(out, overwrite)

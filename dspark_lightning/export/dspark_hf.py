@@ -74,7 +74,7 @@ def check_dspark(drafter: Any, trained: bool = True) -> list[str]:
     """Raise :class:`InteropError` for a drafter whose math the layout cannot express; return notes otherwise."""
     if not isinstance(drafter, Drafter):
         name = getattr(drafter, "registered_name", type(drafter).__name__)
-        hint = "; export it with --format eagle3-hf" if name == "eagle3" else ""
+        hint = "; export it with --layout eagle3-hf" if name == "eagle3" else ""
         raise InteropError(f"{name} is not a DSpark/DFlash drafter: the {ARCH} layout has no place for it{hint}")
     bb, head, conf = drafter.backbone, drafter.seq_head, drafter.conf_head
     if isinstance(bb, MoESWABackbone):
@@ -87,7 +87,7 @@ def check_dspark(drafter: Any, trained: bool = True) -> list[str]:
     if getattr(bb, "context_state", False):
         raise InteropError(
             "backbone with context_state=true: the serving layouts have no input for the target's final hidden state "
-            "(export --format native, or train without it)"
+            "(export --layout native, or train without it)"
         )
     if bb.sliding_window is not None:
         raise InteropError(

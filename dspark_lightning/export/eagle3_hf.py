@@ -40,7 +40,7 @@ NAMES = NameMap(
 def check_eagle3(drafter: Any, trained: bool = True) -> list[str]:
     """Raise :class:`InteropError` unless ``drafter`` is our EAGLE-3 with exactly 3 tapped layers."""
     if isinstance(drafter, Drafter):
-        raise InteropError(f"a DSpark/DFlash drafter has no place in the {ARCH} layout; use --format dspark-hf")
+        raise InteropError(f"a DSpark/DFlash drafter has no place in the {ARCH} layout; use --layout dspark-hf")
     if not isinstance(drafter, ChainDrafter) or drafter.kind != "eagle3":
         name = getattr(drafter, "registered_name", type(drafter).__name__)
         raise InteropError(

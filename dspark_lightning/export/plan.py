@@ -47,7 +47,7 @@ def plan_args(spec: dict | None) -> tuple[list[str], str]:
     return list(servers), dtype
 
 
-def serving_format(drafter: Any) -> str:
+def serving_layout(drafter: Any) -> str:
     return "dspark-hf" if isinstance(drafter, Drafter) else "eagle3-hf"
 
 
@@ -57,7 +57,7 @@ def check_servable(drafter: Any, servers: list[str], target: Any = None) -> None
     if not servers:
         return
     try:
-        if serving_format(drafter) == "dspark-hf":
+        if serving_layout(drafter) == "dspark-hf":
             check_dspark(drafter, trained=False)
             for server in servers:
                 refuse_dspark(drafter, HEADS.get(type(drafter.seq_head)), server, target)
@@ -72,9 +72,9 @@ def check_servable(drafter: Any, servers: list[str], target: Any = None) -> None
 
 
 def export_for_servers(
-    native: Path, fmt: str, servers: list[str], dtype: str = "bf16", log: Callable[[str], None] = print
+    native: Path, layout: str, servers: list[str], dtype: str = "bf16", log: Callable[[str], None] = print
 ) -> dict[str, Path]:
-    """After ``fit``: one ``fmt`` export per server in ``<native>/../serving/<server>``; returns those written.
+    """After ``fit``: one ``layout`` export per server in ``<native>/../serving/<server>``; returns those written.
 
     Never raises (training is done): an export that cannot be written is reported in one line, with the exact
     command for llama.cpp's GGUF when its converter is not on this machine."""
@@ -84,7 +84,7 @@ def export_for_servers(
     for server in servers:
         out = native.parent / SERVING_DIR / server
         try:
-            res = export_drafter(native, fmt, out, dtype=dtype, server=server, overwrite=True)
+            res = export_drafter(native, layout, out, dtype=dtype, server=server, overwrite=True)
         except LlamaCppUnavailable as exc:
             cmd = f"dspark-lightning export --drafter {native} --server llamacpp --out {out}"
             log(f"[dspark-lightning] {exc}; then: {cmd}")
@@ -106,4 +106,4 @@ def export_for_servers(
     return done
 
 
-__all__ = ["check_servable", "export_for_servers", "plan_args", "serving_format"]
+__all__ = ["check_servable", "export_for_servers", "plan_args", "serving_layout"]

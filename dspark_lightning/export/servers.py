@@ -184,7 +184,7 @@ class DeepSpec(Server):
         state["lm_head.weight"] = drafter.lm_head.weight.detach().clone()
 
     def eagle3_rules(self) -> None:
-        raise InteropError("deepspec: only --format dspark-hf (Qwen3DSparkModel) is checked against DeepSpec")
+        raise InteropError("deepspec: only --layout dspark-hf (Qwen3DSparkModel) is checked against DeepSpec")
 
 
 @register("server", "llamacpp")
@@ -201,7 +201,7 @@ class LlamaCpp(Server):
         return _llamacpp_dspark(drafter, head_type, target)
 
     def eagle3_rules(self) -> None:
-        raise InteropError("llamacpp: only --format dspark-hf is converted for llama.cpp here (draft-dspark)")
+        raise InteropError("llamacpp: only --layout dspark-hf is converted for llama.cpp here (draft-dspark)")
 
 
 def _vllm_dspark(drafter: Any, head_type: str | None, target: Any = None) -> list[str]:

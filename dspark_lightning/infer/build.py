@@ -11,6 +11,7 @@ import warnings
 from typing import Any
 
 from ..checkpoint.calibration import temperatures_for
+from ..renames import renamed_keyword
 from .acceptance.sampling import SamplingParams
 from .engine import Engine
 from .hardware import HardwareProfile
@@ -18,12 +19,14 @@ from .propose.draft import make_proposer
 
 
 def make_engine(target, drafter, params: SamplingParams, *, scheduler: Any = "static", seed: int = 0,
-                stop_token_ids: list[int] | None = None, stop: list[str] | None = None, layout: str = "padded",
+                stop_token_ids: list[int] | None = None, stop: list[str] | None = None, batching: str = "padded",
                 calibrated: bool = True, verifier: str = "auto", acceptance: str = "rejection",
-                hardware: HardwareProfile | None = None) -> Engine:  # fmt: skip
-    """The engine ``decode()`` drives (also driven directly by the closed-loop serving benchmark)."""
+                hardware: HardwareProfile | None = None, layout: str | None = None) -> Engine:  # fmt: skip
+    """The engine ``decode()`` drives (also driven directly by the closed-loop serving benchmark); ``layout``: the
+    former name of ``batching`` (a DeprecationWarning)."""
+    batching = renamed_keyword("make_engine()", "layout", "batching", layout, batching, "padded")
     temps = temperatures_for(drafter, params.temperature) if calibrated and drafter is not None else None
-    proposer = make_proposer(drafter, layout=layout, conf_temperatures=temps) if drafter is not None else None
+    proposer = make_proposer(drafter, batching=batching, conf_temperatures=temps) if drafter is not None else None
     engine = Engine(
         target,
         proposer,
@@ -32,7 +35,7 @@ def make_engine(target, drafter, params: SamplingParams, *, scheduler: Any = "st
         stop_token_ids=target.stop_token_ids if stop_token_ids is None else stop_token_ids,
         stop_strings=stop,
         seed=seed,
-        layout=layout,
+        batching=batching,
         verifier=verifier,
         acceptance=acceptance,
         hardware=hardware,

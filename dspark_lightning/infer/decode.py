@@ -25,6 +25,7 @@ import torch
 from .. import checks
 from ..checkpoint import check_chat_format, load_drafter, read_config, recorded_target_args
 from ..devices import resolve_device, resolve_dtype
+from ..renames import renamed_keyword
 from ..targets import load_target
 from .acceptance.sampling import SamplingParams
 from .build import make_engine
@@ -153,7 +154,7 @@ def decode(
     stop: list[str] | None = None,
     stop_token_ids: list[int] | None = None,
     batch_size: int | None = None,
-    layout: str = "padded",
+    batching: str = "padded",
     calibrated: bool = True,
     verifier: str = "auto",
     acceptance: str = "rejection",
@@ -163,6 +164,7 @@ def decode(
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
     drafter_dtype: str | torch.dtype | None = "auto",
+    layout: str | None = None,
 ) -> DecodeResult:
     """Decode ``prompts`` with the target's exact sampling law, drafting with ``drafter`` (None = plain).
 
@@ -184,7 +186,8 @@ def decode(
         stop: stop strings; the text is cut before them.
         stop_token_ids: tokens that end a request (default: the target's EOS / end-of-turn ids).
         batch_size: requests decoded together (default: all); more prompts join as others finish.
-        layout: target/drafter cache layout, ``padded`` or ``flat`` (see :mod:`.kvcache`).
+        batching: how requests share a forward of the target and the drafter: ``padded`` (a row each) or
+            ``flat`` (one strip) (see :mod:`.kvcache`).
         calibrated: apply the drafter's STS confidence temperatures for this sampling temperature when it has
             them (``calibration_T<T>.json`` in its directory); False uses the raw confidence head.
         verifier: ``auto`` (the lean forward where it supports the target, else ``hf``) or a registered
@@ -203,8 +206,10 @@ def decode(
             ``drafter_dtype`` (default ``auto``: the faster of fp32 and bf16 there, measured once on a CPU; None:
             the target's dtype; a drafter object runs as it is). The sampling laws, the acceptance test and the
             residual are fp32 whatever these are, so a bf16 target's output law is the bf16 target's own.
+        layout: the former name of ``batching`` (a DeprecationWarning).
     """
     t_setup = time.perf_counter()
+    batching = renamed_keyword("decode()", "layout", "batching", layout, batching, "padded")
     if isinstance(prompts, Iterator):  # a generator or iterator of prompts: read once, as a list
         prompts = list(prompts)
     check_decode_args(max_new_tokens, temperature, top_k, top_p, batch_size)
@@ -226,7 +231,7 @@ def decode(
     if seeds is not None and len(seeds) != len(encoded):
         raise ValueError(f"seeds has {len(seeds)} entries for {len(encoded)} prompts")
     engine = make_engine(target, drafter, SamplingParams(temperature, top_k, top_p), scheduler=scheduler, seed=seed,
-                         stop_token_ids=stop_token_ids, stop=stop, layout=layout, calibrated=calibrated,
+                         stop_token_ids=stop_token_ids, stop=stop, batching=batching, calibrated=calibrated,
                          verifier=verifier, acceptance=acceptance, hardware=hardware)  # fmt: skip
     check_positions(target, encoded, max_new_tokens, engine.block_size)
     cap = batch_size or len(encoded)

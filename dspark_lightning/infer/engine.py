@@ -73,7 +73,7 @@ class Engine:
         stop_token_ids: list[int],
         stop_strings: list[str] | None = None,
         seed: int = 0,
-        layout: str = "padded",
+        batching: str = "padded",
         verifier: str = "auto",
         acceptance: str = "rejection",
         hardware: HardwareProfile | None = None,
@@ -82,7 +82,7 @@ class Engine:
             raise ValueError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r}")
         self.target = target
         self.params = params
-        self.verifier = build_verifier(verifier, target, layout, kernels=hardware.kernels if hardware else None)
+        self.verifier = build_verifier(verifier, target, batching, kernels=hardware.kernels if hardware else None)
         self.proposer = proposer
         self.scheduler = build_scheduler(scheduler if scheduler is not None else "static")
         self.scheduler.reset()

@@ -186,7 +186,7 @@ def _cases() -> list[tuple[str, list[str]]]:
         "sps-missing": ["--drafter", "drafter", "--sps", "missing.json"],
         "sps-garbage": ["--drafter", "drafter", "--sps", "garbage.json"],
         "sps-empty": ["--drafter", "drafter", "--sps", "sps_empty.json"],
-        "layout-unknown": ["--layout", "nope"],
+        "batching-unknown": ["--batching", "nope"],
         "verifier-unknown": ["--verifier", "nope"],
         "device-unknown": ["--device", "nope"],
         "dtype-unknown": ["--dtype", "nope"],
@@ -314,7 +314,7 @@ def _cases() -> list[tuple[str, list[str]]]:
         "methods-static-str": ["--methods", "static:x"],
         "methods-threshold-2": ["--methods", "threshold:2"],
         "repeats=0": ["--repeats", "0"],
-        "layout-unknown": ["--layout", "nope"],
+        "batching-unknown": ["--batching", "nope"],
         "temperature=-1": ["--temperature", "-1"],
         "out-file": ["--out", "existing.txt"],
         "sps-garbage": ["--sps", "garbage.json"],
@@ -343,7 +343,7 @@ def _cases() -> list[tuple[str, list[str]]]:
 
     ex = ["export", "--drafter", "drafter", "--out", "exp"]
     add("export", ex, {
-        "format-unknown": ["--format", "nope"],
+        "layout-unknown": ["--layout", "nope"],
         "out-file": ["--out", "existing.txt"],
         "out-nonempty": ["--out", "adir"],
         "dtype-unknown": ["--dtype", "nope"],

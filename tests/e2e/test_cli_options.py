@@ -1,5 +1,5 @@
 """Command-line options of eval, bench and profile (``eval --scheduler static --gamma``, ``eval --prompts``,
-``bench --scheduler A B --layouts``, ``profile --breakdown``), the plots' geometry, and that the docs name only
+``bench --scheduler A B --batching``, ``profile --breakdown``), the plots' geometry, and that the docs name only
 files that exist."""
 
 import json
@@ -91,36 +91,37 @@ def test_eval_prompts_rejects_a_file_of_other_records(drafter, tmp_path, capsys)
     assert code == 2 and "--prompts" in err
 
 
-# bench --scheduler A B --layouts padded flat
+# bench --scheduler A B --batching padded flat
 
 
-def test_bench_several_schedulers_and_layouts(drafter, tmp_path, capsys):
+def test_bench_several_schedulers_and_batching_modes(drafter, tmp_path, capsys):
     out = tmp_path / "bench"
-    args = ["bench", "--drafter", f"d={drafter}", "--scheduler", "static", "threshold", "--layouts", "padded", "flat"]
+    args = ["bench", "--drafter", f"d={drafter}", "--scheduler", "static", "threshold", "--batching", "padded", "flat"]
     args += ["--temperatures", "0", "--batches", "1", "--domains", "math", "--prompts_per_domain", "1"]
     code, _, err = run_main(args + ["--max_new_tokens", "4", "--repeats", "2", "--out", str(out)], capsys)
     assert code == 0, err[-2000:]
     doc = json.loads((out / "bench.json").read_text())
-    assert doc["info"]["scheduler"] == ["static", "threshold"] and doc["info"]["layouts"] == ["padded", "flat"]
+    assert doc["info"]["scheduler"] == ["static", "threshold"] and doc["info"]["batching"] == ["padded", "flat"]
     ours = [f"{e} [{lay}]" for lay in ("padded", "flat")
             for e in ("plain decode(), HF forward", "plain decode()", "d [static]", "d [threshold]")]  # fmt: skip
     rows = {r["decoder"]: r for r in doc["rows"]}
     assert list(rows) == ["HF generate", "HF prompt lookup", *ours]
     for name in ours:
         r = rows[name]
-        assert r["layout"] == name.rsplit("[", 1)[1].rstrip("]") and r["equals_hf"] is True  # lossless in each
-        plain = rows[f"plain decode() [{r['layout']}]"]
-        assert r["speedup_vs_plain"] == pytest.approx(r["tok_s"] / plain["tok_s"])  # against its own layout
+        assert r["batching"] == name.rsplit("[", 1)[1].rstrip("]") and r["equals_hf"] is True  # lossless in each
+        plain = rows[f"plain decode() [{r['batching']}]"]
+        assert r["speedup_vs_plain"] == pytest.approx(r["tok_s"] / plain["tok_s"])  # against its own batching mode
     assert rows["d [static] [flat]"]["scheduler"] == "static"
     assert "Per-position acceptance" in (out / "bench.md").read_text()
 
 
 @pytest.mark.parametrize(
     "extra, word",
-    [(["--layouts", "ragged"], "--layouts"), (["--scheduler", "static", "static"], "--scheduler"),
+    [(["--batching", "ragged"], "--batching"), (["--layouts", "ragged"], "--batching"),
+     (["--scheduler", "static", "static"], "--scheduler"),
      (["--scheduler", "warp"], "--scheduler"), (["--scheduler", "threshold", "--gamma", "2"], "--gamma")],
 )  # fmt: skip
-def test_bench_rejects_bad_scheduler_and_layout_lists(drafter, tmp_path, capsys, extra, word):
+def test_bench_rejects_bad_scheduler_and_batching_lists(drafter, tmp_path, capsys, extra, word):
     code, _, err = run_main(["bench", "--drafter", drafter, *extra, "--out", str(tmp_path / "o")], capsys)
     assert code == 2 and word in err
 

@@ -41,7 +41,7 @@ def test_export_overwrite_on_a_full_disk_keeps_the_previous_export(drafter_dir, 
                                                                    fmt):  # fmt: skip
     serving = tmp_path / "serving"
     out = serving / fmt
-    args = ["export", "--drafter", str(drafter_dir), "--format", fmt, "--out", str(out), "--dtype", "fp32"]
+    args = ["export", "--drafter", str(drafter_dir), "--layout", fmt, "--out", str(out), "--dtype", "fp32"]
     code, _, err = run_main(args, capsys)
     assert code == 0, err
     before, names = snapshot(serving), listing(serving)
@@ -156,7 +156,7 @@ def test_an_export_killed_midway_does_not_block_the_next(drafter_dir, tmp_path, 
     orphan.mkdir(parents=True)
     (orphan / "model.safetensors").write_bytes(b"\x00" * 10)
     code, _, err = run_main(
-        ["export", "--drafter", str(drafter_dir), "--format", "dspark-hf", "--out", str(out)], capsys
+        ["export", "--drafter", str(drafter_dir), "--layout", "dspark-hf", "--out", str(out)], capsys
     )
     assert code == 0, err[-2000:]
     assert listing(tmp_path / "serving") == ["hf", "hf/config.json", "hf/model.safetensors"]

@@ -26,7 +26,7 @@ DECODE_BAD = {  # decode() keyword -> values it must refuse
     "seeds": [[1.5], ["a"], [True], [0, 1], 3],
     "stop": [3, [3], [""], "", [None], {"a": 1}],
     "stop_token_ids": [3, [-1], [10**9], [1.5], "x", [True]],
-    "layout": ["nope", 3, None],
+    "batching": ["nope", 3, None],
     "verifier": ["nope", 3],
     "acceptance": ["nope", 3],
     "scheduler": [

@@ -42,7 +42,7 @@ def test_result_fields(tiny_target):
         ({"prompts": ["x"], "max_new_tokens": 5000}, "positions"),
         ({"prompts": []}, "at least one prompt"),
         ({"prompts": ["x"], "temperature": -1.0}, "temperature"),
-        ({"prompts": ["x"], "layout": "diagonal"}, "layout"),
+        ({"prompts": ["x"], "batching": "diagonal"}, "batching"),
     ],
 )
 def test_bad_input_raises_clear_errors(tiny_target, kwargs, match):

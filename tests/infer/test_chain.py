@@ -14,14 +14,14 @@ def _request(ids, anchor_pos):
 
 
 @pytest.mark.parametrize("name", ["eagle3", "mtp1"])
-@pytest.mark.parametrize("layout", ["padded", "flat"])
-def test_chain_train_infer_parity_over_two_rounds(tiny_target, tiny_batch, name, layout):
+@pytest.mark.parametrize("batching", ["padded", "flat"])
+def test_chain_train_infer_parity_over_two_rounds(tiny_target, tiny_batch, name, batching):
     context, hidden, ids = tiny_batch
     g, a1, a2 = 4, 9, 14
     drafter = make_drafter(tiny_target, name, block_size=g).eval()
     with torch.no_grad():
         ref = drafter(context[:1], ids[:1], torch.tensor([[a1, a2]]), torch.tensor([[True, True]]), hidden=hidden[:1])
-    prop = make_proposer(drafter, layout=layout)
+    prop = make_proposer(drafter, batching=batching)
     prop.add([3, 7])  # a second request shares the cache (and the flat strip) without interfering
     seq, other = ids[0].tolist(), ids[1].tolist()
     prop.extend([7, 3], context[:, :8], torch.tensor([0, 0]), torch.tensor([5, 8]), hidden=hidden[:, :8])

@@ -66,15 +66,15 @@ def test_accepted_stop_token_ends_the_round_without_bonus(varied_target, prompts
 
 
 @pytest.mark.parametrize("seq_head", [*names("seq_head"), None])
-@pytest.mark.parametrize("layout", ["padded", "flat"])
-def test_train_infer_parity(tiny_target, tiny_batch, seq_head, layout):
+@pytest.mark.parametrize("batching", ["padded", "flat"])
+def test_train_infer_parity(tiny_target, tiny_batch, seq_head, batching):
     """docs/algorithm.md §11.11: teacher-forced logits/confidences for one anchor equal the cached inference propose."""
     context, _, ids = tiny_batch
     g, a = 4, 11
     drafter = make_drafter(tiny_target, "dspark", block_size=g, seq_head=seq_head).eval()
     with torch.no_grad():
         ref = drafter(context[:1], ids[:1], torch.tensor([[a]]), torch.tensor([[True]]))
-    prop = make_proposer(drafter, layout=layout)
+    prop = make_proposer(drafter, batching=batching)
     prop.add([7])
     # the context arrives in two pieces, as prefill + one round would deliver it
     prop.extend([7], context[:1, :5], torch.tensor([0]), torch.tensor([5]))
@@ -86,8 +86,8 @@ def test_train_infer_parity(tiny_target, tiny_batch, seq_head, layout):
     torch.testing.assert_close(out.conf, torch.sigmoid(ref.conf_logits[0]), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("layout", ["padded", "flat"])
-def test_train_infer_parity_with_context_state(tiny_target, tiny_batch, layout):
+@pytest.mark.parametrize("batching", ["padded", "flat"])
+def test_train_infer_parity_with_context_state(tiny_target, tiny_batch, batching):
     """A context_state backbone reads h^T_{a-1} in training and the last extended final hidden state at inference:
     the two give the same logits; the injection is live (a non-zero W_s changes them)."""
     context, hidden, ids = tiny_batch
@@ -101,7 +101,7 @@ def test_train_infer_parity_with_context_state(tiny_target, tiny_batch, layout):
         torch.nn.init.normal_(drafter.backbone.state_proj.weight, std=0.5)
         ref = drafter(context[:1], ids[:1], torch.tensor([[a]]), torch.tensor([[True]]), hidden=hidden[:1])
     assert not torch.allclose(plain.logits, ref.logits)
-    prop = make_proposer(drafter, layout=layout)
+    prop = make_proposer(drafter, batching=batching)
     prop.add([7])
     prop.extend([7], context[:1, :5], torch.tensor([0]), torch.tensor([5]), hidden=hidden[:1, :5])
     prop.extend([7], context[:1, 5:a], torch.tensor([5]), torch.tensor([a - 5]), hidden=hidden[:1, 5:a])

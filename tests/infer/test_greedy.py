@@ -48,13 +48,13 @@ def test_every_head_and_block_size(varied_target, prompts, reference, seq_head, 
     assert res.token_ids == reference
 
 
-@pytest.mark.parametrize("layout", ["padded", "flat"])
-def test_batched_equals_per_request(varied_target, prompts, layout):
+@pytest.mark.parametrize("batching", ["padded", "flat"])
+def test_batched_equals_per_request(varied_target, prompts, batching):
     drafter = make_drafter(varied_target, block_size=4)
-    together = decode(varied_target, drafter, prompts, max_new_tokens=MAX_NEW, layout=layout)
-    one_by_one = [decode(varied_target, drafter, [p], max_new_tokens=MAX_NEW, layout=layout) for p in prompts]
+    together = decode(varied_target, drafter, prompts, max_new_tokens=MAX_NEW, batching=batching)
+    one_by_one = [decode(varied_target, drafter, [p], max_new_tokens=MAX_NEW, batching=batching) for p in prompts]
     assert together.token_ids == [r.token_ids[0] for r in one_by_one]
-    rolling = decode(varied_target, drafter, prompts, max_new_tokens=MAX_NEW, layout=layout, batch_size=2)
+    rolling = decode(varied_target, drafter, prompts, max_new_tokens=MAX_NEW, batching=batching, batch_size=2)
     assert rolling.token_ids == together.token_ids  # continuous batching: requests join as others finish
 
 

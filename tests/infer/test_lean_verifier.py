@@ -55,10 +55,10 @@ def test_lean_matches_hf_through_rounds_rollbacks_and_removals(varied_target, ke
 
 def test_auto_picks_lean_where_supported(varied_target):
     assert isinstance(build_verifier("auto", varied_target), LeanVerifier)
-    assert isinstance(build_verifier("auto", varied_target, layout="flat"), HFVerifier)
+    assert isinstance(build_verifier("auto", varied_target, batching="flat"), HFVerifier)
     assert "padded only" in lean_unsupported(varied_target, "flat")
     with pytest.raises(NotImplementedError, match="verifier='hf'"):
-        LeanVerifier(varied_target, layout="flat")
+        LeanVerifier(varied_target, batching="flat")
 
 
 @pytest.mark.parametrize("causal", [False, True])

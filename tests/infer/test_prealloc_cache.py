@@ -88,12 +88,12 @@ def storages(*caches: RaggedCache) -> list[int]:
     return out
 
 
-def decode_recorded(target, drafter, layout, reference: bool):
+def decode_recorded(target, drafter, batching, reference: bool):
     """Continuous batching (requests join late and finish at different steps): outputs, each draft's logits and
     how many compactions the drafter cache did."""
-    prop = make_proposer(drafter, layout=layout)
+    prop = make_proposer(drafter, batching=batching)
     if reference:
-        prop.kv = CatCache(len(prop.kv.layers), flat=layout == "flat")
+        prop.kv = CatCache(len(prop.kv.layers), flat=batching == "flat")
     seen, compactions = [], [0]
     propose, compact = prop.propose, prop.kv.compact
 
@@ -108,7 +108,7 @@ def decode_recorded(target, drafter, layout, reference: bool):
         return done
 
     prop.propose, prop.kv.compact = recording_propose, counting_compact
-    eng = Engine(target, prop, params=SamplingParams(0.0), stop_token_ids=[], layout=layout, verifier="hf")
+    eng = Engine(target, prop, params=SamplingParams(0.0), stop_token_ids=[], batching=batching, verifier="hf")
     eng.add([[5, 17, 33, 9, 41], [7, 2, 99, 14, 3, 60, 21, 8]], 10)
     eng.add([[11, 12]], 40)
     for _ in range(3):
@@ -122,33 +122,33 @@ def decode_recorded(target, drafter, layout, reference: bool):
 CASES = [("dspark", "padded"), ("dspark", "flat"), ("eagle3", "padded"), ("eagle3", "flat")]
 
 
-@pytest.mark.parametrize(("name", "layout"), CASES)
-def test_drafts_equal_a_concatenating_cache_and_decoding_stays_greedy(varied_target, name, layout):
+@pytest.mark.parametrize(("name", "batching"), CASES)
+def test_drafts_equal_a_concatenating_cache_and_decoding_stays_greedy(varied_target, name, batching):
     drafter = make_drafter(varied_target, name=name, block_size=3)
-    out, logits, compactions = decode_recorded(varied_target, drafter, layout, reference=False)
-    ref_out, ref_logits, ref_compactions = decode_recorded(varied_target, drafter, layout, reference=True)
+    out, logits, compactions = decode_recorded(varied_target, drafter, batching, reference=False)
+    ref_out, ref_logits, ref_compactions = decode_recorded(varied_target, drafter, batching, reference=True)
     prompts = [[5, 17, 33, 9, 41], [7, 2, 99, 14, 3, 60, 21, 8], [11, 12], [3, 1, 4, 1, 5, 9], [2, 7]]
     lengths = [10, 10, 40, 16, 16]
     assert out == ref_out == [hf_greedy(varied_target, p, n) for p, n in zip(prompts, lengths, strict=True)]
     assert compactions == ref_compactions
-    assert compactions > 0 or layout == "flat"  # the padded rows drift apart, so removals leave squeezable columns
+    assert compactions > 0 or batching == "flat"  # the padded rows drift apart, so removals leave squeezable columns
     assert len(logits) == len(ref_logits) > 10
     for z, z_ref in zip(logits, ref_logits, strict=True):
         torch.testing.assert_close(z, z_ref, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize(("name", "layout"), [*CASES, ("dspark-state", "padded")])
-def test_storage_does_not_move_across_rounds(varied_target, name, layout):
+@pytest.mark.parametrize(("name", "batching"), [*CASES, ("dspark-state", "padded")])
+def test_storage_does_not_move_across_rounds(varied_target, name, batching):
     kw = {"backbone": {"name": "dense", "num_layers": 2, "context_state": True}} if name == "dspark-state" else {}
     drafter = make_drafter(varied_target, name=name.split("-")[0], block_size=3, **kw)
-    prop = make_proposer(drafter, layout=layout)
-    eng = Engine(varied_target, prop, params=SamplingParams(0.0), stop_token_ids=[], layout=layout, verifier="hf")
+    prop = make_proposer(drafter, batching=batching)
+    eng = Engine(varied_target, prop, params=SamplingParams(0.0), stop_token_ids=[], batching=batching, verifier="hf")
     prompts = [[5, 17, 33, 9, 41], [7, 2, 99, 14, 3, 60, 21, 8], [11, 12]]
     eng.add(prompts, 200)
     eng.step()
     caches = (prop.kv, eng.verifier.kv)  # the target side's bookkeeping too (its HF layers grow by themselves)
     for kv in caches:
-        kv.reserve(kv.rows, kv.length + 20 * 4 * (1 if layout == "padded" else len(prompts)))
+        kv.reserve(kv.rows, kv.length + 20 * 4 * (1 if batching == "padded" else len(prompts)))
     before = storages(*caches)
     for _ in range(20):
         eng.step()

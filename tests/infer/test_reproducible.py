@@ -2,7 +2,7 @@
 
 - Every request draws from its own streams, derived from (seed, prompt index) or pinned by ``seeds[i]``; with the
   static and threshold schedulers (l from the request's own confidences) a request's T > 0 output does not depend
-  on the other requests, ``batch_size`` or the layout.
+  on the other requests, ``batch_size`` or the batching mode.
 - The hardware-aware schedulers share a budget across the batch, but with their default model timing they read no
   clock: the same call gives the same output however slow or noisy the machine is.
 """
@@ -24,10 +24,10 @@ def drafter(varied_target):
 
 
 @pytest.mark.parametrize("scheduler", ["static", {"name": "threshold", "threshold": 0.3}])
-@pytest.mark.parametrize("layout", ["padded", "flat"])
-def test_pinned_seed_fixes_a_request_whatever_its_neighbours(varied_target, prompts, drafter, scheduler, layout):
+@pytest.mark.parametrize("batching", ["padded", "flat"])
+def test_pinned_seed_fixes_a_request_whatever_its_neighbours(varied_target, prompts, drafter, scheduler, batching):
     A, B, C = prompts[1], prompts[0], prompts[3]
-    kw = {"max_new_tokens": MAX_NEW, "temperature": 1.0, "scheduler": scheduler, "layout": layout}
+    kw = {"max_new_tokens": MAX_NEW, "temperature": 1.0, "scheduler": scheduler, "batching": batching}
     alone = decode(varied_target, drafter, [A], seeds=[7], **kw).token_ids[0]
     assert decode(varied_target, drafter, [B, A], seeds=[3, 7], **kw).token_ids[1] == alone
     assert decode(varied_target, drafter, [A, C, B], seeds=[7, 1, 2], batch_size=2, **kw).token_ids[0] == alone

@@ -26,11 +26,11 @@ def test_the_counter_sees_device_reads_and_not_host_ones():
     assert h.where == {"__int__": 1, "bool-mask index": 1, "tolist": 1, "cpu": 1}
 
 
-def rounds(target, name, verifier, R, T, scheduler="static", layout="padded"):
-    prop = make_proposer(make_drafter(target, name=name, block_size=4), layout=layout) if name else None
+def rounds(target, name, verifier, R, T, scheduler="static", batching="padded"):
+    prop = make_proposer(make_drafter(target, name=name, block_size=4), batching=batching) if name else None
     params = SamplingParams(T, top_p=0.9 if T else 1.0)
     eng = Engine(target, prop, params=params, scheduler=scheduler, stop_token_ids=[7], verifier=verifier,
-                 layout=layout)  # fmt: skip
+                 batching=batching)  # fmt: skip
     eng.add([[5 + i, 17, 33, 9, 41 + i, 3][: 3 + i % 4] for i in range(R)], 16)
     eng.step()  # the first round after prefill
     counts = []
@@ -54,7 +54,7 @@ def test_at_most_two_syncs_per_round(varied_target, name, verifier, R):
 
 @pytest.mark.parametrize("scheduler", ["threshold", "flat"])
 def test_at_most_two_syncs_per_round_other_schedulers_and_layouts(varied_target, scheduler):
-    kw = {"layout": "flat", "scheduler": "static"} if scheduler == "flat" else {"scheduler": {"name": scheduler}}
+    kw = {"batching": "flat", "scheduler": "static"} if scheduler == "flat" else {"scheduler": {"name": scheduler}}
     counts = rounds(varied_target, "dspark", "hf", 4, 0.0, **kw)
     worst = max(counts, key=lambda c: c[0])
     assert worst[0] <= BUDGET, f"{worst[0]} syncs in a round: {worst[1]}"

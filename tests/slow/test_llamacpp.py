@@ -82,7 +82,7 @@ def test_every_product_recipe_exports_for_its_servers(recipe, smol_tiny, tmp_pat
 
     from dspark_lightning.checkpoint import save_drafter
     from dspark_lightning.export import InteropError, export_drafter
-    from dspark_lightning.export.plan import plan_args, serving_format
+    from dspark_lightning.export.plan import plan_args, serving_layout
     from dspark_lightning.export.servers import server_names
     from dspark_lightning.lightning.cli import DSparkCLI
     from dspark_lightning.lightning.datamodule import DSparkDataModule
@@ -105,7 +105,7 @@ def test_every_product_recipe_exports_for_its_servers(recipe, smol_tiny, tmp_pat
             torch.randperm(target.geometry.vocab_size, generator=torch.Generator().manual_seed(0))[:n].sort().values
         )
     native = save_drafter(drafter, tmp_path / "drafter", target)
-    fmt = serving_format(drafter)
+    fmt = serving_layout(drafter)
     if not servers:
         for server in server_names():
             with pytest.raises(InteropError) as e:

@@ -199,10 +199,10 @@ def test_unknown_head_subclass_and_other_families_are_refused(varied_target, tin
     d.seq_head = Tweaked(d.geometry, rank=RANK)
     cases = [
         (d, "dspark-hf", "has no server counterpart"),
-        (create("drafter", "eagle3", varied_target, block_size=3), "dspark-hf", "export it with --format eagle3-hf"),
+        (create("drafter", "eagle3", varied_target, block_size=3), "dspark-hf", "export it with --layout eagle3-hf"),
         (create("drafter", "mtp1", varied_target), "eagle3-hf", "MTP modules"),
         (create("drafter", "eagle3", tiny_target, block_size=3), "eagle3-hf", r"exactly 3 tapped.*taps 5"),
-        (parallel(varied_target), "eagle3-hf", "use --format dspark-hf"),
+        (parallel(varied_target), "eagle3-hf", "use --layout dspark-hf"),
     ]
     for drafter, fmt, reason in cases:
         with pytest.raises(InteropError, match=reason):
@@ -213,7 +213,7 @@ def test_cli_refusal_is_one_line_and_exit_code_2(tiny_target, tmp_path, capsys):
     d = parallel(tiny_target, backbone={"name": "moe_swa", "num_layers": 1, "num_experts": 2, "top_k": 1})
     save_drafter(d, tmp_path / "native", tiny_target)
     with pytest.raises(SystemExit) as exc:
-        main(["export", "--drafter", str(tmp_path / "native"), "--format", "dspark-hf", "--out", str(tmp_path / "o")])
+        main(["export", "--drafter", str(tmp_path / "native"), "--layout", "dspark-hf", "--out", str(tmp_path / "o")])
     lines = capsys.readouterr().err.splitlines()  # (HF may print a weight-loading progress bar first)
     assert exc.value.code == 2 and lines[-1].startswith("dspark-lightning export: error: moe_swa backbone")
     assert sum("error" in line for line in lines) == 1 and not (tmp_path / "o").exists()
@@ -231,7 +231,7 @@ def test_cli_writes_sts_side_file_and_notes_and_it_loads_back(tiny_target, tmp_p
     side = json.loads((tmp_path / "hf" / "dspark_calibration.json").read_text())
     assert side["sts_temperatures"] == {"1": temps}
     assert load_drafter(tmp_path / "hf", tiny_target).calibrations == {1.0: temps}
-    main(["export", "--drafter", str(tmp_path / "hf"), "--format", "native", "--out", str(tmp_path / "back"),
+    main(["export", "--drafter", str(tmp_path / "hf"), "--layout", "native", "--out", str(tmp_path / "back"),
           "--target", "tiny-debug"])  # fmt: skip
     assert read_config(tmp_path / "back")["seq_head"]["name"] == "gated"
     with pytest.raises(SystemExit):  # an existing export is not overwritten silently

@@ -41,6 +41,7 @@ PLACES = {
     "losses.py": "base",
     "plots.py": "base",
     "errors.py": "base",
+    "renames.py": "base",
     "targets": "targets",
     "modules": "modules",
     "drafters": "drafters",

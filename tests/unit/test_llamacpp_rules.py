@@ -50,7 +50,7 @@ def test_eagle3_is_not_converted_for_llamacpp(tmp_path):
     three = load_target("tiny-debug", layer_ids=[1, 3, 5])  # an EAGLE-3 the HF-layout servers load
     e3 = create("drafter", "eagle3", three, block_size=3)
     export_serving(e3, three, "eagle3-hf", tmp_path / "vllm", server="vllm")
-    with pytest.raises(InteropError, match="llamacpp: only --format dspark-hf"):
+    with pytest.raises(InteropError, match="llamacpp: only --layout dspark-hf"):
         export_serving(e3, three, "eagle3-hf", tmp_path / "out", server="llamacpp")
 
 

@@ -116,12 +116,12 @@ def test_proposers_come_from_the_registry_by_the_drafter_class_name():
         pass
 
     @register("proposer", "_test_toy")
-    def toy_proposer(drafter, layout="padded", conf_temperatures=None):
-        return SimpleNamespace(drafter=drafter, layout=layout)
+    def toy_proposer(drafter, batching="padded", conf_temperatures=None):
+        return SimpleNamespace(drafter=drafter, batching=batching)
 
     try:
-        made = make_proposer(SubToy(), layout="flat")
-        assert isinstance(made.drafter, SubToy) and made.layout == "flat" and "_test_toy" in names("proposer")
+        made = make_proposer(SubToy(), batching="flat")
+        assert isinstance(made.drafter, SubToy) and made.batching == "flat" and "_test_toy" in names("proposer")
         with pytest.raises(TypeError, match="no proposer registered"):
             make_proposer(object())
     finally:

@@ -51,7 +51,7 @@ def profile_sps(
     V = target.geometry.vocab_size
     gen = torch.Generator().manual_seed(0)
     one = torch.tensor([0], device=dev)
-    v = build_verifier(verifier, target, layout="padded")  # one request: padded == flat
+    v = build_verifier(verifier, target, batching="padded")  # one request: padded == flat
     v.prefill([0], [torch.randint(0, V, (context_len,), generator=gen).tolist()])
     times: list[float] = []
     for B in _bar(points, progress, f"profiling SPS of {target.name}"):

@@ -24,8 +24,8 @@ from .proposer import ProposerBase, draft_confidence
 class ChainProposer(ProposerBase):
     """The :class:`~.protocols.Proposer` of the chain drafters (see the module docstring)."""
 
-    def __init__(self, drafter, layout: str = "padded") -> None:
-        super().__init__(drafter, [KVLayer()], layout)
+    def __init__(self, drafter, batching: str = "padded") -> None:
+        super().__init__(drafter, [KVLayer()], batching)
         self.pending: dict[int, tuple[int, torch.Tensor]] = {}  # rid -> (first position, features (L, d))
 
     def forget(self, ids: list[int]) -> None:
@@ -132,8 +132,8 @@ class ChainProposer(ProposerBase):
 
 
 @register("proposer", "chain")
-def chain_proposer(drafter: ChainDrafter, layout: str = "padded", conf_temperatures=None) -> ChainProposer:
+def chain_proposer(drafter: ChainDrafter, batching: str = "padded", conf_temperatures=None) -> ChainProposer:
     """The proposer of the chain drafters (:class:`ChainDrafter` ``proposer_name = "chain"``)."""
     if conf_temperatures is not None:
         raise ValueError(f"{drafter.registered_name} has no confidence head to calibrate")
-    return ChainProposer(drafter, layout=layout)
+    return ChainProposer(drafter, batching=batching)

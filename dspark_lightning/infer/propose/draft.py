@@ -10,14 +10,14 @@ position; after each round :meth:`BlockProposer.extend` appends the anchor and a
 features taken from the target's verification pass (docs/algorithm.md §3.7), so nothing is recomputed.
 
 Other drafter families plug in on this (runtime) side through the one registry: ``@register("proposer", name)`` on a
-factory ``(drafter, layout, conf_temperatures) -> proposer``, and ``proposer_name = name`` on the drafter class. A
+factory ``(drafter, batching, conf_temperatures) -> proposer``, and ``proposer_name = name`` on the drafter class. A
 proposer is a :class:`~.protocols.Proposer`: ``block_size`` and the ``add / remove / extend / propose`` methods (as the
 chain drafters' :class:`~.chain.ChainProposer` has them); ``extend`` also receives ``hidden=``
 (the target's final hidden states) and ``propose`` receives ``requests=`` (prompt and output token lists) for proposers
 that need them. :class:`~.proposer.ProposerBase` holds what the proposers with a drafter context cache share (its
 per-request bookkeeping, the draft-vocabulary mapping), :class:`~.proposer.StatelessProposer` is the base of one
 without a cache. The model layer (``drafters/``) never imports the runtime: it names its proposer. A third-party drafter
-may instead carry a ``make_proposer(layout, conf_temperatures)`` method.
+may instead carry a ``make_proposer(batching, conf_temperatures)`` method.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from ...drafters.backbones import per_layer_masks
-from ...registry import create, register
+from ...registry import create, get, register
+from ...renames import keyword_for
 from ..acceptance.sampling import SamplingParams, probs, sample
 from ..verify import kernels as kernel_tables
 from ..verify.kernels import Linear
@@ -81,14 +82,16 @@ def _head_product(drafter, weight: torch.Tensor) -> Linear | None:
     return None if table is None else Linear(weight, None, table)
 
 
-def make_proposer(drafter, layout: str = "padded", conf_temperatures=None):
+def make_proposer(drafter, batching: str = "padded", conf_temperatures=None):
     """The inference-side proposer of ``drafter``: the registered proposer its class names (``proposer_name``), else
     its own ``make_proposer`` method (third-party drafters)."""
     name = getattr(drafter, "proposer_name", None)
     if name is not None:
-        return create("proposer", name, drafter, layout=layout, conf_temperatures=conf_temperatures)
+        mode = keyword_for(get("proposer", name), "batching", "layout", batching)  # a plugin's may say layout=
+        return create("proposer", name, drafter, **mode, conf_temperatures=conf_temperatures)
     if hasattr(drafter, "make_proposer"):
-        return drafter.make_proposer(layout=layout, conf_temperatures=conf_temperatures)
+        mode = keyword_for(drafter.make_proposer, "batching", "layout", batching)
+        return drafter.make_proposer(**mode, conf_temperatures=conf_temperatures)
     raise TypeError(f"{type(drafter).__name__} is not a drafter decode() can run (no proposer registered for it)")
 
 
@@ -97,13 +100,13 @@ class BlockProposer(ProposerBase):
 
     Args:
         drafter: the composed drafter (eval mode, frozen).
-        layout: ``padded`` or ``flat`` drafter cache layout (see :mod:`.kvcache`).
+        batching: ``padded`` or ``flat``: how requests share the drafter's forward (see :mod:`.kvcache`).
         conf_temperatures: per-position STS temperatures (ĉ_k = σ(logit_k / T_k)); None = raw confidences.
     """
 
-    def __init__(self, drafter, layout: str = "padded", conf_temperatures=None) -> None:
+    def __init__(self, drafter, batching: str = "padded", conf_temperatures=None) -> None:
         bb = drafter.backbone
-        super().__init__(drafter, [KVLayer() for _ in bb.layers], layout)
+        super().__init__(drafter, [KVLayer() for _ in bb.layers], batching)
         self.temps = None
         if conf_temperatures is not None:
             temps = torch.as_tensor(conf_temperatures, dtype=torch.float32, device=self.device)
@@ -225,6 +228,6 @@ class BlockProposer(ProposerBase):
 
 
 @register("proposer", "block")
-def block_proposer(drafter, layout: str = "padded", conf_temperatures=None) -> BlockProposer:
+def block_proposer(drafter, batching: str = "padded", conf_temperatures=None) -> BlockProposer:
     """The proposer of every :class:`~dspark_lightning.drafters.Drafter` (``proposer_name = "block"``)."""
-    return BlockProposer(drafter, layout=layout, conf_temperatures=conf_temperatures)
+    return BlockProposer(drafter, batching=batching, conf_temperatures=conf_temperatures)

@@ -29,20 +29,20 @@ def draft_confidence(q: torch.Tensor, z: torch.Tensor, params: SamplingParams) -
 
 class ProposerBase(RequestCache):
     """A proposer over ``drafter`` whose context cache (:class:`~.kvcache.RaggedCache` ``kv`` of ``layers``, in the
-    ``padded`` or ``flat`` layout) holds the committed positions of every request (see the module docstring).
+    ``padded`` or ``flat`` batching) holds the committed positions of every request (see the module docstring).
 
     Attributes: ``drafter`` (eval mode), ``block_size`` γ, ``device`` and ``dtype`` (the drafter's: it may run in
     bf16, its laws are still fp32), ``head_w`` the draft LM head's weight (N or V, d), gathered once in the drafter
     dtype, and ``held`` (request id -> cached positions, on the host).
     """
 
-    def __init__(self, drafter, layers: list, layout: str = "padded") -> None:
+    def __init__(self, drafter, layers: list, batching: str = "padded") -> None:
         self.drafter = drafter.eval()
         self.block_size = drafter.block_size
         p = next(drafter.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.head_w = drafter.draft_head_weight().to(self.dtype)
-        self._open_cache(layers, layout)
+        self._open_cache(layers, batching)
 
     @property
     def draft_vocab(self) -> torch.Tensor | None:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import torch
 
-from ...registry import create, register
+from ...registry import create, get, register
+from ...renames import keyword_for
 from ..protocols import SegmentOutput, Verifier
 from .kernels import KernelTable
 from .kvcache import RequestCache
 from .lean import lean_unsupported
 
-LAYOUTS = ("padded", "flat")
+BATCHINGS = ("padded", "flat")
 
 
 def attention_mask_4d(allowed: torch.Tensor, model, dtype: torch.dtype) -> torch.Tensor:
@@ -35,14 +36,14 @@ class HFVerifier(RequestCache):
 
     Args:
         target: the frozen target.
-        layout: ``padded`` (one row per request) or ``flat`` (one strip, no padding compute).
+        batching: ``padded`` (one row per request) or ``flat`` (one strip, no padding compute).
     """
 
-    def __init__(self, target, layout: str = "padded") -> None:
-        if layout not in LAYOUTS:
-            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    def __init__(self, target, batching: str = "padded") -> None:
+        if batching not in BATCHINGS:
+            raise ValueError(f"batching must be one of {BATCHINGS}, got {batching!r}")
         self.target = target
-        self.layout = layout
+        self.batching = batching
         self.device = next(target.model.parameters()).device
         self.dtype = next(target.model.parameters()).dtype
         self.cache = target.new_cache()
@@ -55,7 +56,7 @@ class HFVerifier(RequestCache):
         self.windows = target.windows
         if len(self.windows) > 1:
             self._check_mask_mapping(target)
-        self._open_cache(layers, layout)  # ``held``: request id -> committed length
+        self._open_cache(layers, batching)  # ``held``: request id -> committed length
         self.pad_id = 0
 
     @staticmethod
@@ -159,11 +160,12 @@ class HFVerifier(RequestCache):
         self._compact()
 
 
-def build_verifier(name: str, target, layout: str = "padded", kernels: KernelTable | None = None) -> Verifier:
-    """A registered verifier; ``auto`` is the lean forward where it supports the target and layout, else ``hf``.
+def build_verifier(name: str, target, batching: str = "padded", kernels: KernelTable | None = None) -> Verifier:
+    """A registered verifier; ``auto`` is the lean forward where it supports the target and batching, else ``hf``.
     ``kernels``: the lean forward's kernel table (a :class:`~.hardware.HardwareProfile`'s; None: its own choice)."""
     if name == "auto":
-        name = "lean" if lean_unsupported(target, layout) is None else "hf"
+        name = "lean" if lean_unsupported(target, batching) is None else "hf"
     if name == "lean" and kernels is not None:
-        return create("verifier", name, target, layout=layout, kernels=kernels)
-    return create("verifier", name, target, layout=layout)
+        return create("verifier", name, target, batching=batching, kernels=kernels)
+    mode = keyword_for(get("verifier", name), "batching", "layout", batching)  # a plugin's may say layout=
+    return create("verifier", name, target, **mode)

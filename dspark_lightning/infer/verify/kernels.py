@@ -48,8 +48,8 @@ def _left(W, b, x):  # (W x^T)^T: the weight as the left operand
     return y if b is None else y + b
 
 
-class _Layouts:
-    """The extra weight layouts some paths read, made only when a chosen path needs them."""
+class _WeightCopies:
+    """The extra copies of the weight (transposed, packed) some paths read, made only when a chosen path needs them."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         self.weight = weight
@@ -69,19 +69,19 @@ class _Layouts:
         return self._packed
 
 
-def _transposed(lay: _Layouts, b, x):
+def _transposed(lay: _WeightCopies, b, x):
     y = x @ lay.transposed
     return y if b is None else y + b
 
 
-def _mkl_packed(lay: _Layouts, b, x):
+def _mkl_packed(lay: _WeightCopies, b, x):
     M = x.shape[0]
     if M < PACK_ROWS:
         x = torch.cat([x, x.new_zeros(PACK_ROWS - M, x.shape[1])])
     return torch.ops.mkl._mkl_linear(x, lay.packed, lay.weight, b, PACK_ROWS)[:M]
 
 
-# name -> (call(layouts, bias, x2d) -> y2d, rows it serves)
+# name -> (call(copies, bias, x2d) -> y2d, rows it serves)
 PATHS: dict[str, tuple[Callable, Callable[[int], bool]]] = {
     "linear": (lambda lay, b, x: _linear(lay.weight, b, x), lambda M: True),
     "transposed": (_transposed, lambda M: True),
@@ -97,7 +97,7 @@ def _works(name: str, dtype: torch.dtype) -> bool:
         return False
     try:
         w, x = torch.ones(8, 8, dtype=dtype), torch.ones(PACK_ROWS, 8, dtype=dtype)
-        y = PATHS[name][0](_Layouts(w), None, x)
+        y = PATHS[name][0](_WeightCopies(w), None, x)
         return bool(torch.allclose(y.float(), torch.full((PACK_ROWS, 8), 8.0)))
     except (AttributeError, RuntimeError, NotImplementedError):
         return False
@@ -150,23 +150,23 @@ class Linear:
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, table: KernelTable | None = None) -> None:
         self.weight, self.bias = weight, bias
-        self.layouts = _Layouts(weight)
+        self.copies = _WeightCopies(weight)
         self.by_rows: dict[int, Callable] = {}
         self.table: KernelTable | None = None
         if table is not None:
             self.use(table)
 
     def use(self, table: KernelTable) -> None:
-        """Take ``table``'s choices, making the layouts they read now (not inside a request)."""
+        """Take ``table``'s choices, making the weight copies they read now (not inside a request)."""
         self.table, self.by_rows = table, {}
         key = shape_key(self.weight)
         for rows in ROWS:
             name = table.path(key, rows)
             self.by_rows[rows] = PATHS[name][0]
             if name == "transposed":
-                _ = self.layouts.transposed
+                _ = self.copies.transposed
             elif name == "mkl_packed":
-                _ = self.layouts.packed
+                _ = self.copies.packed
 
     def _call_for(self, rows: int) -> Callable:
         fn = self.by_rows.get(rows)
@@ -182,7 +182,7 @@ class Linear:
             return F.linear(x, self.weight, self.bias)
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        y = self._call_for(x2.shape[0])(self.layouts, self.bias, x2)
+        y = self._call_for(x2.shape[0])(self.copies, self.bias, x2)
         return y.view(*shape[:-1], y.shape[-1])
 
 
@@ -206,12 +206,12 @@ def measure(
 
     bar = tqdm(total=len(jobs), desc="timing matrix kernels", unit="shape", disable=not progress)
     for key, ws in weights.items():
-        lays = [(_Layouts(w), b) for w, b in ws]
+        lays = [(_WeightCopies(w), b) for w, b in ws]
         for M in rows:
             x = torch.randn(M, ws[0][0].shape[1], generator=gen).to(dtype)
             cands = [n for n in names if PATHS[n][1](M)]
             samples: dict[str, list[float]] = {n: [] for n in cands}
-            for rep in range(repeats + 1):  # the first pass of each path warms it up (layouts, primitives)
+            for rep in range(repeats + 1):  # the first pass of each path warms it up (weight copies, primitives)
                 for n in cands:
                     fn = PATHS[n][0]
                     flush.add_(1.0)

@@ -7,7 +7,7 @@ masks are derived from them: a query of request r at position P sees the live ke
 positions <= P. Rolling back is marking entries free; :meth:`RaggedCache.compact` squeezes the
 free entries out once they make up most of the cache.
 
-Two layouts (``flat=False|True``):
+Two batching modes (``flat=False|True``):
 - padded: one row per request; a forward over R requests is an (R, max length) grid with padding;
 - flat: one row for all requests; a forward is one strip of sum(lengths) tokens, with a
   block-diagonal mask (no padding compute, a longer key axis).
@@ -167,7 +167,7 @@ class Grid:
     shape: tuple[int, int]  # (rows, L) of the forward input
 
     def scatter(self, values: torch.Tensor, fill: float | int) -> torch.Tensor:
-        """(R, W, ...) per-request values -> (rows, L, ...) forward layout (``fill`` elsewhere).
+        """(R, W, ...) per-request values -> (rows, L, ...) forward shape (``fill`` elsewhere).
 
         Entries past a request's length go to one spare slot that is dropped: integer indices only, so no
         boolean-mask indexing (a device -> host synchronisation on an accelerator)."""
@@ -191,7 +191,7 @@ class RaggedCache:
         self._owner, self._pos = Buffer(dim=1, fill=-1), Buffer(dim=1, fill=0)
         self._owner.assign(torch.full((rows, 0), -1, dtype=torch.long, device=self.device))
         self._pos.assign(torch.zeros((rows, 0), dtype=torch.long, device=self.device))
-        self.slots: list[int] = []  # padded layout: request id of each row
+        self.slots: list[int] = []  # padded batching: request id of each row
 
     # --- bookkeeping -----------------------------------------------------------------------
     @property
@@ -336,7 +336,7 @@ class RaggedCache:
 
     def live_bound(self, held: dict[int, int]) -> int:
         """Most live entries one row can hold, from the host's count per request: the longest request (padded
-        layout) or all of them (flat): the ``live_max`` of :meth:`compact`."""
+        batching) or all of them (flat): the ``live_max`` of :meth:`compact`."""
         return sum(held.values()) if self.flat else max(held.values(), default=0)
 
     def compact(self, slack: float = 2.0, min_free: int = 16, live_max: int | None = None) -> bool:
@@ -413,8 +413,8 @@ class RequestCache:
     kv: RaggedCache
     held: dict[int, int]  # request id -> cached positions
 
-    def _open_cache(self, layers: list, layout: str) -> None:
-        self.kv = RaggedCache(layers, flat=layout == "flat", device=self.device)
+    def _open_cache(self, layers: list, batching: str) -> None:
+        self.kv = RaggedCache(layers, flat=batching == "flat", device=self.device)
         self.held = {}
 
     def _compact(self) -> None:

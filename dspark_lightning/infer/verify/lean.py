@@ -14,7 +14,7 @@ shows both). This verifier computes the same function with:
 - the tapped layers' raw outputs taken directly from the loop (no hooks).
 
 Outputs equal the HF forward up to floating-point reassociation (tested against :class:`~.hf.HFVerifier`
-and, through ``decode()``, greedy equality with HF ``generate()``). Only the padded layout exists:
+and, through ``decode()``, greedy equality with HF ``generate()``). Only the padded batching exists:
 each request owns one cache row. Unsupported architectures raise :class:`NotImplementedError`, and
 ``verifier="auto"`` falls back to ``hf`` for them.
 """
@@ -46,12 +46,12 @@ def attention(q, K, V, mask, causal: bool, scale: float, gqa: bool, fp32: bool =
     return F.scaled_dot_product_attention(q, K, V, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa)
 
 
-def lean_unsupported(target, layout: str = "padded") -> str | None:
+def lean_unsupported(target, batching: str = "padded") -> str | None:
     """Why the lean verifier cannot run this target (None when it can)."""
     cfg = target.model.config
     kind = getattr(cfg, "model_type", "?")
-    if layout != "padded":
-        return f"layout {layout!r} (the lean verifier has one cache row per request: padded only)"
+    if batching != "padded":
+        return f"batching {batching!r} (the lean verifier has one cache row per request: padded only)"
     if kind not in SUPPORTED:
         return f"architecture {kind!r} (supported: {', '.join(SUPPORTED)})"
     if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", kind == "mistral"):
@@ -105,7 +105,7 @@ class LeanVerifier:
 
     Args:
         target: the frozen target (Llama-family HF model).
-        layout: must be ``padded``.
+        batching: must be ``padded``.
         capacity: initial cache length per request (grows by doubling as needed).
         kernels: ``auto`` (this machine's kernel table, measured once per CPU, thread count and dtype and cached;
             :mod:`.kernels`), a :class:`~dspark_lightning.infer.verify.kernels.KernelTable`, or ``linear``
@@ -113,13 +113,13 @@ class LeanVerifier:
         progress: show the one-time kernel timing.
     """
 
-    def __init__(self, target, layout: str = "padded", capacity: int = 256,
+    def __init__(self, target, batching: str = "padded", capacity: int = 256,
                  kernels: str | KernelTable = "auto", progress: bool = True) -> None:  # fmt: skip
-        why = lean_unsupported(target, layout)
+        why = lean_unsupported(target, batching)
         if why is not None:
             raise NotImplementedError(f"the lean verifier cannot run target {target.name!r}: {why}; use verifier='hf'")
         self.target = target
-        self.layout = layout
+        self.batching = batching
         self._fp32_attention = False  # see attention() and the property; set by infer.generation for regeneration
         self.progress = progress
         p = next(target.model.parameters())

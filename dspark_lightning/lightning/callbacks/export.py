@@ -11,7 +11,7 @@ from torch import nn
 
 from ... import checks
 from ...checkpoint import save_drafter
-from ...export.plan import check_servable, export_for_servers, plan_args, serving_format
+from ...export.plan import check_servable, export_for_servers, plan_args, serving_layout
 from .fit_stats import validate_if_stale
 
 CALIBRATE_KEYS = {"temperatures", "prompts_per_domain", "max_new_tokens", "domains"}
@@ -92,7 +92,7 @@ class DrafterExport(L.Callback):
         print(f"[dspark-lightning] exported drafter -> {self.path}", flush=True)
         calibrate_after_fit(self.path, self.calibrate)
         log = lambda line: print(line, flush=True)  # noqa: E731
-        export_for_servers(self.path, serving_format(pl_module.drafter), self.servers, self.serve_dtype, log)
+        export_for_servers(self.path, serving_layout(pl_module.drafter), self.servers, self.serve_dtype, log)
 
 
 def calibrate_args(spec: dict | None) -> list[dict[str, Any]]:
