@@ -177,7 +177,7 @@ def fit_ours(base: dict, arm: str, work: Path, *, steps: int, features: Path, op
     recipe = run_dir / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(arm_recipe(base, arm, steps=steps, features=features, run_dir=run_dir,
                                                 optim=optim, seed=seed), sort_keys=False))  # fmt: skip
-    cmd = [sys.executable, "-m", "dspark_lightning.lightning.cli", "fit", "--config", str(recipe),
+    cmd = [sys.executable, "-m", "dspark_lightning.cli.fit", "fit", "--config", str(recipe),
            "--validate_before_fit", "false", "--export_dir", str(run_dir / "drafter")]  # fmt: skip
     env = {
         **os.environ,

@@ -7,7 +7,7 @@
 - export.py: ``export``;
 - prepare.py: ``prepare`` and ``check-cache``, a recipe's data stages (the only commands here that import Lightning).
 
-``fit`` / ``validate`` / ``test`` are LightningCLI's (``dspark_lightning/lightning/cli.py``).
+``fit`` / ``validate`` / ``test`` are LightningCLI's (``cli/fit.py``).
 """
 
 from .main import main

@@ -1,6 +1,6 @@
 """The ``dspark-lightning`` console script.
 
-    dspark-lightning fit|validate|test --config recipes/...yaml   (Lightning; see lightning/cli.py)
+    dspark-lightning fit|validate|test --config recipes/...yaml   (Lightning; see cli/fit.py)
     dspark-lightning prepare|check-cache --config recipes/...yaml (regeneration + features, sharded; shard sha256)
     dspark-lightning decode --target ... --drafter ... --prompt "..."
     dspark-lightning profile --target ...
@@ -226,7 +226,7 @@ def _dispatch(argv: list[str], args: list[str] | None, command: str) -> None:
             _say(argv[0], disk_full_message(exc))
             sys.exit(2)
         return
-    from ..lightning.cli import main as lightning_main
+    from .fit import main as lightning_main
 
     lightning_main(args)  # None: LightningCLI reads sys.argv itself (passing both makes it warn)
 

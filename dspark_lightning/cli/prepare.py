@@ -19,11 +19,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from ..data.features.cache import verify_cache
+from ..data.features.cache import check_shards
 from ..data.prepare import SPLITS, DataPaths
 from ..lightning import recipe_checks
 from ..lightning.datamodule import DSparkDataModule
-from .signature import add_function_flags, description, function_kwargs
+from .signature import add_function_flags, current_argv, description, function_kwargs, renamed
 
 
 def _data_section_only(argv: list[str]) -> list[str]:
@@ -58,7 +58,7 @@ def parse_recipe(prog: str, argv: list[str], func: Callable) -> tuple[DSparkData
     parser.add_argument("--config", action=ActionConfigFile, help="a recipe (its data: section is read)")
     parser.add_lightning_class_args(DSparkDataModule, "data")
     add_function_flags(parser, func, skip=("data",))
-    cfg = parser.parse_args(_data_section_only(argv))
+    cfg = parser.parse_args(_data_section_only(current_argv(func, argv, f"dspark-lightning {prog}")))
     recipe_checks.data_args(cfg.data, DSparkDataModule)
     return parser.instantiate_classes(cfg).data, function_kwargs(cfg, func, skip=("data",))
 
@@ -81,12 +81,13 @@ def lock_folders(job: Any, rank: int, world: int, launched: bool, merge: bool) -
     return [work, *folders] if rank == 0 and (world == 1 or launched) else folders
 
 
+@renamed(verify="check_cache")
 def prepare(
     data: DSparkDataModule,
     rank: int | None = None,
     world_size: int | None = None,
     merge: bool = False,
-    verify: bool = False,
+    check_cache: bool = False,
     device: str | None = None,
 ) -> None:
     """Regenerate responses and cache target features of a recipe's data, sharded by rank (rank 0 merges).
@@ -96,7 +97,7 @@ def prepare(
         rank: this rank (default: $RANK, else 0)
         world_size: ranks (default: $WORLD_SIZE, else 1)
         merge: only merge the finished ranks (once, after all)
-        verify: hash every shard once the data is merged
+        check_cache: check the sha256 of every shard once the data is merged (what `check-cache` does)
         device: default: this rank's GPU, else cpu
     """
     import contextlib
@@ -110,10 +111,10 @@ def prepare(
     with contextlib.ExitStack() as held:
         for folder in lock_folders(job, rank, world, launched, merge):
             held.enter_context(locks.folder_lock(folder, "prepare"))
-        _prepare(data, job, rank, world, launched, merge, verify)
+        _prepare(data, job, rank, world, launched, merge, check_cache)
 
 
-def _prepare(dm: DSparkDataModule, job: Any, rank: int, world: int, launched: bool, merge: bool, verify: bool) -> None:
+def _prepare(dm: DSparkDataModule, job: Any, rank: int, world: int, launched: bool, merge: bool, check: bool) -> None:
     if merge:
         job.merge(world)
     elif launched:
@@ -134,7 +135,7 @@ def _prepare(dm: DSparkDataModule, job: Any, rank: int, world: int, launched: bo
     if rank == 0 and job.is_done():
         print(f"[dspark-lightning] prepared data for {world} rank(s) -> {DataPaths(Path(dm.work_dir)).prepared}")
         dm.report_roofline()
-        if verify:
+        if check:
             check_cache(dm)
     elif world > 1 and not launched:
         print(f"[dspark-lightning] rank {rank}/{world} done; merge with: prepare --merge --world_size {world}")
@@ -151,7 +152,7 @@ def check_cache(data: DSparkDataModule) -> None:
         return
     paths = DataPaths(Path(data.work_dir))
     for split in SPLITS:
-        st = verify_cache(paths.cache(split))
+        st = check_shards(paths.cache(split))
         print(f"[dspark-lightning] check-cache {paths.cache(split)}: {st['shards']} shards, {st['samples']} samples ok")
 
 

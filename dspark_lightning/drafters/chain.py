@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..modules import InjectedAttention, RMSNorm, SwiGLU, rope_cos_sin
+from ..layers import InjectedAttention, RMSNorm, SwiGLU, rope_cos_sin
 from ..registry import register
 from ..targets import TargetGeometry
 from .drafter import CONVENTION, DraftOutput, SharesTargetParts

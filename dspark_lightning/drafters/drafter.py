@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..modules import block_attention_mask
+from ..layers import block_attention_mask
 from ..registry import name_of
 from ..targets import TargetGeometry
 from .backbones import per_layer_masks

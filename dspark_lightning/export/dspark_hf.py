@@ -20,7 +20,7 @@ from ..checkpoint.files import DrafterLoadError, weights_sha256
 from ..drafters import ConfidenceHead, DenseBackbone, Drafter, MoESWABackbone, assemble, build_part
 from ..drafters.drafter import CONVENTION, check_draft_vocab
 from ..drafters.heads import GatedMarkovHead, RNNHead, VanillaMarkovHead
-from ..modules import RMSNorm
+from ..layers import RMSNorm
 from .common import (
     CALIBRATION_FILE,
     CONFIG_FILE,

@@ -21,8 +21,8 @@ from ..devices import resolve_dtype
 from ..drafters import build_drafter
 from ..drafters.warm_start import WarmStart
 from ..drafters.warm_start import warm_start as warm_start_fn
+from ..layers import moe_aux_loss
 from ..losses import ProjectedLogits, dspark_loss, position_weights, supervision_mask
-from ..modules import moe_aux_loss
 from ..targets import ChatFormat, Target, TargetGeometry, load_target
 from .callbacks import TrainingDiverged, default_callbacks, full_drafter_state
 from .config import (

@@ -14,10 +14,10 @@ from dspark_lightning.data.features.cache import (
     CacheError,
     FeatureCache,
     cache_meta,
+    check_shards,
     describe_estimate,
     estimate_cache_bytes,
     format_bytes,
-    verify_cache,
     write_cache,
 )
 from dspark_lightning.data.features.extract import extract_features, features_for_batch, tokenize_conversations
@@ -142,9 +142,9 @@ def test_flipped_byte(cache_dir):
     shard.write_bytes(bytes(data))
     assert len(FeatureCache(cache_dir)) == 7  # opening checks sizes and counts, not hashes (cheap on every start)
     with pytest.raises(CacheError, match=r"shard-000002.tar.*sha256"):
-        verify_cache(cache_dir, progress=False)
+        check_shards(cache_dir, progress=False)
     with pytest.raises(CacheError, match=r"shard-000002.tar.*sha256"):
-        FeatureCache(cache_dir, verify_checksums=True)
+        FeatureCache(cache_dir, check_sha256=True)
 
 
 def test_missing_shard_and_index(cache_dir):

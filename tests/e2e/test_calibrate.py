@@ -110,7 +110,7 @@ def test_fit_calibrates_the_exported_drafter(workdir):
     """``fit --calibrate {temperatures: [0.0]}``: the export carries calibration_T0.json for its own weights."""
     from pathlib import Path
 
-    from dspark_lightning.lightning.cli import DSparkCLI
+    from dspark_lightning.cli.fit import DSparkCLI
     from dspark_lightning.lightning.datamodule import DSparkDataModule
     from dspark_lightning.lightning.module import DSparkModule
 
@@ -133,7 +133,7 @@ def test_fit_calibrates_the_exported_drafter(workdir):
 )  # fmt: skip
 def test_fit_calibrate_spec_is_checked_before_training(spec, match):
     from dspark_lightning.checks import UsageError
-    from dspark_lightning.lightning.cli import calibrate_args
+    from dspark_lightning.cli.fit import calibrate_args
 
     with pytest.raises((UsageError, ValueError), match=match):
         calibrate_args(spec)

@@ -25,8 +25,8 @@ OPTIONS = [
 
 def test_fit_with_every_issue18_option_exports_a_lossless_drafter(workdir, capsys):
     from dspark_lightning import load_drafter
+    from dspark_lightning.cli.fit import DSparkCLI
     from dspark_lightning.infer import decode
-    from dspark_lightning.lightning.cli import DSparkCLI
     from dspark_lightning.lightning.datamodule import DSparkDataModule
     from dspark_lightning.lightning.module import DSparkModule
     from tests.infer.infer_helpers import hf_greedy

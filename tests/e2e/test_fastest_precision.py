@@ -27,7 +27,7 @@ def test_picks_bf16_autocast_only_where_it_is_faster(monkeypatch, faster):
 
 @pytest.mark.parametrize("faster", [True, False])
 def test_fit_with_the_plugin_trains_in_what_it_chose(workdir, monkeypatch, faster):
-    from dspark_lightning.lightning.cli import DSparkCLI
+    from dspark_lightning.cli.fit import DSparkCLI
     from dspark_lightning.lightning.datamodule import DSparkDataModule
     from dspark_lightning.lightning.module import DSparkModule
 

@@ -15,7 +15,7 @@ from .conftest import TINY
 
 def test_fit_exports_a_drafter_that_reloads_identically(workdir):
     from dspark_lightning import load_drafter
-    from dspark_lightning.lightning.cli import DSparkCLI
+    from dspark_lightning.cli.fit import DSparkCLI
     from dspark_lightning.lightning.datamodule import DSparkDataModule
     from dspark_lightning.lightning.module import DSparkModule
 
@@ -94,7 +94,7 @@ def test_fit_runs_under_ddp_with_two_cpu_processes(workdir):
     cmd = [
         sys.executable,
         "-m",
-        "dspark_lightning.lightning.cli",
+        "dspark_lightning.cli.fit",
         "fit",
         "--config",
         TINY,
@@ -110,7 +110,7 @@ def test_fit_runs_under_ddp_with_two_cpu_processes(workdir):
 
 @pytest.mark.parametrize("recipe", sorted(str(p) for p in Path(TINY).parent.rglob("*.yaml")))
 def test_every_recipe_parses_and_instantiates(recipe, tmp_path, monkeypatch):
-    from dspark_lightning.lightning.cli import DSparkCLI
+    from dspark_lightning.cli.fit import DSparkCLI
     from dspark_lightning.lightning.datamodule import DSparkDataModule
     from dspark_lightning.lightning.module import DSparkModule
 
@@ -146,8 +146,8 @@ def test_validate_and_test_from_a_checkpoint(workdir, capsys):
 def test_fit_with_a_reduced_draft_vocabulary(workdir):
     """model.draft_vocab_size: fit picks the most frequent response tokens (stop tokens forced in) and exports them."""
     from dspark_lightning import load_drafter
+    from dspark_lightning.cli.fit import DSparkCLI
     from dspark_lightning.data.features.vocab import frequent_tokens
-    from dspark_lightning.lightning.cli import DSparkCLI
     from dspark_lightning.lightning.datamodule import DSparkDataModule
     from dspark_lightning.lightning.module import DSparkModule
 

@@ -12,7 +12,7 @@ V4 = ROOT / "recipes" / "v4_flash_like.yaml"
 
 
 def _fit(args):
-    from dspark_lightning.lightning.cli import DSparkCLI
+    from dspark_lightning.cli.fit import DSparkCLI
     from dspark_lightning.lightning.datamodule import DSparkDataModule
     from dspark_lightning.lightning.module import DSparkModule
 

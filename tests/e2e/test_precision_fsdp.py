@@ -23,7 +23,7 @@ from .conftest import TINY
 )
 def test_fit_trains_in_bf16_and_exports(workdir, precision, extra):
     from dspark_lightning import load_drafter
-    from dspark_lightning.lightning.cli import DSparkCLI
+    from dspark_lightning.cli.fit import DSparkCLI
     from dspark_lightning.lightning.datamodule import DSparkDataModule
     from dspark_lightning.lightning.module import DSparkModule
 

@@ -81,10 +81,10 @@ def test_every_product_recipe_exports_for_its_servers(recipe, smol_tiny, tmp_pat
     import yaml
 
     from dspark_lightning.checkpoint import save_drafter
+    from dspark_lightning.cli.fit import DSparkCLI
     from dspark_lightning.export import InteropError, export_drafter
     from dspark_lightning.export.plan import plan_args, serving_layout
     from dspark_lightning.export.servers import server_names
-    from dspark_lightning.lightning.cli import DSparkCLI
     from dspark_lightning.lightning.datamodule import DSparkDataModule
     from dspark_lightning.lightning.module import DSparkModule
 

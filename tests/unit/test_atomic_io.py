@@ -122,8 +122,8 @@ def test_checkpoint_io_on_a_full_disk_keeps_the_previous_checkpoint(tmp_path, di
 
 def test_last_skips_a_truncated_checkpoint_for_the_newest_readable(tmp_path, capsys):
     from dspark_lightning.checks import UsageError
+    from dspark_lightning.cli.fit import newest_readable
     from dspark_lightning.lightning.checkpoint_io import AtomicCheckpointIO
-    from dspark_lightning.lightning.cli import newest_readable
 
     io = AtomicCheckpointIO()
     good, last = tmp_path / "step=2.ckpt", tmp_path / "last.ckpt"

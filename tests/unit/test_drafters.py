@@ -5,7 +5,7 @@ import torch
 
 from dspark_lightning import create, names
 from dspark_lightning.drafters import build_part
-from dspark_lightning.modules import block_attention_mask
+from dspark_lightning.layers import block_attention_mask
 
 HEADS = [*names("seq_head"), None]
 

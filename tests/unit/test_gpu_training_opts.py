@@ -13,9 +13,9 @@ from torch.utils.data import DataLoader
 from dspark_lightning.data.features.anchors import AnchorCollator
 from dspark_lightning.data.features.extract import features_for_batch
 from dspark_lightning.infer.profiling.syncs import HostReads
+from dspark_lightning.layers import MoE
 from dspark_lightning.lightning.callbacks import FitStats, TrainingDiverged
 from dspark_lightning.lightning.module import DSparkModule
-from dspark_lightning.modules import MoE
 
 ROOT = Path(__file__).resolve().parents[2]
 FSDP_RECIPE = ROOT / "recipes" / "gpu" / "dspark_qwen3_4b_fsdp.yaml"
@@ -202,8 +202,8 @@ def test_fsdp_recipe_wraps_each_decoder_layer():
     from lightning.pytorch.strategies import FSDPStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
+    from dspark_lightning.cli.fit import DSparkCLI
     from dspark_lightning.drafters.backbones import DecoderLayer
-    from dspark_lightning.lightning.cli import DSparkCLI
     from dspark_lightning.lightning.datamodule import DSparkDataModule
 
     cpu = ["--data.target=tiny-debug", "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto"]

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from dspark_lightning import create
-from dspark_lightning.modules import InjectedAttention, apply_rope, block_attention_mask, layers, rope_cos_sin
+from dspark_lightning.layers import InjectedAttention, apply_rope, block_attention_mask, rope_cos_sin, transformer
 
 ATOL = 1e-5
 
@@ -30,15 +30,15 @@ def old_forward(self, h, cos, sin, ctx_k, ctx_v, mask):
 
 @pytest.fixture
 def sdpa_calls(monkeypatch):
-    """The key/value head counts and ``enable_gqa`` of every SDPA call made by modules/layers.py."""
-    layers.sdpa_has_gqa()  # probed once, before the spy
+    """The key/value head counts and ``enable_gqa`` of every SDPA call made by layers/transformer.py."""
+    transformer.sdpa_has_gqa()  # probed once, before the spy
     calls, sdpa = [], F.scaled_dot_product_attention
 
     def spy(q, k, v, *args, **kwargs):
         calls.append((q.shape[1], k.shape[1], kwargs.get("enable_gqa", False)))
         return sdpa(q, k, v, *args, **kwargs)
 
-    monkeypatch.setattr(layers.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(transformer.F, "scaled_dot_product_attention", spy)
     return calls
 
 
@@ -80,7 +80,7 @@ def test_fused_gqa_equals_repeat_interleave(num_kv_heads, window, sdpa_calls):
     assert not new_out[1, -3:].any()  # the dummy block's rows stay zero
     for a, b in zip(new_grads, old_grads, strict=True):
         assert torch.allclose(a, b, atol=ATOL)
-    if layers.sdpa_has_gqa() and layers._kernel_takes_gqa(*_qkvm(attn, args)):
+    if transformer.sdpa_has_gqa() and transformer._kernel_takes_gqa(*_qkvm(attn, args)):
         assert sdpa_calls[0] == (4, num_kv_heads, True)  # the kernel got the un-repeated K/V
     else:
         assert sdpa_calls[0] == (4, 4, False)
@@ -97,7 +97,7 @@ def test_repeat_fallback_without_enable_gqa(monkeypatch, sdpa_calls):
     """torch < 2.5 (no enable_gqa) or no fused kernel for grouped heads: K/V are repeated, same values."""
     attn, args = _inputs(2, 4)
     fused_out, fused_grads = _run(attn, args, InjectedAttention.forward)
-    monkeypatch.setattr(layers, "sdpa_has_gqa", lambda: False)
+    monkeypatch.setattr(transformer, "sdpa_has_gqa", lambda: False)
     out, grads = _run(attn, args, InjectedAttention.forward)
     assert sdpa_calls[-1] == (4, 4, False)
     assert torch.allclose(out, fused_out, atol=ATOL)
@@ -106,10 +106,10 @@ def test_repeat_fallback_without_enable_gqa(monkeypatch, sdpa_calls):
 
 def test_enable_gqa_is_detected_on_this_torch():
     major, minor = (int(x) for x in torch.__version__.split(".")[:2])
-    assert layers.sdpa_has_gqa() == ((major, minor) >= (2, 5))
-    if layers.sdpa_has_gqa():  # the CPU kernel takes masked GQA here, so the test above exercises the fused path
+    assert transformer.sdpa_has_gqa() == ((major, minor) >= (2, 5))
+    if transformer.sdpa_has_gqa():  # the CPU kernel takes masked GQA here, so the test above exercises the fused path
         attn, args = _inputs(2, None)
-        assert layers._kernel_takes_gqa(*_qkvm(attn, args))
+        assert transformer._kernel_takes_gqa(*_qkvm(attn, args))
 
 
 @pytest.mark.parametrize(

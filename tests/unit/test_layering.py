@@ -1,6 +1,6 @@
 """Every file of the package sits on one floor and imports only from its own floor or the floors below.
 
-    base -> targets -> modules -> drafters -> checkpoint -> export -> infer -> data -> calibration -> eval
+    base -> targets -> layers -> drafters -> checkpoint -> export -> infer -> data -> calibration -> eval
          -> testing -> lightning -> cli
 
 ``base`` holds the leaf utilities (atomic I/O, locks, devices, the validators of ``checks``, the registry, the
@@ -26,7 +26,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[2] / "dspark_lightning"
 
 FLOORS = (
-    "base", "targets", "modules", "drafters", "checkpoint", "export", "infer", "data", "calibration", "eval",
+    "base", "targets", "layers", "drafters", "checkpoint", "export", "infer", "data", "calibration", "eval",
     "testing", "lightning", "cli",
 )  # fmt: skip
 
@@ -43,7 +43,7 @@ PLACES = {
     "errors.py": "base",
     "renames.py": "base",
     "targets": "targets",
-    "modules": "modules",
+    "layers": "layers",
     "drafters": "drafters",
     "checkpoint": "checkpoint",
     "export": "export",

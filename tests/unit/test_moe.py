@@ -6,7 +6,7 @@ import torch
 from dspark_lightning import create
 from dspark_lightning.drafters import MoESWABackbone
 from dspark_lightning.infer import SamplingParams, make_proposer
-from dspark_lightning.modules import MoE, Router, block_attention_mask, moe_aux_loss, moe_loads
+from dspark_lightning.layers import MoE, Router, block_attention_mask, moe_aux_loss, moe_loads
 
 
 def test_router_top_k_shapes_and_weights():

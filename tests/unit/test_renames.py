@@ -117,3 +117,12 @@ def test_a_plugin_factory_with_the_former_keyword_is_called_with_it():
             assert make_proposer(Old(), batching="flat").layout == "flat"
     finally:
         registry._REGISTRY["proposer"].pop("_test_old_proposer")
+
+
+def test_prepare_verify_is_check_cache(capsys):
+    """``prepare --verify`` hashed every shard; "verify" now means only the target's forward over drafts."""
+    from dspark_lightning.cli.prepare import parse_recipe, prepare
+
+    _, kwargs = parse_recipe("prepare", ["--config", "recipes/tiny_debug.yaml", "--verify"], prepare)
+    assert kwargs["check_cache"] is True
+    assert "dspark-lightning prepare: note: --verify is now --check_cache" in capsys.readouterr().err

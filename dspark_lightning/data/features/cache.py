@@ -16,7 +16,7 @@ writes one cache per rank (shards named ``shard-r{rank}-{k}.tar``) and :func:`me
 directory.
 
 Opening a cache checks sizes and member counts only (cheap); the sha256 of every shard is checked by
-:func:`verify_cache` (``dspark-lightning check-cache``), an explicit step rather than work on every start.
+:func:`check_shards` (``dspark-lightning check-cache``), an explicit step rather than work on every start.
 """
 
 from __future__ import annotations
@@ -384,7 +384,7 @@ def _check_shard_names(index: dict[str, Any], path: str) -> None:
             raise CacheError(f"feature cache {path}: shard name {name!r} is not a file name inside the cache folder")
 
 
-def verify_cache(cache_dir: str | Path, progress: bool = True) -> dict[str, int]:
+def check_shards(cache_dir: str | Path, progress: bool = True) -> dict[str, int]:
     """The explicit integrity check (``dspark-lightning check-cache``): the cheap checks, then every shard's sha256.
 
     Returns ``{"shards", "samples", "bytes"}``; raises :class:`CacheError` naming the first corrupt shard.
@@ -394,7 +394,7 @@ def verify_cache(cache_dir: str | Path, progress: bool = True) -> dict[str, int]
     cache = FeatureCache(cache_dir)
     recs = cache.index["shards"]
     total = sum(r["bytes"] for r in recs)
-    with tqdm(total=total, unit="B", unit_scale=True, desc=f"verify {cache.dir.name}", disable=not progress) as bar:
+    with tqdm(total=total, unit="B", unit_scale=True, desc=f"sha256 {cache.dir.name}", disable=not progress) as bar:
         for path, rec in zip(cache._shards, recs, strict=True):
             if _sha256(path) != rec["sha256"]:
                 raise CacheError(f"feature cache shard {path} is corrupt (sha256 mismatch)")
@@ -406,8 +406,8 @@ class FeatureCache(Dataset):
     """A validated, map-style dataset over a local feature cache (DistributedSampler-friendly).
 
     On open: ``index.json`` exists and has this format; every key of ``expect`` equals the cached meta; every shard
-    exists with the recorded size and member count (and sha256 with ``verify_checksums``; hashing every shard is
-    :func:`verify_cache`'s job, not every start's). Any failure raises :class:`CacheError` naming the key or shard
+    exists with the recorded size and member count (and sha256 with ``check_sha256``; hashing every shard is
+    :func:`check_shards`'s job, not every start's). Any failure raises :class:`CacheError` naming the key or shard
     file. Samples are read **lazily**: only (shard, offset, size) per sample is kept, and each ``__getitem__`` reads
     one member (no open handles, so DataLoader workers fork safely).
 
@@ -415,7 +415,7 @@ class FeatureCache(Dataset):
     "hidden" float32 (S, d)}``.
     """
 
-    def __init__(self, cache_dir: str | Path, expect: dict | None = None, *, verify_checksums: bool = False):
+    def __init__(self, cache_dir: str | Path, expect: dict | None = None, *, check_sha256: bool = False):
         self.dir = Path(cache_dir)
         if not (self.dir / INDEX).is_file():
             raise CacheError(f"feature cache {self.dir} has no {INDEX} (not a cache, or its write never finished)")
@@ -424,7 +424,7 @@ class FeatureCache(Dataset):
         self._shards = [self.dir / s["name"] for s in self.index["shards"]]
         self._entries: list[tuple[int, int, int]] = []  # (shard, data offset, size)
         for k, s in enumerate(self.index["shards"]):
-            self._entries += [(k, off, size) for off, size in self._check_shard(self._shards[k], s, verify_checksums)]
+            self._entries += [(k, off, size) for off, size in self._check_shard(self._shards[k], s, check_sha256)]
         if len(self._entries) != self.index["totals"]["samples"]:
             raise CacheError(
                 f"feature cache {self.dir}: {len(self._entries)} samples, index says {self.index['totals']['samples']}"
@@ -432,14 +432,14 @@ class FeatureCache(Dataset):
         self.dtype = resolve_feature_dtype(self.meta["feature_dtype"])
 
     @staticmethod
-    def _check_shard(path: Path, rec: dict, verify: bool) -> list[tuple[int, int]]:
+    def _check_shard(path: Path, rec: dict, sha256: bool) -> list[tuple[int, int]]:
         """Validate one shard; returns (data offset, size) of each member."""
         if not path.is_file():
             raise CacheError(f"feature cache shard {path} is missing")
         size = path.stat().st_size
         if size != rec["bytes"]:
             raise CacheError(f"feature cache shard {path} has {size} bytes, index says {rec['bytes']} (truncated?)")
-        if verify and _sha256(path) != rec["sha256"]:
+        if sha256 and _sha256(path) != rec["sha256"]:
             raise CacheError(f"feature cache shard {path} is corrupt (sha256 mismatch)")
         try:
             with tarfile.open(path, "r:") as tf:

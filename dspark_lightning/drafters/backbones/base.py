@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...modules import InjectedAttention, RMSNorm, rope_cos_sin
+from ...layers import InjectedAttention, RMSNorm, rope_cos_sin
 from ...targets import TargetGeometry
 
 KV = tuple[torch.Tensor, torch.Tensor]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ...modules import SwiGLU
+from ...layers import SwiGLU
 from ...registry import register
 from ...targets import TargetGeometry
 from ..common import capture_args, init_weights

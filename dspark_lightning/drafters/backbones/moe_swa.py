@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from ...modules import MoE
+from ...layers import MoE
 from ...registry import register
 from ...targets import TargetGeometry
 from ..common import capture_args, init_weights

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 import lightning as L
 
-from ...modules import moe_loads
+from ...layers import moe_loads
 
 
 class MoELogging(L.Callback):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .layers import SwiGLU
+from .transformer import SwiGLU
 
 BALANCE = ("aux", "bias", "none")
 

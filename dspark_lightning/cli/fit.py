@@ -32,12 +32,12 @@ from ..checkpoint import DrafterLoadError  # noqa: E402
 from ..data.features.cache import CacheError  # noqa: E402
 from ..errors import one_line_error  # noqa: E402
 from ..export.plan import check_servable, plan_args  # noqa: E402
+from ..lightning import recipe_checks  # noqa: E402
+from ..lightning.callbacks import DrafterExport, TrainingDiverged, calibrate_after_fit, calibrate_args  # noqa: E402,F401
+from ..lightning.checkpoint_io import AtomicCheckpointIO, checkpoint_problem  # noqa: E402
+from ..lightning.datamodule import DSparkDataModule  # noqa: E402
+from ..lightning.module import DSparkModule  # noqa: E402
 from ..registry import RegistryError  # noqa: E402
-from . import recipe_checks  # noqa: E402
-from .callbacks import DrafterExport, TrainingDiverged, calibrate_after_fit, calibrate_args  # noqa: E402,F401
-from .checkpoint_io import AtomicCheckpointIO, checkpoint_problem  # noqa: E402
-from .datamodule import DSparkDataModule  # noqa: E402
-from .module import DSparkModule  # noqa: E402
 
 USER_ERRORS = (
     ArgumentError,
