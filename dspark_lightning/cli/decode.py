@@ -140,7 +140,6 @@ def decode(
         gamma: static: drafts verified per round
         threshold: threshold: survival threshold
         sps: SPS table JSON (default: cached profile)
-        seed: random seed of the sampling
         batch_size: concurrent requests (default: all)
         batching: padded (a row per request) | flat (one strip, no padding compute)
         verifier: auto (lean where supported) | lean | hf
@@ -148,9 +147,6 @@ def decode(
         no_chat: do not apply the chat template
         stop: stop string (repeatable)
         json_out: write texts, token ids and stats here
-        device: auto (CUDA when available) | cpu | cuda | cuda:N
-        dtype: target: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
-        drafter_dtype: drafter: auto (the faster of fp32/bf16 here) | bf16 | fp32
     """
     from ..checkpoint import recorded_target_args
     from ..infer.decode import check_decode_args
@@ -242,9 +238,6 @@ def profile(
         rounds: --breakdown: interleaved timed rounds (default: 9 verify, 15 draft)
         drafter: --breakdown draft: a trained drafter, timed in fp32 and bf16 next to random ones
         layers: --breakdown draft: layers of the random DSpark drafters
-        device: auto (CUDA when available) | cpu | cuda | cuda:N
-        dtype: target: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
-        drafter_dtype: drafter: auto (the faster of fp32/bf16 here) | bf16 | fp32
     """
     from ..infer.profiling.sps import default_path, profile_sps
 

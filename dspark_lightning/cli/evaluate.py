@@ -141,22 +141,16 @@ def evaluate(
     Args:
         drafter: exported drafter directory, optionally named: name=path (repeatable)
         target: default: the first drafter's target
-        domains: built-in held-out sets
         prompts_per_domain: prompts of each set
         max_new_tokens: most tokens generated per prompt
-        seed: random seed of the sampling
         scheduler: scheduler for every drafter (default static: full blocks, as the paper's Table 1)
         gamma: static: drafts verified per round (default: whole blocks)
         sps: SPS table JSON for hardware_aware schedulers
-        out: output directory
         dataset: extra {"turns": [...]} JSONL: name=path.jsonl[:domain] (repeatable)
         prompts: a responses JSONL (e.g. a recipe's <work_dir>/responses_heldout.jsonl) instead of the built-in
             sets: one set per source (python_stdlib/complete apart), its first --prompts_per_domain first user turns
         temperature: sampling temperature (paper: 1.0; 0 = greedy)
         batch_size: concurrent requests
-        device: auto (CUDA when available) | cpu | cuda | cuda:N
-        dtype: target: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
-        drafter_dtype: drafter: auto (the faster of fp32/bf16 here) | bf16 | fp32
     """
     from ..eval.runner import builtin_datasets, jsonl_dataset, responses_datasets, write_eval
     from ..eval.runner import evaluate as run_evaluation
@@ -223,23 +217,17 @@ def bench(
     Args:
         drafter: exported drafter directory, optionally named: name=path (repeatable)
         target: default: the first drafter's target
-        domains: built-in held-out sets
         prompts_per_domain: prompts of each set
         max_new_tokens: most tokens generated per prompt
-        seed: random seed of the sampling
         scheduler: scheduler(s) for every drafter; several: one row per drafter and scheduler
         gamma: static: drafts verified per round (default: whole blocks)
         sps: SPS table JSON for hardware_aware schedulers
-        out: output directory
         temperatures: sampling temperatures (a cell each)
         batches: concurrent requests (a cell each)
         repeats: alternating repeats per cell (order reversed each time)
         prompt_lookup_tokens: HF prompt-lookup candidate length
         acceptance: rejection and/or coupled (T > 0: extra rows under coupled acceptance)
         batching: how our decoders batch requests: padded and/or flat (both: a row per decoder and mode)
-        device: auto (CUDA when available) | cpu | cuda | cuda:N
-        dtype: target: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
-        drafter_dtype: drafter: auto (the faster of fp32/bf16 here) | bf16 | fp32
     """
     from ..eval.bench import bench as run_bench
     from ..eval.bench import write_bench
@@ -311,19 +299,13 @@ def threshold_sweep(
     Args:
         drafter: the exported drafter directory, optionally named: name=path (exactly one)
         target: default: the drafter's target
-        domains: built-in held-out sets
         prompts_per_domain: prompts of each set
         max_new_tokens: most tokens generated per prompt
-        seed: random seed of the sampling
-        out: output directory
         thresholds: the confidence thresholds swept
         mode: cumulative (calibrated survival a_k) or raw
         temperature: sampling temperature
         batch_size: concurrent requests
         raw_confidences: ignore the drafter's STS calibration
-        device: auto (CUDA when available) | cpu | cuda | cuda:N
-        dtype: target: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
-        drafter_dtype: drafter: auto (the faster of fp32/bf16 here) | bf16 | fp32
     """
     from ..eval.runner import builtin_datasets
     from ..eval.sweep import threshold_sweep as run_sweep
@@ -380,21 +362,15 @@ def serve_bench(
     Args:
         drafter: the exported drafter directory, optionally named: name=path (one; none: plain decoding only)
         target: default: the drafter's target
-        domains: built-in held-out sets
         prompts_per_domain: prompts of each set (the domains interleaved)
         max_new_tokens: most tokens generated per request
-        seed: random seed of the sampling
         sps: SPS table JSON for hardware_aware schedulers
-        out: output directory
         concurrency: concurrent clients (a cell each)
         methods: plain, static:γ, threshold:θ, hardware_aware, async_hardware_aware
         window_s: measured seconds per cell (after warm-up)
         repeats: runs per cell (order reversed each time); rows are means
         batching: padded or flat: how requests share a forward (docs/inference.md)
         temperature: sampling temperature
-        device: auto (CUDA when available) | cpu | cuda | cuda:N
-        dtype: target: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
-        drafter_dtype: drafter: auto (the faster of fp32/bf16 here) | bf16 | fp32
     """
     from ..eval.runner import builtin_datasets
     from ..eval.serve_bench import method_scheduler, write_serve_bench

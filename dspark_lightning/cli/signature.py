@@ -14,7 +14,8 @@
 
 A flag's type is its parameter's annotation (jsonargparse checks the value: ``int``, ``float``, ``str | None``,
 ``Literal[...]``...), its default the parameter's (a parameter without one is a required flag), its help the
-parameter's entry in the docstring's ``Args:`` section, and the docstring's summary is the command's description.
+parameter's entry in the docstring's ``Args:`` section (else its entry in :data:`COMMON_HELP`, the flags that mean the
+same in every command), and the docstring's summary is the command's description.
 A sequence (``Sequence[str]``, ``list[int]``) takes one or more values (``--domains math code``); annotated as
 ``Annotated[Sequence[str], REPEATED]`` it is given once per value instead (``--prompt a --prompt b``). A ``bool`` is
 a switch: ``--overwrite`` alone, or ``--overwrite true|false``. A flag that was renamed keeps working under its
@@ -34,6 +35,14 @@ import docstring_parser
 from jsonargparse import ArgumentParser
 
 REPEATED = "repeated"  # Annotated[Sequence[X], REPEATED]: a flag given once per value
+COMMON_HELP = {  # a flag's help where its function's docstring has none: flags with one meaning in every command
+    "device": "auto (CUDA when available) | cpu | cuda | cuda:N",
+    "dtype": "target: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32",
+    "drafter_dtype": "drafter: auto (the faster of fp32/bf16 here) | bf16 | fp32",
+    "seed": "random seed of the sampling",
+    "out": "output directory",
+    "domains": "built-in held-out sets",
+}
 SEQUENCES = (list, tuple, collections.abc.Sequence)
 
 
@@ -64,9 +73,11 @@ def current_argv(func: Callable, argv: list[str], prog: str) -> list[str]:
 
 
 def arg_help(func: Callable) -> dict[str, str]:
-    """Parameter name -> its ``Args:`` entry in ``func``'s docstring, on one line."""
+    """Parameter name -> its ``Args:`` entry in ``func``'s docstring on one line, else its :data:`COMMON_HELP`."""
     doc = docstring_parser.parse(inspect.getdoc(func) or "")
-    return {p.arg_name: " ".join(p.description.split()) for p in doc.params if p.description}
+    own = {p.arg_name: " ".join(p.description.split()) for p in doc.params if p.description}
+    params = inspect.signature(func).parameters
+    return {**{k: v for k, v in COMMON_HELP.items() if k in params}, **own}
 
 
 def description(func: Callable) -> str:
@@ -107,7 +118,7 @@ def add_function_flags(
     parser: ArgumentParser, func: Callable, skip: Collection[str] = (), flags: Mapping[str, str] | None = None
 ) -> None:
     """Add a flag for each parameter of ``func`` but those in ``skip``; ``flags``: parameter -> another flag name.
-    A parameter without help in the docstring is a TypeError (every flag is documented)."""
+    A parameter without help in the docstring or :data:`COMMON_HELP` is a TypeError (every flag is documented)."""
     helps, hints = arg_help(func), typing.get_type_hints(func, include_extras=True)
     formerly = {new: old for old, new in getattr(func, "former_flags", {}).items()}
     for param in flag_parameters(func, skip):

@@ -103,3 +103,22 @@ def test_an_undocumented_parameter_is_refused():
 
     with pytest.raises(TypeError, match="'y'"):
         command_parser(h, "h")
+
+
+def test_a_common_flag_takes_its_help_from_the_glossary_unless_the_docstring_has_its_own():
+    def cmd(seed: int = 0, device: str = "auto", out: str = "o") -> None:
+        """A command.
+
+        Args:
+            out: where the table goes
+        """
+
+    helps = {a.dest: a.help for a in command_parser(cmd, "cmd")._actions}
+    assert helps["seed"] == "random seed of the sampling" and helps["device"].startswith("auto (CUDA")
+    assert helps["out"] == "where the table goes"  # the docstring's own entry wins
+
+    def undocumented(steps: int = 1) -> None:
+        """A command without Args."""
+
+    with pytest.raises(TypeError, match="'steps' has no entry"):
+        command_parser(undocumented, "cmd")

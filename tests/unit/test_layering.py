@@ -21,6 +21,7 @@ registry the modules its first lookup imports (every module that registers a com
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[2] / "dspark_lightning"
@@ -343,3 +344,12 @@ def test_the_house_drawing_has_no_arrow_up_a_floor(tmp_path):
     assert "upward imports: 0" in done.stdout and out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for floor in FLOORS:
         assert f"{floor:>12}:" in done.stdout
+
+
+def test_only_the_training_files_import_lightning():
+    """The Lightning package is imported by ``lightning/`` and the training commands (``cli/fit.py``,
+    ``cli/prepare.py``) only: the runtime, the data stages and the inference commands run without it."""
+    allowed = ("lightning/", "cli/fit.py", "cli/prepare.py")
+    found = re.compile(r"^\s*(import lightning\b|from lightning\b)", re.M)
+    users = sorted(str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if found.search(p.read_text(encoding="utf-8")))
+    assert users and all(u.startswith(allowed) for u in users), [u for u in users if not u.startswith(allowed)]
