@@ -18,6 +18,7 @@ every parameter, that an exported drafter with the head reloads bit-identically,
 from __future__ import annotations
 
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -209,9 +210,10 @@ def check_server(spec: Any, seed: int = 0) -> None:
     """Conformance checks for a serving target (a registered ``server`` name, or a
     :class:`~dspark_lightning.export.servers.Server` subclass): it is a ``Server``; its rules return notes (strings)
     or refuse in one line that names the server; :meth:`~dspark_lightning.export.servers.Server.check` agrees with
-    them; its additions keep every key and tensor of the generic layout; and, unless it also writes llama.cpp's
-    GGUF (that needs llama.cpp's converter), a ``--server`` export of a small DSpark drafter reads back through
-    ``load_drafter`` with the same logits."""
+    them; its additions keep every key and tensor of the generic layout; its ``write`` returns notes; and, unless it
+    also writes llama.cpp's GGUF (that needs llama.cpp's converter), a ``--server`` export of a small DSpark drafter
+    is written (its own files leave the layout's alone) and reads back through ``load_drafter`` with the same
+    logits."""
     from .checkpoint import load_drafter
     from .drafters import build_drafter
     from .export import InteropError, Server, export_serving, server_for
@@ -237,10 +239,16 @@ def check_server(spec: Any, seed: int = 0) -> None:
     keys, tensors = set(cfg), set(state)
     server.dspark_additions(cfg, state, drafter)
     assert keys <= set(cfg) and tensors <= set(state), f"{name}: additions must keep the generic layout's entries"
+    with tempfile.TemporaryDirectory() as tmp:
+        written = server.write(Path(tmp), drafter, target)
+    assert isinstance(written, list) and all(isinstance(n, str) for n in written), f"{name}: write() returns notes"
     if server.writes_gguf:
         return
     with tempfile.TemporaryDirectory() as tmp:
-        export_serving(drafter, target, "dspark-hf", tmp, dtype="fp32", server=server.name, overwrite=True)
+        try:
+            export_serving(drafter, target, "dspark-hf", tmp, dtype="fp32", server=server.name, overwrite=True)
+        except InteropError as exc:
+            raise AssertionError(f"{name}: its export fails: {exc}") from None
         loaded = load_drafter(tmp, target)
     prev = torch.randint(0, target.geometry.vocab_size, (2, 4))
     ctx = target(prev).context

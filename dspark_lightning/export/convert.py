@@ -42,6 +42,7 @@ from .servers import (
     refuse_dspark,
     refuse_eagle3,
     server_for,
+    wanted,
 )
 
 LAYOUTS = ("native", "dspark-hf", "eagle3-hf")  # what ``export --layout`` writes
@@ -156,8 +157,31 @@ def export_serving(
     else:
         raise InteropError(f"{layout!r} is not a serving layout; choose dspark-hf or eagle3-hf")
     prepare_out(out, overwrite)
-    write_layout(out, config, state, extra, finish)
+    write_layout(out, config, state, extra, _server_files(finish, wanted(server), drafter, target, notes))
     return ExportResult(out, layout, dtype, len(state), notes)
+
+
+def _server_files(finish, servers, drafter: Any, target: Any, notes: list[str]):
+    """``finish`` for :func:`write_layout`: ``finish`` (llama.cpp's GGUF, or None), then each server's own files
+    (:meth:`~.servers.Server.write`), refused if one replaces a file of the layout."""
+
+    def run(folder: Path) -> None:
+        if finish is not None:
+            finish(folder)
+        for s in servers:
+            before = _stamps(folder)
+            notes.extend(s.write(folder, drafter, target))
+            after = _stamps(folder)
+            changed = sorted(n for n, st in before.items() if after.get(n) != st)
+            if changed:
+                raise InteropError(f"{s.name}: its write() replaced or removed the export's {', '.join(changed)}")
+
+    return run
+
+
+def _stamps(folder: Path) -> dict[str, tuple[int, int, int]]:
+    """File name -> (inode, size, mtime): what changes when a file is rewritten, replaced or removed."""
+    return {p.name: (st.st_ino, st.st_size, st.st_mtime_ns) for p in folder.iterdir() for st in [p.stat()]}
 
 
 def _gguf_writer(

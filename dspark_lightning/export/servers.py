@@ -19,6 +19,7 @@ exists). The rules, and the server source each was read from, are tabled in docs
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,6 +39,8 @@ class Server:
       or reject (naming the server and the option), return notes for what it loads with a caveat;
     - :meth:`dspark_additions` / :meth:`eagle3_additions`: the config keys and tensors it reads beyond the generic
       ``dspark-hf`` / ``eagle3-hf`` layout, written in place;
+    - :meth:`write`: files of its own it reads beside the layout's (a launch config, say), written into the export
+      folder before it is swapped in;
     - :meth:`check`: the reasons a drafter cannot be served (empty: it can).
     """
 
@@ -59,6 +62,11 @@ class Server:
         return None
 
     def eagle3_additions(self, cfg: dict[str, Any], layer_ids: list[int]) -> list[str]:
+        return []
+
+    def write(self, folder: Path, drafter: Any, target: Any = None) -> list[str]:
+        """Write the files this server reads beyond the layout's into ``folder`` (the export being built); return
+        notes. It must not replace the layout's own files (``config.json``, the weights, the calibration file)."""
         return []
 
     def check(self, drafter: Any, target: Any = None) -> list[str]:

@@ -473,11 +473,17 @@ def test_a_plugin_server_is_checked_and_written_like_the_built_in_ones(targets, 
         def dspark_additions(self, cfg, state, drafter):
             cfg["my_server"] = {"block": drafter.block_size}
 
+        def write(self, folder, drafter, target=None):
+            (folder / "launch.json").write_text(json.dumps({"num_speculative_tokens": drafter.block_size}))
+            return ["test-myserver: wrote launch.json"]
+
     try:
         t = targets["four"]
         assert "test-myserver" in server_names() and plan_args({"servers": ["test-myserver"]})[0] == ["test-myserver"]
         _, cfg, res = exported(drafter(t), t, tmp_path, "test-myserver")
         assert cfg["my_server"] == {"block": 3} and "test-myserver: loads it with a caveat" in res.notes
+        assert json.loads((res.path / "launch.json").read_text()) == {"num_speculative_tokens": 3}
+        assert "test-myserver: wrote launch.json" in res.notes
         no_conf = drafter(t, conf=False)
         assert (
             MyServer().check(no_conf) == ["test-myserver: needs a confidence head"]
@@ -499,8 +505,10 @@ def test_every_built_in_server_passes_the_conformance_check(name):
 
 
 def test_the_server_conformance_check_bites():
-    """A server that drops a generic tensor, or refuses in several lines without its name, fails the check."""
+    """A server that drops a generic tensor, refuses in several lines without its name, or whose own files replace the
+    layout's, fails the check."""
     from dspark_lightning.export import Server
+    from dspark_lightning.registry import _REGISTRY, register
     from dspark_lightning.testing import check_server
 
     class Dropper(Server):
@@ -511,7 +519,18 @@ def test_the_server_conformance_check_bites():
         def dspark_rules(self, drafter, head_type, target=None):
             raise InteropError("no.\nreally not")
 
+    class Clobberer(Server):
+        def write(self, folder, drafter, target=None):
+            (folder / "config.json").write_text("{}")
+            return []
+
     with pytest.raises(AssertionError, match="keep the generic layout"):
         check_server(Dropper)
+    register("server", "test-clobber")(Clobberer)
+    try:
+        with pytest.raises(AssertionError, match="replaced or removed the export's config.json"):
+            check_server("test-clobber")
+    finally:
+        _REGISTRY["server"].pop("test-clobber", None)
     with pytest.raises(AssertionError, match="one line naming the server"):
         check_server(Mumbler)
