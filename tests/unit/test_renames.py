@@ -126,3 +126,23 @@ def test_prepare_verify_is_check_cache(capsys):
     _, kwargs = parse_recipe("prepare", ["--config", "recipes/tiny_debug.yaml", "--verify"], prepare)
     assert kwargs["check_cache"] is True
     assert "dspark-lightning prepare: note: --verify is now --check_cache" in capsys.readouterr().err
+
+
+def test_engine_make_proposer_and_build_verifier_take_layout_as_batching(tiny_target):
+    from dspark_lightning.infer import Engine, build_verifier
+
+    with pytest.warns(DeprecationWarning, match="Engine\\(\\): layout= is now batching="):
+        engine = Engine(tiny_target, None, params=SamplingParams(0.0), stop_token_ids=[], layout="flat", verifier="hf")
+    assert engine.verifier.batching == "flat"
+    with pytest.warns(DeprecationWarning, match="build_verifier\\(\\): layout="):
+        assert build_verifier("hf", tiny_target, layout="flat").batching == "flat"
+
+    class Toy:
+        proposer_name = "_test_toy_new"
+
+    register("proposer", "_test_toy_new")(lambda drafter, batching="padded", conf_temperatures=None: batching)
+    try:
+        with pytest.warns(DeprecationWarning, match="make_proposer\\(\\): layout="):
+            assert make_proposer(Toy(), layout="flat") == "flat"
+    finally:
+        registry._REGISTRY["proposer"].pop("_test_toy_new")

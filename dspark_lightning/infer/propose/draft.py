@@ -29,7 +29,7 @@ import torch
 
 from ...drafters.backbones import per_layer_masks
 from ...registry import create, get, register
-from ...renames import keyword_for
+from ...renames import keyword_for, renamed_keyword
 from ..acceptance.sampling import SamplingParams, probs, sample
 from ..verify import kernels as kernel_tables
 from ..verify.kernels import Linear
@@ -82,9 +82,10 @@ def _head_product(drafter, weight: torch.Tensor) -> Linear | None:
     return None if table is None else Linear(weight, None, table)
 
 
-def make_proposer(drafter, batching: str = "padded", conf_temperatures=None):
+def make_proposer(drafter, batching: str = "padded", conf_temperatures=None, layout: str | None = None):
     """The inference-side proposer of ``drafter``: the registered proposer its class names (``proposer_name``), else
-    its own ``make_proposer`` method (third-party drafters)."""
+    its own ``make_proposer`` method (third-party drafters). ``layout``: the former name of ``batching`` (warns)."""
+    batching = renamed_keyword("make_proposer()", "layout", "batching", layout, batching, "padded")
     name = getattr(drafter, "proposer_name", None)
     if name is not None:
         mode = keyword_for(get("proposer", name), "batching", "layout", batching)  # a plugin's may say layout=
