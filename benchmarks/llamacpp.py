@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
 
     target = load_target(SMOLLM2, **recorded_target_args(a.drafter))
     sets = {d: [r.turns[0] for r in eval_prompts(d, a.prompts_per_domain)] for d in ("math", "code", "chat")}
-    ids = {d: [target.render_prompt([{"role": "user", "content": p}]) for p in ps] for d, ps in sets.items()}
+    ids = {d: [target.encode_prompt(p) for p in ps] for d, ps in sets.items()}
     texts = {d: [target.tokenizer.decode(x, skip_special_tokens=False) for x in xs] for d, xs in ids.items()}
 
     ggufs = {"f32": target_gguf, "q4_1": smollm2_gguf_dir() / SMOLLM2_GGUF}  # ours in F32; the one users run

@@ -42,6 +42,18 @@ def config_sha256(cfg: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
+def read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """The tensors and header metadata of a safetensors file, read from its bytes: a POSIX path need not be UTF-8
+    (safetensors' own file functions refuse such names). Raises safetensors' or json's errors on a damaged file."""
+    from safetensors.torch import load
+
+    data = Path(path).read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + size]) if 8 < 8 + size <= len(data) else {}
+    meta = header.get("__metadata__") if isinstance(header, dict) else None
+    return load(data), dict(meta) if isinstance(meta, dict) else {}
+
+
 WEIGHT_LIMIT = 1e6  # no trained drafter weight comes near; beyond it activations overflow to inf within a layer or two
 
 

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 from safetensors.torch import save as save_safetensors
 
 from ..atomic import atomic_dir, atomic_write, recover_dir
@@ -40,6 +39,7 @@ from .files import (
     one_line,
     place_drafter,
     read_config,
+    read_safetensors,
     weights_sha256,
 )
 
@@ -77,7 +77,7 @@ def save_drafter(
     }
     cfg["config_sha256"] = config_sha256(cfg)
     with atomic_dir(path, tag=EXPORT_TAG, what="export", carry=_carried) as tmp:
-        atomic_write(tmp / "model.safetensors", save_safetensors(state))
+        atomic_write(tmp / "model.safetensors", save_safetensors(state, metadata=weights_record(cfg)))
         atomic_write(tmp / "config.json", json.dumps(cfg, indent=2) + "\n")
     return path
 
@@ -88,17 +88,57 @@ def _carried(name: str) -> bool:
     return name not in OWN_FILES and name != LOCK_FILE
 
 
+# config.json fields the weights file records in its safetensors header: what decides how the weights are used and
+# that their shapes cannot tell (the block size, the mask token, the tapped layers), plus the config's hash.
+RECORDED = {
+    "block_size": lambda cfg: cfg.get("block_size"),
+    "mask_token_id": lambda cfg: cfg.get("mask_token_id"),
+    "layer_ids": lambda cfg: (cfg.get("geometry") or {}).get("layer_ids"),
+}
+RECORD_PREFIX = "dspark."
+
+
+def weights_record(cfg: dict[str, Any]) -> dict[str, str]:
+    """The safetensors metadata of an export's weights: :data:`RECORDED` fields of ``cfg`` and its hash."""
+    rec = {RECORD_PREFIX + k: json.dumps(get(cfg)) for k, get in RECORDED.items()}
+    return rec | {RECORD_PREFIX + "config_sha256": cfg["config_sha256"]}
+
+
 def check_config_hash(cfg: dict[str, Any], path: Path) -> None:
-    """An edited config.json (``block_size``, ``mask_token_id``, ...) would be used as is: refuse it. Exports
-    written before ``config_sha256`` existed load with a warning."""
+    """An edited config.json (``block_size``, ``mask_token_id``, ...) would be used as is: refuse it. Without its
+    ``config_sha256`` the config is checked against what the weights file records (:func:`weights_record`):
+    it loads with a note, and a field that contradicts the weights' record is refused."""
     stored = cfg.get("config_sha256")
-    if stored is None:
-        msg = f"{path}/config.json has no config_sha256 (an older export): its fields are not integrity-checked"
-        warnings.warn(msg, stacklevel=3)
-    elif stored != config_sha256(cfg):
-        raise DrafterLoadError(
-            f"{path}/config.json does not match its config_sha256: it was edited after export; re-export the drafter"
-        )
+    if stored is not None:
+        if stored != config_sha256(cfg):
+            raise DrafterLoadError(
+                f"{path}/config.json does not match its config_sha256: it was edited after export; re-export the "
+                "drafter"
+            )
+        return
+    record = _weights_metadata(path / "model.safetensors")
+    if record.get(RECORD_PREFIX + "config_sha256") == config_sha256(cfg):
+        return  # only the hash key was dropped: the config is the exported one
+    checked = []
+    for key, get in RECORDED.items():
+        raw = record.get(RECORD_PREFIX + key)
+        if raw is None:
+            continue
+        if json.loads(raw) != get(cfg):
+            raise DrafterLoadError(
+                f"{path}/config.json has no config_sha256 and says {key} = {get(cfg)}, but its weights were exported "
+                f"with {key} = {json.loads(raw)} (model.safetensors records it); restore config.json or re-export"
+            )
+        checked.append(key)
+    said = f"{', '.join(checked)} checked against the weights" if checked else "its fields are not integrity-checked"
+    warnings.warn(f"{path}/config.json has no config_sha256: {said}", stacklevel=3)
+
+
+def _weights_metadata(wfile: Path) -> dict[str, str]:
+    try:
+        return read_safetensors(wfile)[1]
+    except Exception:  # noqa: BLE001 - an unreadable file is reported by the weights load that follows
+        return {}
 
 
 def check_compatible(cfg: dict[str, Any], target: Any, where: str) -> None:
@@ -183,7 +223,7 @@ def load_drafter(
     drafter = build_drafter(target, cfg["block_size"], **_recorded_parts(cfg))
     wfile = path / "model.safetensors"
     try:
-        state = load_file(str(wfile), device="cpu")
+        state = read_safetensors(wfile)[0]
     except Exception as exc:  # missing, truncated or not safetensors: safetensors raises its own error types
         raise DrafterLoadError(f"{wfile} is not a readable safetensors file ({one_line(exc)})") from None
     if weights_sha256(state) != cfg["weights_sha256"]:

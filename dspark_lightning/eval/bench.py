@@ -105,7 +105,7 @@ def bench(
     from tqdm.auto import tqdm
 
     schedulers = schedulers or {scheduler_label(scheduler): scheduler}
-    ids = {k: [target.render_prompt([{"role": "user", "content": p}]) for p in v] for k, v in prompt_sets.items()}
+    ids = {k: [target.encode_prompt(p) for p in v] for k, v in prompt_sets.items()}
     mixed = [p for v in ids.values() for p in v]
     every = decoders(drafters, schedulers, tuple(batching), "coupled" in acceptance)
     cells = [(T, b, s) for T in temperatures for b in batches for s in (ids if b == 1 else ["all"])]

@@ -160,7 +160,7 @@ def run_decode(
 
 def warmup(target, drafters: dict[str, Any], scheduler: Any = "static") -> None:
     """One short decode, plain and per drafter, before anything is timed (first-call allocations, lazy init)."""
-    prompt = [target.render_prompt([{"role": "user", "content": "Hello"}])]
+    prompt = [target.encode_prompt("Hello")]
     for d in [None, *drafters.values()]:
         run_decode(target, d, prompt, temperature=1.0, batch_size=1, scheduler=scheduler if d else "static",
                    max_new_tokens=4, seed=0)  # fmt: skip
@@ -210,7 +210,7 @@ def evaluate(
     """Decode every dataset plainly and with each drafter; returns the tau_table.json document."""
     from tqdm.auto import tqdm
 
-    prompts = {d.name: [target.render_prompt([{"role": "user", "content": p}]) for p in d.prompts] for d in datasets}
+    prompts = {d.name: [target.encode_prompt(p) for p in d.prompts] for d in datasets}
     runs: dict[str, dict[str, dict]] = {"plain": {}, **{name: {} for name in drafters}}
     jobs = [(ds, name) for ds in datasets for name in runs]
     kw = {"temperature": temperature, "batch_size": batch_size, "max_new_tokens": max_new_tokens, "seed": seed}

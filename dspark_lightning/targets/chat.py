@@ -20,7 +20,8 @@ class ChatFormat:
             template's own default behaviour (SmolLM2's template adds its default system prompt).
         use_chat_template: ``False`` renders raw concatenated turns.
         template: a Jinja chat template used in place of the tokenizer's, for a base model that has none (without
-            one, its turns are concatenated as raw text, no BOS, no separator): ``recipes/gemma3_270m_dspark.yaml``.
+            one, its turns are concatenated as raw text inside the tokenizer's own BOS / EOS framing, no separator):
+            ``recipes/gemma3_270m_dspark.yaml``.
     """
 
     system_prompt: str | None = None
@@ -57,10 +58,34 @@ def _has_special(tokenizer: Any, messages: list[dict[str, str]]) -> bool:
     return any(sp in m["content"] for m in messages for sp in specials)
 
 
-def _ids(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool, fmt: ChatFormat) -> list[int]:
+def framing(tokenizer: Any, text: str) -> tuple[list[int], list[int]]:
+    """The special tokens the tokenizer puts around ``text`` on its own (its BOS / EOS rules): (head, tail)."""
+    full = list(tokenizer(text)["input_ids"])
+    bare = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    for at in range(len(full) - len(bare) + 1):
+        if full[at : at + len(bare)] == bare:
+            return full[:at], full[at + len(bare) :]
+    return [], []
+
+
+def raw_ids(tokenizer: Any, text: str, tail: bool = True) -> list[int]:
+    """Content text in the tokenizer's own framing: ``tokenizer(text)``'s BOS (and EOS with ``tail``, where the
+    tokenizer adds one) around the text's ids, whose special-token strings stay text (:func:`text_ids`). For text
+    without special-token strings this is exactly ``tokenizer(text)["input_ids"]``."""
+    head, end = framing(tokenizer, text)
+    return head + text_ids(tokenizer, text) + (end if tail else [])
+
+
+def has_template(tokenizer: Any, fmt: ChatFormat) -> bool:
+    """Whether ``fmt`` renders turns through a chat template (the recorded one, else the tokenizer's)."""
+    return fmt.use_chat_template and (fmt.template or getattr(tokenizer, "chat_template", None)) is not None
+
+
+def _ids(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool, fmt: ChatFormat,
+         tail: bool = True) -> list[int]:  # fmt: skip
+    if not has_template(tokenizer, fmt):
+        return raw_ids(tokenizer, "".join(m["content"] for m in messages), tail)
     template = fmt.template or tokenizer.chat_template
-    if not fmt.use_chat_template or template is None:
-        return text_ids(tokenizer, "".join(m["content"] for m in messages))
     if _has_special(tokenizer, messages):
         return _ids_with_literal_content(tokenizer, messages, add_generation_prompt, template)
     out = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt,
@@ -101,7 +126,9 @@ def _specials_in(tokenizer: Any, text: str) -> bool:
 
 
 def render_prompt(tokenizer: Any, turns: list[dict[str, str]], fmt: ChatFormat) -> list[int]:
-    """Token ids of a conversation ending with a user turn, followed by the assistant header."""
+    """Token ids of a conversation ending with a user turn, followed by the assistant header
+    (``apply_chat_template(..., add_generation_prompt=True)``); without a template, the turns' text in the
+    tokenizer's own framing (:func:`raw_ids`)."""
     return _ids(tokenizer, fmt.messages(turns), True, fmt)
 
 
@@ -114,13 +141,13 @@ def encode_conversation(
     (system, user, assistant headers, and template glue after the end-of-turn token).
     """
     msgs = fmt.messages(turns)
-    ids = _ids(tokenizer, msgs, False, fmt)
+    ids = _ids(tokenizer, msgs, False, fmt, tail=False)
     mask = [0] * len(ids)
     for i, m in enumerate(msgs):
         if m["role"] != "assistant":
             continue
-        prefix = _ids(tokenizer, msgs[:i], True, fmt)
-        upto = _ids(tokenizer, msgs[: i + 1], False, fmt)
+        prefix = _ids(tokenizer, msgs[:i], True, fmt, tail=False)
+        upto = _ids(tokenizer, msgs[: i + 1], False, fmt, tail=False)
         if ids[: len(upto)] != upto or upto[: len(prefix)] != prefix:
             raise ValueError(
                 "the chat template is not prefix-stable (a shorter conversation does not render to a prefix of the "

@@ -12,6 +12,7 @@ One target can serve several threads at once: the tapped outputs of a forward ar
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .chat import ChatFormat, encode_conversation, render_prompt
+from .chat import ChatFormat, encode_conversation, has_template, render_prompt
 
 
 def default_layer_ids(num_layers: int, n: int = 5) -> list[int]:
@@ -186,6 +187,7 @@ class Target(nn.Module):
         )
         self.geometry = TargetGeometry.from_config(cfg, ids)
         self.chat = chat or ChatFormat()
+        self._said_untemplated = False
         self._head_steps = head_steps(cfg)
         layers = self.decoder_layers
         for lid in sorted(set(ids)):
@@ -331,7 +333,25 @@ class Target(nn.Module):
         return DynamicCache(config=cfg)
 
     # --- text ------------------------------------------------------------------------------
-    def render_prompt(self, turns: list[dict[str, str]]) -> list[int]:
+    def encode_prompt(self, prompt: str | list[dict[str, str]], chat: bool = True) -> list[int]:
+        """The ids of a prompt, the one rule every stage uses (docs/inference.md, "Prompts"):
+
+        - ``chat`` and a chat template (the chat format's recorded one, else the tokenizer's): the template's ids,
+          ``apply_chat_template(turns, add_generation_prompt=True)`` (a string is one user turn; special-token
+          strings in the turns stay text);
+        - no template, or ``chat=False``: the text as the tokenizer encodes it on its own, ``tokenizer(text)`` with
+          its BOS / EOS rules (turns are their contents joined). A target asked for chat that has no template says
+          so once, in one line.
+        """
+        if not chat:
+            text = prompt if isinstance(prompt, str) else "".join(t["content"] for t in prompt)
+            return list(self.tokenizer(text)["input_ids"])
+        turns = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        if self.chat.use_chat_template and not has_template(self.tokenizer, self.chat) and not self._said_untemplated:
+            self._said_untemplated = True
+            msg = (f"target {self.name!r} has no chat template: prompts are encoded as its tokenizer encodes plain "
+                   "text (pass chat=False to say so, or give the recipe a chat_template)")  # fmt: skip
+            warnings.warn(msg, stacklevel=2)
         return render_prompt(self.tokenizer, turns, self.chat)
 
     def encode_conversation(self, turns: list[dict[str, str]]) -> tuple[list[int], list[int]]:

@@ -43,7 +43,7 @@ class _Server:
                                                                  "context size (4096 tokens)"}})  # fmt: skip
                 if body["model"] != "tiny":
                     return self._send(404, {"error": {"message": f"model {body['model']} not found"}})
-                ids = server.target.render_prompt(body["messages"])
+                ids = server.target.encode_prompt(body["messages"])
                 cfg = {"temperature": 0.0, "top_p": 1.0, "top_k": None}
                 with server.lock:  # one forward at a time on the shared target
                     text, n, stopped = regen_mod._sample(server.target, [ids], [0], cfg, [body["max_tokens"]])[0]

@@ -93,7 +93,7 @@ def test_max_turns_and_greedy(target, tmp_path):
     out = tmp_path / "gen.jsonl"
     regenerate(target, _prompts(3), out, max_turns=1, temperature=0.0, **FAST)
     assert all(len(r["turns"]) == 2 for r in _rows(out))
-    p = target.render_prompt(_rows(out)[0]["turns"][:1])
+    p = target.encode_prompt(_rows(out)[0]["turns"][:1])
     ids = target.model.generate(
         torch.tensor([p]), max_new_tokens=6, do_sample=False, eos_token_id=target.stop_token_ids
     )

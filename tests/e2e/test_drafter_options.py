@@ -44,7 +44,7 @@ def test_fit_with_every_issue18_option_exports_a_lossless_drafter(workdir, capsy
     target = cli.model.target
     drafter = load_drafter(log_dir / "drafter", target)
     assert drafter.backbone.context_state and drafter.block_size == 4  # the export keeps the full block
-    prompt = target.render_prompt([{"role": "user", "content": "Count to five."}])
+    prompt = target.encode_prompt("Count to five.")
     res = decode(target, drafter, [prompt], max_new_tokens=24, temperature=0.0, scheduler="static")
     got = res.token_ids[0]
     assert got and got == hf_greedy(target, prompt, 24, target.stop_token_ids)[: len(got)]

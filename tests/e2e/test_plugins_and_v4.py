@@ -26,7 +26,7 @@ def _greedy_equal(export: Path) -> None:
 
     target = load_target("tiny-debug")
     drafter = load_drafter(export, target)
-    prompts = [target.render_prompt([{"role": "user", "content": t}]) for t in ("hello", "17*23 = ?")]
+    prompts = [target.encode_prompt(t) for t in ("hello", "17*23 = ?")]
     res = decode(target, drafter, prompts, max_new_tokens=12)
     for p, out in zip(prompts, res.token_ids, strict=True):
         ref = target.model.generate(

@@ -189,3 +189,83 @@ def test_commands_load_the_target_with_the_layers_the_drafter_was_trained_on(tmp
     }[command]  # fmt: skip
     code, _, err = run_main(args, capsys)
     assert code == 0, err[-1500:]
+
+
+# --- held-out robustness findings: file names that are not UTF-8, a config without its hash, stale shards ---------
+def test_paths_that_are_not_utf8_are_file_names_and_text_that_is_not_is_refused(drafter_dir, tmp_path, capsys,
+                                                                               monkeypatch):  # fmt: skip
+    """POSIX paths are bytes: ``--json_out $'out\\xff.json'`` and a drafter folder ``dr\\xff`` work (os.fsdecode
+    round-trips them); a prompt that is not UTF-8 is still refused in one line."""
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    odd = os.fsdecode(b"dr\xff")
+    shutil.copytree(drafter_dir, tmp_path / odd)
+    out = os.fsdecode(b"out\xff.json")
+    code, _, err = run_main(["decode", "--target", "tiny-debug", "--drafter", odd, "--prompt", "hi",
+                             "--max_new_tokens", "4", f"--json_out={out}"], capsys)  # fmt: skip
+    assert code == 0, err
+    assert b"out\xff.json" in os.listdir(b".") and json.loads((tmp_path / out).read_text())
+    code, _, err = run_main(["decode", "--target", "tiny-debug", "--prompt", os.fsdecode(b"h\xffi")], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "not valid UTF-8" in err
+
+
+def test_a_config_without_its_hash_is_checked_against_the_weights(drafter_dir, target):
+    """The weights file records the config's hash and the fields its shapes cannot tell: with ``config_sha256``
+    dropped, the unedited config loads as it is and decodes; an edited field (block size, mask token, taps) is
+    refused, naming the field and both values; weights without that record load with a one-line note."""
+    import warnings
+
+    cfg = read_config(drafter_dir)
+    del cfg["config_sha256"]
+    (drafter_dir / "config.json").write_text(json.dumps(cfg))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        d = load_drafter(drafter_dir, target)
+    assert d.block_size == 3 and len(decode(target, d, ["hi"], max_new_tokens=4).token_ids[0]) == 4
+    layers = {**cfg["geometry"], "layer_ids": [0, 2]}
+    edits = {"block_size": {**cfg, "block_size": 5}, "mask_token_id": {**cfg, "mask_token_id": 2},
+             "layer_ids": {**cfg, "geometry": layers}}  # fmt: skip
+    for key, edited in edits.items():
+        (drafter_dir / "config.json").write_text(json.dumps(edited))
+        with pytest.raises(DrafterLoadError, match=rf"no config_sha256 and says {key} = .*exported with {key} ="):
+            load_drafter(drafter_dir, target)
+    save_file(load_file(str(drafter_dir / "model.safetensors")), str(drafter_dir / "model.safetensors"))  # no record
+    (drafter_dir / "config.json").write_text(json.dumps({**cfg, "block_size": 5}))
+    with pytest.warns(UserWarning, match="no config_sha256: its fields are not integrity-checked"):
+        assert load_drafter(drafter_dir, target).block_size == 5
+
+
+def _shard(out: Path, stale: bool) -> dict:
+    """Split a serving folder's weights into two shards plus an index; ``stale``: a modified copy of one tensor
+    is also left in the shard the index does not name for it."""
+    state = load_file(str(out / "model.safetensors"))
+    (out / "model.safetensors").unlink()
+    names = sorted(state)
+    first, second = names[: len(names) // 2], names[len(names) // 2 :]
+    shard_a = {k: state[k] for k in first}
+    if stale:
+        shard_a[second[0]] = state[second[0]] + 1.0
+    save_file(shard_a, str(out / "model-00001-of-00002.safetensors"))
+    save_file({k: state[k] for k in second}, str(out / "model-00002-of-00002.safetensors"))
+    weight_map = {k: "model-00001-of-00002.safetensors" for k in first}
+    weight_map |= {k: "model-00002-of-00002.safetensors" for k in second}
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return state
+
+
+def test_a_sharded_folder_loads_each_tensor_from_the_shard_its_index_names(drafter_dir, target, tmp_path):
+    from dspark_lightning.export.dspark_hf import read_weights
+
+    out = tmp_path / "hf"
+    export_drafter(drafter_dir, "dspark-hf", out)
+    state = _shard(out, stale=False)
+    got, _ = read_weights(out)
+    assert got.keys() == state.keys() and all(torch.equal(got[k], state[k]) for k in state)
+    assert load_drafter(out, target) is not None
+
+    stale = tmp_path / "stale"
+    export_drafter(drafter_dir, "dspark-hf", stale)
+    _shard(stale, stale=True)
+    with pytest.raises(DrafterLoadError, match="stored in two shards"):
+        load_drafter(stale, target)

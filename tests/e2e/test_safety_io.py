@@ -76,7 +76,7 @@ def test_regeneration_is_bounded_by_the_targets_positions(tmp_path, backend, cap
         st = regenerate(target, recs, out, max_new_tokens=39, temperature=0.0, progress=False, backend=backend)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     for row in rows:
-        prompt = target.render_prompt([m for m in row["turns"] if m["role"] == "user"][:1])
+        prompt = target.encode_prompt([m for m in row["turns"] if m["role"] == "user"][:1])
         assert len(prompt) + row["gen"]["new_tokens"][0] <= 40, row["gen"]
     assert st["written"] + st["dropped_empty"] == 2 and "cut to the target's 40 positions" in caplog.text
 

@@ -19,4 +19,4 @@ def toy_target():
 @pytest.fixture(scope="session")
 def prompts(tiny_target):
     texts = ["hello there", "What is 17*23? Please answer briefly.", "x", "def f(a, b):\n    return"]
-    return [tiny_target.render_prompt([{"role": "user", "content": t}]) for t in texts]
+    return [tiny_target.encode_prompt(t) for t in texts]

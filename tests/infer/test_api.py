@@ -9,7 +9,7 @@ from dspark_lightning.infer import decode, encode_prompt
 
 def test_prompt_forms_agree(tiny_target):
     turns = [{"role": "user", "content": "hi there"}]
-    ids = tiny_target.render_prompt(turns)
+    ids = tiny_target.encode_prompt(turns)
     assert encode_prompt(tiny_target, "hi there") == ids
     assert encode_prompt(tiny_target, turns) == ids
     assert encode_prompt(tiny_target, torch.tensor(ids)) == ids

@@ -74,7 +74,7 @@ def test_smollm2_bf16_greedy_equals_hf_generate():
     """The embedded target loaded in bf16 (``dtype="bf16"``) with a random drafter: HF's bf16 greedy output."""
     target = load_target("smollm2-135m-instruct", dtype="bf16")
     assert target.dtype == torch.bfloat16
-    ids = target.render_prompt([{"role": "user", "content": "Name three primary colours."}])
+    ids = target.encode_prompt("Name three primary colours.")
     want = hf_greedy(target, ids, 8, target.stop_token_ids)
     drafter = make_drafter(target, "dspark", block_size=4, draft_vocab_size=512)
     drafter.set_draft_vocab(torch.arange(512))  # any subset keeps the output law; this one is cheap

@@ -24,7 +24,7 @@ def test_embedded_smollm2_matches_gguf_and_reloads_fast():
     assert target.geometry.num_layers == 30 and target.geometry.hidden_size == 576
     assert list(target.geometry.layer_ids) == [1, 8, 14, 20, 27]
     gguf_model, gguf_tok = load_smollm2_from_gguf()
-    ids = target.render_prompt([{"role": "user", "content": "What is 17*23?"}])
+    ids = target.encode_prompt([{"role": "user", "content": "What is 17*23?"}])
     assert ids == list(
         gguf_tok.apply_chat_template(
             [{"role": "user", "content": "What is 17*23?"}], add_generation_prompt=True, tokenize=True

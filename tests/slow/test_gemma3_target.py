@@ -70,7 +70,7 @@ def test_the_imported_target_is_gemma3_with_its_geometry_and_mask(gemma):
     assert g.rope_theta == 1e6  # the global layers' RoPE (the drafter attends fully)
     assert gemma.windows == {"sliding_attention": 512, "full_attention": None}
     assert default_mask_token_id(gemma) == 4 == gemma.tokenizer.convert_tokens_to_ids("<mask>")
-    ids = gemma.render_prompt([{"role": "user", "content": "Hi"}])
+    ids = gemma.encode_prompt([{"role": "user", "content": "Hi"}])
     assert ids[0] == gemma.tokenizer.bos_token_id and gemma.tokenizer.decode(ids).endswith("Question: Hi\nAnswer:")
 
 
@@ -82,7 +82,42 @@ def test_greedy_decode_is_hf_generate(gemma, scheduler):
     drafter = None if scheduler is None else random_drafter(gemma)
     res = decode(gemma, drafter, PROMPTS, max_new_tokens=16, stop_token_ids=[], scheduler=scheduler or "auto")
     for text, got in zip(PROMPTS, res.token_ids, strict=True):
-        assert got == hf_greedy(gemma, gemma.render_prompt([{"role": "user", "content": text}]), 16)
+        assert got == hf_greedy(gemma, gemma.encode_prompt([{"role": "user", "content": text}]), 16)
+
+
+@pytest.mark.parametrize("add_bos", [True, False], ids=["its_bos", "add_bos_token_false"])
+def test_a_text_prompt_to_the_base_model_is_its_tokenizers_ids(add_bos):
+    """The base model as a user loads it (no template): a text prompt is ``tokenizer(text)`` (with the ``<bos>``
+    Gemma needs, or without it when the tokenizer says ``add_bos_token: false``), said once; greedy decode() of the
+    text, plain and with a drafter, is HF generate() on those ids."""
+    import copy
+    import warnings
+
+    from dspark_lightning import load_target
+    from dspark_lightning.infer import decode, encode_prompt
+
+    base = load_target("gemma3-270m")  # the loaded model is shared: the tokenizer is swapped back below
+    own = base.tokenizer
+    base._said_untemplated = False  # this test counts the note
+    if not add_bos:
+        base.tokenizer = copy.deepcopy(own)
+        base.tokenizer.add_bos_token = False
+    try:
+        text = "Question: What is the capital of France?\nAnswer:"
+        want = list(base.tokenizer(text)["input_ids"])
+        assert (want[0] == 2) == add_bos and want[int(add_bos)] == 14977
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            assert encode_prompt(base, text) == want == encode_prompt(base, text, chat=False)
+            encode_prompt(base, text)
+        assert sum("has no chat template" in str(w.message) for w in seen) == 1
+        for drafter in (None, random_drafter(base)):
+            res = decode(base, drafter, [text], max_new_tokens=12, stop_token_ids=[], chat=False)
+            assert res.token_ids[0] == hf_greedy(base, want, 12)
+    finally:
+        base.tokenizer = own
+    if add_bos:
+        assert res.texts[0].startswith(" Paris")  # with its <bos> the model answers; without, it repeats the prompt
 
 
 def test_greedy_decode_past_the_sliding_window_is_hf_generate(gemma):

@@ -127,7 +127,7 @@ class _Conversations:
     def ask(self, target: Any, i: int, t: int) -> tuple[list[int], int]:
         """Append user turn t of conversation i; returns its rendered prompt ids and its sampling seed."""
         self.history[i].append({"role": "user", "content": self.turns[i][t]})
-        prompt = target.render_prompt(self.history[i])
+        prompt = target.encode_prompt(self.history[i])
         self.prompt_tokens += len(prompt)
         return prompt, _row_seed(self.cfg["seed"], self.recs[i].id, t)
 
