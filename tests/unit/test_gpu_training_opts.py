@@ -24,6 +24,10 @@ FSDP_RECIPE = ROOT / "recipes" / "gpu" / "dspark_qwen3_4b_fsdp.yaml"
 @pytest.fixture(autouse=True)
 def _in_tmp(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # fit writes fit_stats.json into the working directory (no logger)
+    yield
+    from torch.overrides import _get_current_function_mode_stack
+
+    assert not _get_current_function_mode_stack(), "a HostReads counter was left active (it slows every later test)"
 
 
 def _module(backbone: str = "dense") -> DSparkModule:
@@ -84,7 +88,10 @@ def _fit(module: DSparkModule, max_steps: int, **trainer_kw) -> CountReads:
     kw = {"log_every_n_steps": 50, "enable_progress_bar": True, **trainer_kw}
     trainer = L.Trainer(max_steps=max_steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                         enable_model_summary=False, callbacks=[counter], **kw)  # fmt: skip
-    trainer.fit(module, _loader(module))
+    try:
+        trainer.fit(module, _loader(module))
+    finally:  # a fit stopped by an exception never reaches on_train_end: the counter's mode must not outlive it
+        counter._close()
     counter.trainer = trainer
     return counter
 
