@@ -3,7 +3,7 @@
 The hardware-aware scheduler hides a weak drafter (it verifies few drafts or skips drafting); this shows what the
 drafter itself achieves: τ, α and the conditional acceptance A_k. A loop over
 
-    dspark-lightning eval --drafter DIR --scheduler static --gamma γ --temperature T --batch_size 1 --seed 0 ...
+    dspark-lightning eval --drafter DIR --scheduler static:γ --temperature T --batch_size 1 --seed 0 ...
 
 (one run per γ and T, each into <out>/runs/T<T>_g<γ>/) that gathers the drafter's rows into one table:
 
@@ -73,8 +73,7 @@ def main(argv: list[str] | None = None) -> None:
         for g in a.gammas:
             run = out / "runs" / f"T{T:g}_g{g}"
             args = ["eval", "--drafter", f"probe={a.drafter}", *(["--target", a.target] if a.target else []),
-                    "--scheduler", "static",
-                    "--gamma", str(g), "--temperature", str(T), "--batch_size", "1", "--seed", "0",
+                    "--scheduler", f"static:{g}", "--temperature", str(T), "--batch_size", "1", "--seed", "0",
                     "--prompts_per_domain", str(a.prompts_per_domain), "--max_new_tokens", str(a.max_new_tokens),
                     "--out", str(run)]  # fmt: skip
             cli([*args, *(["--prompts", a.prompts] if a.prompts else [])])

@@ -32,7 +32,7 @@ its attention runs through transformers' SDPA path with a dense boolean mask of 
 own block instead, keeping them finite); ``torch.compile``, FSDP and the distributed sampler are not used (one
 process: its loss's all-reduce runs in a one-rank gloo group).
 
-Then every arm's drafter is decoded by ``dspark-lightning eval --scheduler static --gamma γ --temperature 0
+Then every arm's drafter is decoded by ``dspark-lightning eval --scheduler static:γ --temperature 0
 --batch_size 1`` (what ``benchmarks/acceptance_probe.py`` runs) on the math / code / chat sets. Writes
 ``<out>/side_by_side.json`` and ``<out>/side_by_side.md`` (with the checks: same batches in every arm, the per-step
 learning rates against DeepSpec's, the converted drafter's forward and loss against DeepSpec's model on one batch),
@@ -407,7 +407,7 @@ def convert_deepspec_dir(path: Path, target: Any, out: Path | None = None) -> tu
     Raises :class:`DeepSpecImportError` (one line) for a checkpoint of another geometry (hidden size, vocabulary,
     target depth, heads, FFN width, RoPE, tapped layers), shapes that do not fit, or a component ours lacks."""
     from dspark_lightning.checkpoint import DrafterLoadError, load_drafter, save_drafter
-    from dspark_lightning.export.dspark_hf import NAMES, read_weights
+    from dspark_lightning.export.dspark_hf import names_map, read_weights
 
     path = Path(path)
     try:
@@ -424,7 +424,7 @@ def convert_deepspec_dir(path: Path, target: Any, out: Path | None = None) -> tu
         if name.startswith("rotary_emb."):
             dropped.append(name)
             continue
-        new = NAMES.to_ours(name)
+        new = names_map(type(drafter.seq_head)).to_ours(name)
         if new is None or new not in ours:  # load_drafter refuses these first; kept as a guard
             raise DeepSpecImportError(f"DeepSpec tensor {name!r} has no counterpart in our drafter")
         if tuple(ours[new].shape) != tuple(t.shape) or not torch.equal(ours[new], t.to(ours[new].dtype)):
@@ -628,7 +628,7 @@ def evaluate(drafters: dict[str, str], out: Path, *, gamma: int, prompts: int, m
 
     run = out / "eval_T0"
     args = ["eval", *[x for arm, path in drafters.items() for x in ("--drafter", f"{arm}={path}")]]
-    args += ["--scheduler", "static", "--gamma", str(gamma), "--temperature", "0", "--batch_size", "1", "--seed", "0"]
+    args += ["--scheduler", f"static:{gamma}", "--temperature", "0", "--batch_size", "1", "--seed", "0"]
     args += ["--prompts_per_domain", str(prompts), "--max_new_tokens", str(max_new_tokens), "--out", str(run)]
     cli(args)
     return [{"arm": arm, **r} for arm in drafters for r in rows_of(run, arm, 0.0, gamma)]

@@ -16,7 +16,7 @@ import json
 import re
 from pathlib import Path
 
-DOMAINS = ("math", "code", "chat")
+from dspark_lightning.data.prompts.sources import DOMAINS
 
 
 def _pos(k: str) -> int:

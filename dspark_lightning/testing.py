@@ -30,8 +30,9 @@ FAMILIES = ("llama", "qwen3", "gemma3", "mistral")  # the shapes of real targets
 
 
 def random_target(vocab: int = 260, hidden: int = 64, layers: int = 4, init: float | None = None, seed: int = 0,
-                  family: str = "llama", **config: Any):  # fmt: skip
-    """A tiny random target whose greedy continuations vary (large init), with the tiny-debug tokenizer.
+                  family: str = "llama", tokenizer: Any = None, **config: Any):  # fmt: skip
+    """A tiny random target whose greedy continuations vary (large init), with the tiny-debug tokenizer (or
+    ``tokenizer``, one over the same 260 ids).
 
     ``family``: ``llama``; ``qwen3`` (per-head QK-norm); ``gemma3`` (sliding-window layers mixed with global ones,
     window 4 so short tests cross it, QK-norm, embeddings scaled by sqrt(d), sandwich norms, GELU, tied head);
@@ -75,7 +76,8 @@ def random_target(vocab: int = 260, hidden: int = 64, layers: int = 4, init: flo
     cfg = cfg_cls(**{**fields, **config})  # derived fields (head_dim) follow the overrides
     torch.manual_seed(seed)
     model = model_cls(cfg).eval()
-    return load_target(model, layer_ids=list(range(min(3, layers - 1))), tokenizer=load_target("tiny-debug").tokenizer)
+    tokenizer = tokenizer if tokenizer is not None else load_target("tiny-debug").tokenizer
+    return load_target(model, layer_ids=list(range(min(3, layers - 1))), tokenizer=tokenizer)
 
 
 def _head(spec: Any, geometry, kwargs: dict[str, Any]):
@@ -132,7 +134,7 @@ def check_seq_head(spec: Any, block_size: int = 4, seed: int = 0, **kwargs: Any)
         a, b = drafter(ctx, prev, anchors, valid), loaded(ctx, prev, anchors, valid)
     assert torch.equal(a.logits, b.logits), f"{name}: exported drafter does not reload bit-identically"
 
-    prompts = [target.render_prompt([{"role": "user", "content": t}]) for t in ("hello there", "17*23?")]
+    prompts = [target.encode_prompt(t) for t in ("hello there", "17*23?")]
     res = decode(target, drafter, prompts, max_new_tokens=GREEDY_TOKENS, stop_token_ids=[])
     for p, out in zip(prompts, res.token_ids, strict=True):
         ref = target.model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=GREEDY_TOKENS, pad_token_id=0)
@@ -147,7 +149,7 @@ def assert_decodes_target_greedy(target: Any, drafter: Any, texts=("hello there"
 
     from .infer import decode
 
-    prompts = [target.render_prompt([{"role": "user", "content": t}]) for t in texts]
+    prompts = [target.encode_prompt(t) for t in texts]
     res = decode(target, drafter, prompts, max_new_tokens=n, scheduler=scheduler, hardware=hardware)
     for ids, got in zip(prompts, res.token_ids, strict=True):
         ref = target.model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n,
@@ -217,7 +219,7 @@ def check_server(spec: Any, seed: int = 0) -> None:
     from .checkpoint import load_drafter
     from .drafters import build_drafter
     from .export import InteropError, Server, export_serving, server_for
-    from .export.dspark_hf import HEADS, dspark_config, dspark_state
+    from .export.dspark_hf import dspark_config, dspark_state, head_type
 
     server = server_for(spec) if isinstance(spec, str) else spec()
     name = spec if isinstance(spec, str) else getattr(spec, "registry_name", getattr(spec, "__name__", str(spec)))
@@ -226,7 +228,7 @@ def check_server(spec: Any, seed: int = 0) -> None:
     torch.manual_seed(seed)
     drafter = build_drafter(target, 4, backbone="dense", seq_head={"name": "vanilla", "rank": 8},
                             conf_head="linear", mask_token_id=1).eval()  # fmt: skip
-    head = HEADS.get(type(drafter.seq_head))
+    head = head_type(drafter.seq_head)
     try:
         notes = server.dspark_rules(drafter, head, target)
     except InteropError as exc:

@@ -101,3 +101,24 @@ def snapshot():
     """``snapshot(root)``: every file below ``root`` (relative path -> bytes), hidden ones included: compare before
     and after a failed write (same bytes, no temp debris)."""
     return _snapshot
+
+
+@pytest.fixture
+def registered():
+    """Register components for one test, as a plugin would (``registered("scheduler", "name")(cls)``); they are
+    removed from the registry when the test ends."""
+    from dspark_lightning import registry
+
+    added = []
+
+    def add(kind: str, name: str):
+        def deco(obj):
+            registry.register(kind, name)(obj)
+            added.append((kind, name))
+            return obj
+
+        return deco
+
+    yield add
+    for kind, name in added:
+        registry._REGISTRY[kind].pop(name, None)

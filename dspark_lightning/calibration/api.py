@@ -15,15 +15,13 @@ import torch
 from .. import checks, locks
 from ..atomic import atomic_write
 from ..checkpoint import load_drafter_checked, read_config, recorded_target_args
-from ..data.prompts.evalsets import CALIBRATION_PROMPTS
+from ..data.prompts.sources import DOMAINS
 from ..devices import check_device_args
 from ..targets import load_target_checked
 from .files import load_rollouts, save_calibration
 from .report import calibration_markdown, plot_reliability
 from .rollouts import Rollouts, calibration_prompts, heldout_prompts, rollouts
 from .sts import MIN_CLASS, MIN_ROWS, fit_sts, position_reports
-
-DOMAINS = tuple(CALIBRATION_PROMPTS)
 
 
 def check_calibrate_args(

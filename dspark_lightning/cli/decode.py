@@ -19,7 +19,7 @@ from ..atomic import atomic_write
 from ..checkpoint import load_drafter_checked
 from ..infer.acceptance.sampling import GREEDY_EPS
 from ..targets import load_target_checked
-from .signature import REPEATED, renamed
+from .signature import REPEATED
 
 BATCHINGS = ("padded", "flat")
 
@@ -29,19 +29,17 @@ def check_choice(name: str, value: str, choices) -> None:
         raise checks.UsageError(f"{name} {value!r} is not one of {', '.join(choices)}")
 
 
-def check_scheduler_args(
-    scheduler: str, gamma: int | None = None, threshold: float | None = None, sps: str | None = None
-) -> None:
-    """The scheduler name, its knobs and the SPS table file: all cheap to check before any model is loaded."""
-    from ..registry import names
+def scheduler_arg(text: str, sps: str | None = None, flag: str = "--scheduler") -> dict:
+    """A command's scheduler text as its spec (:func:`~dspark_lightning.infer.schedule.schedulers.parse_scheduler`),
+    the ``--sps`` file checked first: both before any model is loaded."""
+    from ..infer.schedule.schedulers import parse_scheduler
 
-    check_choice("--scheduler", scheduler, names("scheduler"))
-    if gamma is not None:
-        checks.at_least("--gamma", gamma, 1)
-    if threshold is not None:
-        checks.probability("--threshold", threshold)
     if sps:
         check_sps_file(sps)
+    try:
+        return parse_scheduler(text, sps)
+    except checks.UsageError as exc:
+        raise checks.UsageError(f"{flag} {exc}") from None
 
 
 def check_sps_file(path: str) -> None:
@@ -56,14 +54,6 @@ def check_verifier(value: str) -> None:
     from ..registry import names
 
     check_choice("--verifier", value, ["auto", *names("verifier")])
-
-
-def scheduler_spec(scheduler: str, gamma: int | None, threshold: float, sps: str | None) -> dict:
-    if scheduler == "static":
-        return {"name": "static", "gamma": gamma}
-    if scheduler == "threshold":
-        return {"name": "threshold", "threshold": threshold}
-    return {"name": scheduler, "sps": sps} if sps else {"name": scheduler}
 
 
 def read_prompts(path: str, limit: int | None) -> list[str]:
@@ -96,7 +86,6 @@ class _Streamer:
             self.shown = len(text)
 
 
-@renamed(layout="batching")
 def decode(
     target: str = "smollm2-135m-instruct",
     drafter: str | None = None,
@@ -108,8 +97,6 @@ def decode(
     top_k: int | None = None,
     top_p: float | None = None,
     scheduler: str = "auto",
-    gamma: int | None = None,
-    threshold: float = 0.5,
     sps: str | None = None,
     seed: int = 0,
     batch_size: int | None = None,
@@ -135,11 +122,9 @@ def decode(
         temperature: 0 = greedy
         top_k: sample among the k most likely tokens only (default: all)
         top_p: sample within the smallest set of tokens of probability p (default: all)
-        scheduler: auto (the hardware-aware scheduler this machine's SPS curve calls for) | static | threshold |
-            hardware_aware | async_hardware_aware
-        gamma: static: drafts verified per round
-        threshold: threshold: survival threshold
-        sps: SPS table JSON (default: cached profile)
+        scheduler: a registered scheduler, name[:value | :key=value,...]: auto (the hardware-aware scheduler this
+            machine's SPS curve calls for) | static[:γ] | threshold[:θ] | hardware_aware | async_hardware_aware
+        sps: SPS table JSON for the schedulers that take one (default: this machine's cached profile)
         batch_size: concurrent requests (default: all)
         batching: padded (a row per request) | flat (one strip, no padding compute)
         verifier: auto (lean where supported) | lean | hf
@@ -154,7 +139,7 @@ def decode(
 
     check_decode_args(max_new_tokens, temperature, top_k, top_p, batch_size)  # all checked before a model loads
     checks.at_least("--limit", limit, 0)
-    check_scheduler_args(scheduler, gamma, threshold, sps)
+    spec = scheduler_arg(scheduler, sps)
     check_choice("--batching", batching, BATCHINGS)
     check_verifier(verifier)
     check_choice("--acceptance", acceptance, ["rejection", "coupled"])
@@ -179,7 +164,7 @@ def decode(
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
-        scheduler=scheduler_spec(scheduler, gamma, threshold, sps),
+        scheduler=spec,
         seed=seed,
         chat=not no_chat,
         stop=list(stop) or None,

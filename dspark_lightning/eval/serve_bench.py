@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..infer.schedule.schedulers import parse_scheduler
+
 OUTPUT_FILES = {
     "serve_bench.json": "run info and one row per concurrency x method",
     "serve_bench.md": "the same as Markdown tables",
@@ -34,25 +36,12 @@ DEFAULT_METHODS = ["plain", "static:1", "static:3", "static:5", "static:7", "thr
 
 
 def method_scheduler(method: str, sps: Any = None) -> tuple[bool, Any]:
-    """``name[:arg]`` -> (uses the drafter, scheduler spec): plain | static:γ | threshold:θ | [async_]hardware_aware,
-    or any other registered scheduler by name (plugins included)."""
-    name, _, arg = method.partition(":")
-    if name == "plain":
+    """``plain`` (no drafter) or a scheduler as every command names it (:func:`parse_scheduler`: ``static:γ``,
+    ``threshold:θ``, ``hardware_aware``, a plugin's) -> (uses the drafter, scheduler spec); ``sps``: the table every
+    scheduler that takes one gets."""
+    if method == "plain":
         return False, "static"
-    if name == "static":
-        return True, {"name": "static", "gamma": int(arg)} if arg else "static"
-    if name == "threshold":
-        return True, {"name": "threshold", "threshold": float(arg)} if arg else "threshold"
-    if name in ("hardware_aware", "async_hardware_aware"):
-        return True, {"name": name, "sps": sps} if sps is not None else name
-    from ..registry import names
-
-    if name in names("scheduler") and not arg:  # a plugin's scheduler, with its defaults
-        return True, name
-    raise ValueError(
-        f"unknown method {method!r}: plain, static:γ, threshold:θ, hardware_aware, async_hardware_aware, "
-        f"or a registered scheduler ({', '.join(names('scheduler'))})"
-    )
+    return True, parse_scheduler(method, sps)
 
 
 def closed_loop(
@@ -169,7 +158,7 @@ def serve_bench(
     specs = {m: method_scheduler(m, sps) for m in methods}
     if drafter is None and any(uses for uses, _ in specs.values()):
         raise ValueError("every method but 'plain' needs a drafter")
-    ids = [target.render_prompt([{"role": "user", "content": p}]) for p in prompts]
+    ids = [target.encode_prompt(p) for p in prompts]
     warmup(target, {"d": drafter} if drafter is not None else {})
     runs: dict[tuple[int, str], list[dict]] = {}
     bar = tqdm(total=repeats * len(concurrency) * len(methods), desc="serve-bench", unit="cell", disable=not progress)

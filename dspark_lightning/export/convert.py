@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from .common import (
     write_hf,
     write_layout,
 )
-from .dspark_hf import HEADS, KEEP_FP32, calibration_doc, check_dspark, dspark_config, dspark_state, is_dspark_config
+from .dspark_hf import KEEP_FP32, calibration_doc, check_dspark, dspark_config, dspark_state, head_type, is_dspark_config
 from .eagle3_hf import check_eagle3, eagle3_config, eagle3_state
 from .llamacpp import GGUF_FILE, OUTTYPES, TARGET_GGUF_FILE, check_target, convert, target_dir
 from .servers import (
@@ -56,12 +55,6 @@ class ExportResult:
     dtype: str
     tensors: int
     notes: list[str] = field(default_factory=list)
-
-    @property
-    def format(self) -> str:
-        """The former name of :attr:`layout` (a DeprecationWarning)."""
-        warnings.warn("ExportResult.format is now ExportResult.layout", DeprecationWarning, stacklevel=2)
-        return self.layout
 
 
 @artifact_entry("drafter")
@@ -130,7 +123,7 @@ def export_serving(
     finish = None
     if layout == "dspark-hf":
         notes = check_dspark(drafter)
-        notes += refuse_dspark(drafter, HEADS.get(type(drafter.seq_head)), server, target)
+        notes += refuse_dspark(drafter, head_type(drafter.seq_head), server, target)
         state = dspark_state(drafter, with_target_vocab)
         config = dspark_config(drafter, target, tdtype, int(num_anchors))
         dspark_additions(config, state, drafter, server)
@@ -142,7 +135,7 @@ def export_serving(
                 f"per-position STS temperatures have no server config key: written to {CALIBRATION_FILE} "
                 "(read back by load_drafter; SGLang's scalar sts_temperatures is not set)"
             )
-        gguf, why_not = gguf_wanted(drafter, HEADS.get(type(drafter.seq_head)), server, target)
+        gguf, why_not = gguf_wanted(drafter, head_type(drafter.seq_head), server, target)
         notes += why_not
         if gguf:
             finish = _gguf_writer(

@@ -14,12 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 
-from ..checkpoint.files import DrafterLoadError, weights_sha256
+from ..checkpoint.files import DrafterLoadError, read_safetensors, weights_sha256
 from ..drafters import ConfidenceHead, DenseBackbone, Drafter, MoESWABackbone, assemble, build_part
 from ..drafters.drafter import CONVENTION, check_draft_vocab
-from ..drafters.heads import GatedMarkovHead, RNNHead, VanillaMarkovHead
 from ..layers import RMSNorm
 from .common import (
     CALIBRATION_FILE,
@@ -38,23 +36,38 @@ from .common import (
 from .servers import scaled_embedding
 
 ARCH = "Qwen3DSparkModel"
-HEADS = {VanillaMarkovHead: "vanilla", GatedMarkovHead: "gated", RNNHead: "rnn"}
-NAMES = NameMap(
-    (
-        ("backbone.fc.", "fc."),
-        ("backbone.fuse_norm.", "hidden_norm."),
-        ("backbone.norm.", "norm."),
-        ("backbone.layers.{i}.input_norm.", "layers.{i}.input_layernorm."),
-        ("backbone.layers.{i}.post_norm.", "layers.{i}.post_attention_layernorm."),
-        ("backbone.layers.{i}.attn.", "layers.{i}.self_attn."),
-        ("backbone.layers.{i}.mlp.", "layers.{i}.mlp."),
-        ("seq_head.lr.w1.", "markov_head.markov_w1."),
-        ("seq_head.lr.w2.", "markov_head.markov_w2."),
-        ("seq_head.gate.", "markov_head.gate_proj."),
-        ("seq_head.cell.", "markov_head.joint_proj."),
-        ("conf_head.proj.", "confidence_head.proj."),
-    )
+BASE_NAMES = (
+    ("backbone.fc.", "fc."),
+    ("backbone.fuse_norm.", "hidden_norm."),
+    ("backbone.norm.", "norm."),
+    ("backbone.layers.{i}.input_norm.", "layers.{i}.input_layernorm."),
+    ("backbone.layers.{i}.post_norm.", "layers.{i}.post_attention_layernorm."),
+    ("backbone.layers.{i}.attn.", "layers.{i}.self_attn."),
+    ("backbone.layers.{i}.mlp.", "layers.{i}.mlp."),
+    ("conf_head.proj.", "confidence_head.proj."),
 )
+
+
+def serving_heads() -> dict[type, str]:
+    """The registered sequential heads servers know (built-in and plugins'): class -> its ``serving_type``."""
+    from ..registry import get, names
+
+    heads = (get("seq_head", n) for n in names("seq_head"))
+    return {cls: cls.serving_type for cls in heads if isinstance(getattr(cls, "serving_type", None), str)}
+
+
+def head_type(head: Any) -> str | None:
+    """The ``markov_head_type`` of a sequential head (None: no head, or one servers do not know)."""
+    return None if head is None else serving_heads().get(type(head))
+
+
+def names_map(head: type | None) -> NameMap:
+    """Our weight names <-> the layout's: the backbone's and confidence head's, and the sequential head class's own
+    (``serving_weights``)."""
+    pairs = getattr(head, "serving_weights", ())
+    return NameMap((*BASE_NAMES, *((f"seq_head.{ours}", f"markov_head.{theirs}") for ours, theirs in pairs)))
+
+
 SHARED = ("embed_tokens.weight", "lm_head.weight")  # optional: absent = the server shares the target's
 KEEP_FP32 = ("confidence_head.",)
 REQUIRED = ("num_hidden_layers", "num_target_layers", "target_layer_ids", "block_size", "mask_token_id", "vocab_size")
@@ -96,9 +109,10 @@ def check_dspark(drafter: Any, trained: bool = True) -> list[str]:
         )
     if not all(isinstance(layer.attn.q_norm, RMSNorm) for layer in bb.layers):
         raise InteropError("backbone without q/k norm (qk_norm=False): Qwen3 layers always apply per-head q/k RMSNorm")
-    if head is not None and type(head) not in HEADS:
+    if head is not None and head_type(head) is None:
         raise InteropError(
-            f"sequential head {_name(head)!r} has no server counterpart (servers know {list(HEADS.values())})"
+            f"sequential head {_name(head)!r} has no server counterpart (servers know "
+            f"{list(serving_heads().values())}; a head declares serving_type and serving_weights to be exported)"
         )
     if conf is not None and type(conf) is not ConfidenceHead:
         raise InteropError(f"confidence head {_name(conf)!r} has no server counterpart")
@@ -112,9 +126,9 @@ def check_dspark(drafter: Any, trained: bool = True) -> list[str]:
     check_shared_head(drafter, trained)
     check_layer_order(drafter.geometry.layer_ids)
     notes = []
-    if head is not None and HEADS[type(head)] != "vanilla":
+    if head is not None and head_type(head) != "vanilla":
         notes.append(
-            f"markov_head_type {HEADS[type(head)]!r}: SGLang serves it, vLLM's Qwen3 DSpark path serves vanilla"
+            f"markov_head_type {head_type(head)!r}: SGLang serves it, vLLM's Qwen3 DSpark path serves vanilla"
         )
     if drafter.draft_vocab is not None:
         notes.append("reduced draft vocabulary: wrote d2t, t2d and its own lm_head rows (EAGLE-3 style)")
@@ -145,13 +159,13 @@ def dspark_config(drafter: Drafter, target: Any, dtype: torch.dtype, num_anchors
         }
     )
     if head is not None:  # as DeepSpec writes it: only with a sequential head
-        cfg["markov_head_type"] = HEADS[type(head)]
+        cfg["markov_head_type"] = head_type(head)
     return cfg
 
 
 def dspark_state(drafter: Drafter, with_target_vocab: bool = False) -> dict[str, torch.Tensor]:
     """Our weights under the layout's names; a reduced vocabulary adds d2t, t2d and its lm_head rows."""
-    state = NAMES.rename_state(drafter, ARCH)
+    state = names_map(type(drafter.seq_head)).rename_state(drafter, ARCH)
     if drafter.draft_vocab is not None:
         state.update(vocab_maps(drafter.draft_vocab, drafter.geometry.vocab_size))
         state["lm_head.weight"] = drafter.draft_head_weight().detach().clone()
@@ -200,22 +214,40 @@ def load_dspark_hf(path: Path, cfg: dict[str, Any], target: Any) -> Drafter:
 
 
 def read_weights(path: Path) -> tuple[dict[str, torch.Tensor], Path]:
-    """All tensors of ``model.safetensors``, or of the shards ``model.safetensors.index.json`` maps (HF layout)."""
+    """All tensors of ``model.safetensors``, or of the shards ``model.safetensors.index.json`` maps (HF layout):
+    each tensor from the shard the index's ``weight_map`` names for it; a tensor stored in two shards is refused
+    (which copy is meant would be a guess), and so is a shard tensor the index does not name."""
     single, index = path / WEIGHTS_FILE, path / INDEX_FILE
     if single.is_file():
-        return load_file(str(single), device="cpu"), single
+        return read_safetensors(single)[0], single
     if not index.is_file():
         raise DrafterLoadError(f"{path}: neither {WEIGHTS_FILE} nor {INDEX_FILE} found")
     try:
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        weight_map = json.loads(index.read_text())["weight_map"]
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+            raise TypeError("weight_map must map tensor names to shard file names")
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise DrafterLoadError(f"{index} is not a safetensors index ({exc})") from None
     state: dict[str, torch.Tensor] = {}
-    for name in shards:
+    found: dict[str, str] = {}
+    for name in sorted(set(weight_map.values())):
         shard = path / name
         if Path(name).name != name or not shard.is_file():
             raise DrafterLoadError(f"{index} names shard {name!r}, which is not a file in {path}")
-        state.update(load_file(str(shard), device="cpu"))
+        for key, tensor in read_safetensors(shard)[0].items():
+            if key in found:
+                raise DrafterLoadError(f"{path}: tensor {key!r} is stored in two shards ({found[key]} and {name})")
+            found[key] = name
+            if weight_map.get(key) == name:
+                state[key] = tensor
+    unnamed = sorted(set(found) - set(weight_map))
+    if unnamed:
+        raise DrafterLoadError(f"{index}: tensor {unnamed[0]!r} (in {found[unnamed[0]]}) is not in its weight_map")
+    missing = sorted(set(weight_map) - set(state))
+    if missing:
+        raise DrafterLoadError(
+            f"{index} maps tensor {missing[0]!r} to {weight_map[missing[0]]}, which does not hold it"
+        )
     return state, index
 
 
@@ -266,8 +298,8 @@ def _check_supported(cfg: dict[str, Any]) -> None:
     if not 0 <= int(cfg["mask_token_id"]) < int(cfg["vocab_size"]):
         raise ValueError(f"mask_token_id={cfg['mask_token_id']} is outside the vocabulary")
     rank = int(cfg.get("markov_rank") or 0)
-    if rank and cfg.get("markov_head_type") not in HEADS.values():
-        raise ValueError(f"markov_head_type={cfg.get('markov_head_type')!r}: we read {list(HEADS.values())}")
+    if rank and cfg.get("markov_head_type") not in serving_heads().values():
+        raise ValueError(f"markov_head_type={cfg.get('markov_head_type')!r}: we read {list(serving_heads().values())}")
     if cfg.get("enable_confidence_head") and cfg.get("confidence_head_with_markov", True) and not rank:
         raise ValueError("confidence_head_with_markov=true needs markov_rank > 0")
 
@@ -276,7 +308,10 @@ def _build(cfg: dict[str, Any], target: Any) -> Drafter:
     rank = int(cfg.get("markov_rank") or 0)
     n_vocab = int(cfg.get("draft_vocab_size") or cfg["vocab_size"])
     reduced = n_vocab if n_vocab != int(cfg["vocab_size"]) else None
-    seq_head = {"name": cfg["markov_head_type"], "rank": rank} if rank else None
+    registered: dict[str, str] = {}
+    for cls, kind in serving_heads().items():  # the first registered head of a kind reads it (built-ins first)
+        registered.setdefault(kind, cls.registry_name)
+    seq_head = {"name": registered[cfg["markov_head_type"]], "rank": rank} if rank else None
     conf_head = None
     if cfg.get("enable_confidence_head"):  # on [h_k; W1[x]] (the head's token width), or on h_k alone
         with_markov = cfg.get("confidence_head_with_markov", True)
@@ -290,7 +325,7 @@ def _load_weights(drafter: Drafter, state: dict[str, torch.Tensor]) -> None:
     for name, t in state.items():
         if name in SHARED or name in ("d2t", "t2d") or name.startswith("rotary_emb."):
             continue
-        new = NAMES.to_ours(name)
+        new = names_map(type(drafter.seq_head)).to_ours(name)
         if new is None:
             raise ValueError(f"tensor {name!r} has no counterpart in our drafter")
         ours[new] = t

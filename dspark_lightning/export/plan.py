@@ -14,7 +14,7 @@ from typing import Any
 
 from ..drafters import Drafter
 from .common import EXPORT_DTYPES, InteropError
-from .dspark_hf import HEADS, check_dspark
+from .dspark_hf import check_dspark, head_type
 from .eagle3_hf import check_eagle3
 from .llamacpp import LlamaCppUnavailable
 from .servers import refuse_dspark, refuse_eagle3, server_names
@@ -60,7 +60,7 @@ def check_servable(drafter: Any, servers: list[str], target: Any = None) -> None
         if serving_layout(drafter) == "dspark-hf":
             check_dspark(drafter, trained=False)
             for server in servers:
-                refuse_dspark(drafter, HEADS.get(type(drafter.seq_head)), server, target)
+                refuse_dspark(drafter, head_type(drafter.seq_head), server, target)
         else:
             check_eagle3(drafter, trained=False)
             for server in servers:

@@ -71,11 +71,11 @@ class Server:
 
     def check(self, drafter: Any, target: Any = None) -> list[str]:
         """Why ``drafter`` (trained or not) cannot be exported for this server: an empty list when it can."""
-        from .dspark_hf import HEADS
+        from .dspark_hf import head_type
 
         try:
             if hasattr(drafter, "seq_head"):
-                self.dspark_rules(drafter, HEADS.get(type(drafter.seq_head)), target)
+                self.dspark_rules(drafter, head_type(drafter.seq_head), target)
             else:
                 self.eagle3_rules()
         except InteropError as exc:

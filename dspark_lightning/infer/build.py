@@ -11,7 +11,6 @@ import warnings
 from typing import Any
 
 from ..checkpoint.calibration import temperatures_for
-from ..renames import renamed_keyword
 from .acceptance.sampling import SamplingParams
 from .engine import Engine
 from .hardware import HardwareProfile
@@ -21,10 +20,8 @@ from .propose.draft import make_proposer
 def make_engine(target, drafter, params: SamplingParams, *, scheduler: Any = "static", seed: int = 0,
                 stop_token_ids: list[int] | None = None, stop: list[str] | None = None, batching: str = "padded",
                 calibrated: bool = True, verifier: str = "auto", acceptance: str = "rejection",
-                hardware: HardwareProfile | None = None, layout: str | None = None) -> Engine:  # fmt: skip
-    """The engine ``decode()`` drives (also driven directly by the closed-loop serving benchmark); ``layout``: the
-    former name of ``batching`` (a DeprecationWarning)."""
-    batching = renamed_keyword("make_engine()", "layout", "batching", layout, batching, "padded")
+                hardware: HardwareProfile | None = None) -> Engine:  # fmt: skip
+    """The engine ``decode()`` drives (also driven directly by the closed-loop serving benchmark)."""
     temps = temperatures_for(drafter, params.temperature) if calibrated and drafter is not None else None
     proposer = make_proposer(drafter, batching=batching, conf_temperatures=temps) if drafter is not None else None
     engine = Engine(

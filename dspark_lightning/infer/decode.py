@@ -25,7 +25,6 @@ import torch
 from .. import checks
 from ..checkpoint import check_chat_format, load_drafter, read_config, recorded_target_args
 from ..devices import resolve_device, resolve_dtype
-from ..renames import renamed_keyword
 from ..targets import load_target
 from .acceptance.sampling import SamplingParams
 from .build import make_engine
@@ -49,23 +48,20 @@ class DecodeResult:
 
 
 def encode_prompt(target, prompt: Prompt, chat: bool = True) -> list[int]:
-    """A string (chat template applied unless ``chat=False``), a list of turns, or token ids -> ids."""
+    """A string or a list of turns (:meth:`Target.encode_prompt`'s rule), or token ids (checked) -> ids."""
     if isinstance(prompt, torch.Tensor):
         if prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:
             raise ValueError(f"a token-id prompt tensor must hold integers, got dtype {prompt.dtype}")
         ids = [int(t) for t in prompt.reshape(-1)]
     elif isinstance(prompt, str):
         _check_text(prompt, "prompt")
-        if chat:
-            ids = target.render_prompt([{"role": "user", "content": prompt}])
-        else:
-            ids = list(target.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        ids = target.encode_prompt(prompt, chat)
     elif isinstance(prompt, list | tuple) and prompt and isinstance(prompt[0], dict):
         for turn in prompt:
             if not isinstance(turn, dict) or not isinstance(turn.get("role"), str):
                 raise ValueError(f"a chat turn must be a dict with a string 'role', got {turn!r:.80}")
             _check_text(turn.get("content"), f"the {turn['role']!r} turn's content")
-        ids = target.render_prompt(list(prompt))
+        ids = target.encode_prompt(list(prompt), chat)
     elif isinstance(prompt, list | tuple):
         bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, int)]
         if bad:
@@ -164,7 +160,6 @@ def decode(
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
     drafter_dtype: str | torch.dtype | None = "auto",
-    layout: str | None = None,
 ) -> DecodeResult:
     """Decode ``prompts`` with the target's exact sampling law, drafting with ``drafter`` (None = plain).
 
@@ -206,10 +201,8 @@ def decode(
             ``drafter_dtype`` (default ``auto``: the faster of fp32 and bf16 there, measured once on a CPU; None:
             the target's dtype; a drafter object runs as it is). The sampling laws, the acceptance test and the
             residual are fp32 whatever these are, so a bf16 target's output law is the bf16 target's own.
-        layout: the former name of ``batching`` (a DeprecationWarning).
     """
     t_setup = time.perf_counter()
-    batching = renamed_keyword("decode()", "layout", "batching", layout, batching, "padded")
     if isinstance(prompts, Iterator):  # a generator or iterator of prompts: read once, as a list
         prompts = list(prompts)
     check_decode_args(max_new_tokens, temperature, top_k, top_p, batch_size)

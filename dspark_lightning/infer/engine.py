@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import torch
 
-from ..renames import renamed_keyword
 from .acceptance.accept import Acceptance, RejectionAcceptance
 from .acceptance.coupled import CoupledAcceptance
 from .acceptance.sampling import SamplingParams, target_law
@@ -63,7 +62,7 @@ class _Batch:
 
 class Engine:
     """Holds the target's verifier, the drafter's proposer, the scheduler, the acceptance mode and the round logs.
-    ``batching``: ``padded`` or ``flat`` (``layout``: its former name, with a DeprecationWarning)."""
+    ``batching``: ``padded`` or ``flat``."""
 
     def __init__(
         self,
@@ -79,11 +78,9 @@ class Engine:
         verifier: str = "auto",
         acceptance: str = "rejection",
         hardware: HardwareProfile | None = None,
-        layout: str | None = None,
     ) -> None:
         if acceptance not in ACCEPTANCE:
             raise ValueError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r}")
-        batching = renamed_keyword("Engine()", "layout", "batching", layout, batching, "padded")
         self.target = target
         self.params = params
         self.verifier = build_verifier(verifier, target, batching, kernels=hardware.kernels if hardware else None)

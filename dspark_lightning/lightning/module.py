@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..data.features.extract import features_for_batch, target_law_summary
+from ..data.prompts.sources import DOMAINS as PROMPT_DOMAINS
 from ..devices import resolve_dtype
 from ..drafters import build_drafter
 from ..drafters.warm_start import WarmStart
@@ -41,7 +42,7 @@ from .schedule import Phase, check_curriculum, lr_factor, phase_at, subsample_an
 __all__ = ["TRUE_PRECISIONS", "DSparkModule", "LossConfig", "OptimConfig", "TrainingDiverged", "check_hparams",
            "full_drafter_state"]  # fmt: skip
 
-DOMAINS = ("math", "code", "chat", "other")
+DOMAINS = (*PROMPT_DOMAINS, "other")  # validation metrics: a batch without domains counts as "other"
 
 
 class DSparkModule(L.LightningModule):

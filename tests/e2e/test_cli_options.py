@@ -1,4 +1,4 @@
-"""Command-line options of eval, bench and profile (``eval --scheduler static --gamma``, ``eval --prompts``,
+"""Command-line options of eval, bench and profile (``eval --scheduler static:γ``, ``eval --prompts``,
 ``bench --scheduler A B --batching``, ``profile --breakdown``), the plots' geometry, and that the docs name only
 files that exist."""
 
@@ -30,12 +30,12 @@ def _png_size(path) -> tuple[int, int]:
     return struct.unpack(">II", head[16:24])
 
 
-# eval --scheduler static --gamma, eval --prompts
+# eval --scheduler static:γ, eval --prompts
 
 
 def test_eval_static_gamma_fixes_the_block(drafter, tmp_path, capsys):
     out = tmp_path / "eval"
-    args = ["eval", "--drafter", f"d={drafter}", "--scheduler", "static", "--gamma", "1", "--temperature", "0"]
+    args = ["eval", "--drafter", f"d={drafter}", "--scheduler", "static:1", "--temperature", "0"]
     args += ["--batch_size", "1", "--prompts_per_domain", "1", "--max_new_tokens", "8", "--seed", "0"]
     code, _, err = run_main(args + ["--out", str(out)], capsys)
     assert code == 0, err[-2000:]
@@ -48,12 +48,51 @@ def test_eval_static_gamma_fixes_the_block(drafter, tmp_path, capsys):
         assert all(x is None for x in a_k[1:])  # positions past γ = 1 are never verified
 
 
-def test_eval_gamma_needs_the_static_scheduler(drafter, tmp_path, capsys):
-    args = ["eval", "--drafter", drafter, "--scheduler", "threshold", "--gamma", "2", "--out", str(tmp_path / "o")]
-    code, _, err = run_main(args, capsys)
-    assert code == 2 and "--gamma" in err and "static" in err
-    code, _, err = run_main(["eval", "--drafter", drafter, "--gamma", "0", "--out", str(tmp_path / "o")], capsys)
-    assert code == 2 and "--gamma" in err
+def test_a_schedulers_arguments_are_its_own(drafter, tmp_path, capsys):
+    """An argument the scheduler does not take, or a value it refuses, is one line naming --scheduler."""
+    for text, fact in (("threshold:gamma=2", "it takes threshold, mode"), ("static:-1", "gamma"),
+                       ("static:4,5", "key=value")):  # fmt: skip
+        args = ["eval", "--drafter", drafter, "--scheduler", text, "--out", str(tmp_path / "o")]
+        code, _, err = run_main(args, capsys)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and "--scheduler" in err and fact in err, err
+
+
+def test_one_scheduler_spec_means_the_same_in_decode_eval_bench_and_serve_bench(drafter, tmp_path, capsys,
+                                                                            monkeypatch):  # fmt: skip
+    """The same scheduler text and --sps table reach the engine as the same scheduler in all four commands."""
+    from dspark_lightning.infer import engine
+
+    built = []
+    real = engine.build_scheduler
+
+    def record(spec):
+        s = real(spec)
+        if spec != "static":  # plain decoding's engine (bench's and serve-bench's plain rows) has the default
+            built.append((type(s).__name__, s.context_len, tuple(s.sps.tokens), tuple(s.sps.sps)))
+        return s
+
+    monkeypatch.setattr(engine, "build_scheduler", record)
+    sps = tmp_path / "sps.json"
+    sps.write_text(json.dumps({"tokens": [1, 2, 4, 8], "sps": [100.0, 95.0, 80.0, 50.0]}))
+    text, out = "hardware_aware:context_len=64", str(tmp_path / "o")
+    small = ["--prompts_per_domain", "1", "--domains", "math", "--max_new_tokens", "3", "--sps", str(sps)]
+    runs = {
+        "decode": ["decode", "--target", "tiny-debug", "--drafter", drafter, "--prompt", "hi", "--max_new_tokens",
+                   "3", "--scheduler", text, "--sps", str(sps)],
+        "eval": ["eval", "--drafter", drafter, "--scheduler", text, "--out", out + "e", *small],
+        "bench": ["bench", "--drafter", drafter, "--scheduler", text, "--out", out + "b", "--temperatures", "0",
+                  "--batches", "1", "--repeats", "1", *small],
+        "serve-bench": ["serve-bench", "--drafter", drafter, "--methods", text, "--out", out + "s", "--concurrency",
+                        "1", "--window_s", "0.2", *small],
+    }  # fmt: skip
+    seen = {}
+    for command, args in runs.items():
+        built.clear()
+        code, _, err = run_main(args, capsys)
+        assert code == 0, (command, err[-1500:])
+        seen[command] = set(built)
+    want = {("HardwareAwareScheduler", 64, (1, 2, 4, 8), (100.0, 95.0, 80.0, 50.0))}
+    assert all(got == want for got in seen.values()), seen
 
 
 def test_eval_prompts_groups_a_responses_file_by_source(drafter, tmp_path, capsys):
@@ -117,9 +156,9 @@ def test_bench_several_schedulers_and_batching_modes(drafter, tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "extra, word",
-    [(["--batching", "ragged"], "--batching"), (["--layouts", "ragged"], "--batching"),
+    [(["--batching", "ragged"], "--batching"), (["--layouts", "ragged"], "--layouts"),
      (["--scheduler", "static", "static"], "--scheduler"),
-     (["--scheduler", "warp"], "--scheduler"), (["--scheduler", "threshold", "--gamma", "2"], "--gamma")],
+     (["--scheduler", "warp"], "--scheduler"), (["--scheduler", "threshold:gamma=2"], "--scheduler")],
 )  # fmt: skip
 def test_bench_rejects_bad_scheduler_and_batching_lists(drafter, tmp_path, capsys, extra, word):
     code, _, err = run_main(["bench", "--drafter", drafter, *extra, "--out", str(tmp_path / "o")], capsys)

@@ -71,8 +71,6 @@ RANGED = [  # (entry point, option, kind): "--a.b" options take "=value", the ot
     (DEC, "--max_new_tokens", "int>=1"), (DEC, "--batch_size", "int>=1"), (DEC, "--top_k", "int>=1"),
     (DEC, "--temperature", "temp"), (DEC, "--top_p", "prob_open"), (DEC, "--seed", "int"),
     (DEC + ["--prompts", "prompts.jsonl"], "--limit", "int>=0"),
-    (DEC_D + ["--scheduler", "static"], "--gamma", "int>=1"),
-    (DEC_D + ["--scheduler", "threshold"], "--threshold", "prob"),
     (EVAL, "--batch_size", "int>=1"), (EVAL, "--prompts_per_domain", "int>=1"), (EVAL, "--max_new_tokens", "int>=1"),
     (EVAL, "--temperature", "temp"), (EVAL, "--seed", "int"),
     (BENCH, "--batches", "int>=1"), (BENCH, "--repeats", "int>=1"), (BENCH, "--prompt_lookup_tokens", "int>=1"),
@@ -92,6 +90,7 @@ RANGED = [  # (entry point, option, kind): "--a.b" options take "=value", the ot
     (PREP, "--data.min_supervised", "int>=0"), (PREP, "--data.regen.concurrency", "int>=1"),
     (FIT, "--model.block_size", "block"), (FIT, "--data.batch_size", "int>=1"), (FIT, "--model.optim.lr", "pos"),
 ]  # fmt: skip
+SCHEDULER_RANGED = [("static", "int>=0"), ("threshold", "prob")]
 TRAINER = {  # Lightning options that must be >= 1 (or > 0, or -1 for "no limit")
     "val_check_interval": ["0", "0.0", "-1", "1.5", "nan"], "accumulate_grad_batches": ["0", "-1", "2.5"],
     "max_steps": ["0", "-2", "-5"], "max_epochs": ["0", "-3"], "log_every_n_steps": ["0", "-1"],
@@ -118,7 +117,11 @@ def _cmd(base: list[str]) -> str:
 
 
 def gen_ranges(rng: random.Random) -> list[Case]:
-    return [Case("ranges", f"{_cmd(b)}{o}={v}", b + opt(o, v)) for b, o, k in RANGED for v in BAD[k]]
+    cases = [Case("ranges", f"{_cmd(b)}{o}={v}", b + opt(o, v)) for b, o, k in RANGED for v in BAD[k]]
+    for name, kind in SCHEDULER_RANGED:  # a scheduler's argument, as every command names it: --scheduler name:value
+        cases += [Case("ranges", f"decode+drafter--scheduler={name}:{v}", DEC_D + ["--scheduler", f"{name}:{v}"])
+                  for v in BAD[kind]]  # fmt: skip
+    return cases
 
 
 def gen_trainer(rng: random.Random) -> list[Case]:

@@ -42,7 +42,6 @@ PLACES = {
     "losses.py": "base",
     "plots.py": "base",
     "errors.py": "base",
-    "renames.py": "base",
     "targets": "targets",
     "layers": "layers",
     "drafters": "drafters",

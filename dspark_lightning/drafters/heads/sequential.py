@@ -19,6 +19,10 @@ from ..common import capture_args, init_weights
 
 @runtime_checkable
 class SeqHead(Protocol):
+    """A sequential head. To be exported for servers a head class also declares ``serving_type`` (the
+    ``markov_head_type`` servers know it by) and ``serving_weights`` (its parameter-name prefixes -> the servers' names
+    under ``markov_head.``); a head without them trains and decodes here and is refused by the export, naming it."""
+
     token_dim: int  # r, the width of W1[x] handed to the confidence head
 
     def teacher_forced(self, h: torch.Tensor, prev: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,6 +38,9 @@ class SeqHead(Protocol):
         ...
 
 
+LOW_RANK_WEIGHTS = (("lr.w1.", "markov_w1."), ("lr.w2.", "markov_w2."))  # W1, W2 under their serving names
+
+
 class LowRank(nn.Module):
     """W1 (lookup of the previous token, any target token) and W2 (r -> the draft vocabulary)."""
 
@@ -46,6 +53,9 @@ class LowRank(nn.Module):
 @register("seq_head", "vanilla")
 class VanillaMarkovHead(nn.Module):
     """B_k = W1[x_{k-1}] W2: first-order low-rank transition, independent of h_k (paper Eq. 5)."""
+
+    serving_type = "vanilla"
+    serving_weights = LOW_RANK_WEIGHTS
 
     def __init__(self, geometry: TargetGeometry, rank: int = 256) -> None:
         super().__init__()
@@ -69,6 +79,9 @@ class VanillaMarkovHead(nn.Module):
 @register("seq_head", "gated")
 class GatedMarkovHead(nn.Module):
     """B_k = (g_k * W1[x_{k-1}]) W2 with g_k = sigmoid(W_g [h_k; W1[x_{k-1}]] + b_g) (reference only)."""
+
+    serving_type = "gated"
+    serving_weights = (*LOW_RANK_WEIGHTS, ("gate.", "gate_proj."))  # SGLang's names
 
     def __init__(self, geometry: TargetGeometry, rank: int = 256) -> None:
         super().__init__()
@@ -99,6 +112,9 @@ class RNNHead(nn.Module):
     """Paper Eq. 6. u_k = [s_{k-1}; W1[x_{k-1}]; h_k]; [g; c~; o] = Linear(u_k); B_k = tanh(o) W2;
     s_k = sigmoid(g) * s_{k-1} + (1 - sigmoid(g)) * tanh(c~). B_k uses the old state; s_0 = 0 per block.
     """
+
+    serving_type = "rnn"
+    serving_weights = (*LOW_RANK_WEIGHTS, ("cell.", "joint_proj."))  # SGLang's names
 
     def __init__(self, geometry: TargetGeometry, rank: int = 256) -> None:
         super().__init__()

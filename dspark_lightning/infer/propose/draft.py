@@ -28,8 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ...drafters.backbones import per_layer_masks
-from ...registry import create, get, register
-from ...renames import keyword_for, renamed_keyword
+from ...registry import create, register
 from ..acceptance.sampling import SamplingParams, probs, sample
 from ..verify import kernels as kernel_tables
 from ..verify.kernels import Linear
@@ -82,17 +81,14 @@ def _head_product(drafter, weight: torch.Tensor) -> Linear | None:
     return None if table is None else Linear(weight, None, table)
 
 
-def make_proposer(drafter, batching: str = "padded", conf_temperatures=None, layout: str | None = None):
+def make_proposer(drafter, batching: str = "padded", conf_temperatures=None):
     """The inference-side proposer of ``drafter``: the registered proposer its class names (``proposer_name``), else
-    its own ``make_proposer`` method (third-party drafters). ``layout``: the former name of ``batching`` (warns)."""
-    batching = renamed_keyword("make_proposer()", "layout", "batching", layout, batching, "padded")
+    its own ``make_proposer`` method (third-party drafters)."""
     name = getattr(drafter, "proposer_name", None)
     if name is not None:
-        mode = keyword_for(get("proposer", name), "batching", "layout", batching)  # a plugin's may say layout=
-        return create("proposer", name, drafter, **mode, conf_temperatures=conf_temperatures)
+        return create("proposer", name, drafter, batching=batching, conf_temperatures=conf_temperatures)
     if hasattr(drafter, "make_proposer"):
-        mode = keyword_for(drafter.make_proposer, "batching", "layout", batching)
-        return drafter.make_proposer(**mode, conf_temperatures=conf_temperatures)
+        return drafter.make_proposer(batching=batching, conf_temperatures=conf_temperatures)
     raise TypeError(f"{type(drafter).__name__} is not a drafter decode() can run (no proposer registered for it)")
 
 

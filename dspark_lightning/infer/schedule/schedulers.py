@@ -519,3 +519,37 @@ def build_scheduler(spec: Any) -> Scheduler:
         return FunctionScheduler(spec)
     raise checks.UsageError(f"scheduler must be a registered name, a {{'name': ...}} spec or a scheduler object, got "
                             f"{checks.short(spec)}")  # fmt: skip
+
+
+def parse_scheduler(text: str, sps: str | SPSTable | None = None) -> dict[str, Any]:
+    """The spec a command's scheduler text means, the same in every command (``decode``, ``eval``, ``bench``,
+    ``serve-bench``) and in Python: ``name``, ``name:value`` (the scheduler's first argument: ``static:4``,
+    ``threshold:0.7``) or ``name:key=value,key=value`` (``threshold:threshold=0.6,mode=raw``); values are read as
+    YAML scalars. ``sps``: a measured SPS table (its JSON path) for every scheduler that takes one and is not given
+    one in ``text``. The spec is built once here, so a bad name, argument or value is one line before any work."""
+    import yaml
+
+    if not isinstance(text, str) or not text.strip():
+        raise checks.UsageError(f"a scheduler is a registered name with optional arguments, got {text!r}")
+    name, _, args = text.strip().partition(":")
+    params = list(inspect.signature(get("scheduler", name)).parameters)
+    kwargs: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in args.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq:
+            if kwargs or not params:
+                raise checks.UsageError(f"scheduler {text!r}: give arguments as key=value ({name} takes "
+                                        f"{', '.join(params) or 'no arguments'})")  # fmt: skip
+            key, value = params[0], part
+        try:
+            kwargs[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise checks.UsageError(f"scheduler {text!r}: {value!r} is not a value") from None
+    if sps is not None and "sps" in params and "sps" not in kwargs:
+        kwargs["sps"] = sps
+    spec = {"name": name, **kwargs}
+    try:
+        build_scheduler(spec)
+    except (TypeError, ValueError) as exc:
+        raise checks.UsageError(f"scheduler {text!r}: {' '.join(str(exc).split())}") from None
+    return spec

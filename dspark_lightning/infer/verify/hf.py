@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ...registry import create, get, register
-from ...renames import keyword_for, renamed_keyword
+from ...registry import create, register
 from ..protocols import SegmentOutput, Verifier
 from .kernels import KernelTable
 from .kvcache import RequestCache
@@ -160,16 +159,11 @@ class HFVerifier(RequestCache):
         self._compact()
 
 
-def build_verifier(
-    name: str, target, batching: str = "padded", kernels: KernelTable | None = None, layout: str | None = None
-) -> Verifier:
+def build_verifier(name: str, target, batching: str = "padded", kernels: KernelTable | None = None) -> Verifier:
     """A registered verifier; ``auto`` is the lean forward where it supports the target and batching, else ``hf``.
-    ``kernels``: the lean forward's kernel table (a :class:`~.hardware.HardwareProfile`'s; None: its own choice).
-    ``layout``: the former name of ``batching`` (warns)."""
-    batching = renamed_keyword("build_verifier()", "layout", "batching", layout, batching, "padded")
+    ``kernels``: the lean forward's kernel table (a :class:`~.hardware.HardwareProfile`'s; None: its own choice)."""
     if name == "auto":
         name = "lean" if lean_unsupported(target, batching) is None else "hf"
     if name == "lean" and kernels is not None:
         return create("verifier", name, target, batching=batching, kernels=kernels)
-    mode = keyword_for(get("verifier", name), "batching", "layout", batching)  # a plugin's may say layout=
-    return create("verifier", name, target, **mode)
+    return create("verifier", name, target, batching=batching)

@@ -1,0 +1,76 @@
+"""Parts a plugin adds without editing the package: a scheduler with arguments, named the same way in Python and in
+every command, and a sequential head that declares its serving names and so exports for servers."""
+
+import pytest
+import torch
+
+from dspark_lightning import create
+from dspark_lightning.checks import UsageError
+from dspark_lightning.drafters.heads.sequential import LOW_RANK_WEIGHTS, GatedMarkovHead
+from dspark_lightning.infer import Scheduler, decode
+from dspark_lightning.infer.schedule.schedulers import parse_scheduler
+from dspark_lightning.testing import random_target
+
+
+class Capped(Scheduler):
+    """Verify the first ``cap`` drafts, or none when ``every`` rounds have not passed (a test plugin)."""
+
+    def __init__(self, cap: int = 1, every: int = 1) -> None:
+        if cap < 0 or every < 1:
+            raise ValueError(f"cap must be >= 0 and every >= 1, got cap={cap}, every={every}")
+        self.cap, self.every, self.calls = cap, every, 0
+
+    def __call__(self, conf: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        n = self.cap if self.calls % self.every == 0 else 0
+        return torch.full((conf.shape[0],), min(n, conf.shape[1]), dtype=torch.long)
+
+
+def test_a_plugin_scheduler_with_arguments_is_named_like_the_builtins(registered):
+    registered("scheduler", "capped")(Capped)
+    assert parse_scheduler("capped:2") == {"name": "capped", "cap": 2}
+    assert parse_scheduler("capped:cap=2,every=3") == {"name": "capped", "cap": 2, "every": 3}
+    for bad, fact in (("capped:cap=-1", "cap must be >= 0"), ("capped:depth=2", "depth"), ("capped:2,3", "key=value")):
+        with pytest.raises(UsageError, match=fact):
+            parse_scheduler(bad)
+    target = random_target(layers=4, seed=1)
+    drafter = create("drafter", "dspark", target, block_size=4, backbone={"name": "dense", "num_layers": 1},
+                     mask_token_id=1)  # fmt: skip
+    res = decode(
+        target, drafter, [[5, 6, 7]], max_new_tokens=8, stop_token_ids=[], scheduler=parse_scheduler("capped:2")
+    )
+    assert res.stats.mean_verify_len == pytest.approx(2.0)  # its argument reached the engine: 2 drafts verified a round
+
+
+class ScaledMarkov(GatedMarkovHead):
+    """A gated head under a name of its own, with its own serving names (a test plugin)."""
+
+    serving_type = "scaled_gate"
+    serving_weights = (*LOW_RANK_WEIGHTS, ("gate.", "scale_proj."))
+
+
+def test_a_plugin_head_that_declares_serving_names_exports_and_reads_back(registered, tmp_path):
+    from dspark_lightning import load_drafter
+    from dspark_lightning.checkpoint import save_drafter
+    from dspark_lightning.export import export_drafter
+
+    registered("seq_head", "scaled_markov")(ScaledMarkov)
+    target = random_target(layers=4, seed=1)
+    torch.manual_seed(0)
+    drafter = create("drafter", "dspark", target, block_size=3, backbone={"name": "dense", "num_layers": 1},
+                     seq_head={"name": "scaled_markov", "rank": 8}, conf_head="linear", mask_token_id=1)  # fmt: skip
+    src = save_drafter(drafter, tmp_path / "native", target)
+    out = tmp_path / "hf"
+    export_drafter(src, "dspark-hf", out, target=target)
+    import json
+
+    from safetensors.torch import load_file
+
+    assert json.loads((out / "config.json").read_text())["markov_head_type"] == "scaled_gate"
+    assert any(k.startswith("markov_head.scale_proj.") for k in load_file(str(out / "model.safetensors")))
+    back = load_drafter(out, target)
+    assert type(back.seq_head) is ScaledMarkov
+    prompt = [[5, 6, 7, 8]]
+    a = decode(target, drafter, prompt, max_new_tokens=6, stop_token_ids=[], scheduler="static")
+    b = decode(target, back, prompt, max_new_tokens=6, stop_token_ids=[], scheduler="static")
+    assert a.token_ids == b.token_ids and a.stats.tau == pytest.approx(b.stats.tau)
