@@ -44,8 +44,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 KINDS = (
-    "backbone", "seq_head", "conf_head", "drafter", "scheduler", "verifier", "proposer", "prompt_source", "layout",
-    "server",
+    "backbone", "seq_head", "conf_head", "drafter", "scheduler", "verifier", "proposer", "acceptance",
+    "prompt_source", "layout", "server",
 )  # fmt: skip
 _REGISTERS = re.compile(r"^[ \t]*@?register\(", re.M)  # a decorator line, or a call at the start of a line
 

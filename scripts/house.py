@@ -23,7 +23,8 @@ from test_layering import ALLOWED, FLOORS, _allowed, floor_of, import_graph, rel
 
 
 def box_of(path: str) -> str:
-    """``infer/profiling/sps.py`` -> ``infer/profiling``; ``infer/engine.py`` -> ``infer``; ``atomic.py`` -> base."""
+    """``infer/profiling/measure_sps.py`` -> ``infer/profiling``; ``infer/engine.py`` -> ``infer``; ``atomic.py`` ->
+    base."""
     parts = path.split("/")
     if len(parts) == 1:
         return "cli" if floor_of(path) == "cli" else floor_of(path)

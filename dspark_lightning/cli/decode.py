@@ -50,6 +50,13 @@ def check_sps_file(path: str) -> None:
         raise checks.UsageError(f"SPS table {path} needs non-empty 'tokens' and 'sps' lists of one length")
 
 
+def check_registered(flag: str, kind: str, value: str) -> None:
+    """``value`` names a registered ``kind`` (built-in or a plugin's)."""
+    from ..registry import names
+
+    check_choice(flag, value, names(kind))
+
+
 def check_verifier(value: str) -> None:
     from ..registry import names
 
@@ -142,7 +149,7 @@ def decode(
     spec = scheduler_arg(scheduler, sps)
     check_choice("--batching", batching, BATCHINGS)
     check_verifier(verifier)
-    check_choice("--acceptance", acceptance, ["rejection", "coupled"])
+    check_registered("--acceptance", "acceptance", acceptance)
     devices.check_device_args(device, dtype, drafter_dtype)
     if any(not s for s in stop):
         raise checks.UsageError("--stop must not be empty (an empty stop string would cut every output to nothing)")
@@ -224,7 +231,7 @@ def profile(
         drafter: --breakdown draft: a trained drafter, timed in fp32 and bf16 next to random ones
         layers: --breakdown draft: layers of the random DSpark drafters
     """
-    from ..infer.profiling.sps import default_path, profile_sps
+    from ..infer.profiling.measure_sps import default_path, profile_sps
 
     if breakdown is not None:
         check_choice("--breakdown", breakdown, ("verify", "draft"))

@@ -20,7 +20,7 @@ from ..checkpoint import load_drafter_checked
 from ..data.prompts.sources import DOMAINS
 from ..eval.serve_bench import DEFAULT_METHODS
 from ..targets import load_target_checked
-from .decode import BATCHINGS, check_choice, check_sps_file, scheduler_arg
+from .decode import BATCHINGS, check_choice, check_registered, check_sps_file, scheduler_arg
 from .signature import REPEATED, run
 
 
@@ -223,7 +223,7 @@ def bench(
     checks.at_least("--repeats", repeats, 1)
     checks.at_least("--prompt_lookup_tokens", prompt_lookup_tokens, 1)
     for x in acceptance:
-        check_choice("--acceptance", x, ["rejection", "coupled"])
+        check_registered("--acceptance", "acceptance", x)
     for mode in batching:
         check_choice("--batching", mode, BATCHINGS)
     if len(set(batching)) != len(batching):

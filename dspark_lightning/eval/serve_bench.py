@@ -62,7 +62,7 @@ def closed_loop(
     """Keep ``concurrency`` requests active for ``warmup_steps`` rounds, then measure a ``window_s`` window."""
     from ..infer.acceptance.sampling import SamplingParams
     from ..infer.decode import check_positions, make_engine
-    from ..infer.profiling.hardware import measure_hardware
+    from ..infer.profiling.measure_hardware import measure_hardware
 
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")

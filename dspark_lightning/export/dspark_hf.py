@@ -127,9 +127,7 @@ def check_dspark(drafter: Any, trained: bool = True) -> list[str]:
     check_layer_order(drafter.geometry.layer_ids)
     notes = []
     if head is not None and head_type(head) != "vanilla":
-        notes.append(
-            f"markov_head_type {head_type(head)!r}: SGLang serves it, vLLM's Qwen3 DSpark path serves vanilla"
-        )
+        notes.append(f"markov_head_type {head_type(head)!r}: SGLang serves it, vLLM's Qwen3 DSpark path serves vanilla")
     if drafter.draft_vocab is not None:
         notes.append("reduced draft vocabulary: wrote d2t, t2d and its own lm_head rows (EAGLE-3 style)")
     return notes

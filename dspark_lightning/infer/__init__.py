@@ -8,8 +8,8 @@ from .acceptance.sampling import SamplingParams, probs, sample
 from .decode import DecodeResult, decode, encode_prompt
 from .engine import Engine
 from .hardware import HardwareProfile
-from .profiling.hardware import measure_hardware
-from .profiling.sps import load_or_profile, profile_sps
+from .profiling.measure_hardware import measure_hardware
+from .profiling.measure_sps import load_or_profile, profile_sps
 from .propose.draft import BlockProposer, Proposal, make_proposer
 from .propose.proposer import ProposerBase, StatelessProposer
 from .protocols import Proposer, Verifier

@@ -1,8 +1,8 @@
 """An :class:`~.engine.Engine` wired to a drafter: its proposer (from the registry) and its STS temperatures.
 
 What ``decode()`` drives, the closed-loop serving benchmark drives directly, and the drafter-cost profile
-(:mod:`dspark_lightning.infer.profiling.draft_cost`) runs, without reaching back into ``decode()`` and the loading of
-exports.
+(:mod:`dspark_lightning.infer.profiling.measure_draft_cost`) runs, without reaching back into ``decode()`` and the
+loading of exports.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from .acceptance.sampling import SamplingParams
 from .build import make_engine
 from .engine import Engine
 from .hardware import HardwareProfile
-from .profiling.hardware import measure_hardware
+from .profiling.measure_hardware import measure_hardware
 from .schedule.schedulers import build_scheduler
 from .stats import DecodeStats, RoundLog, summarize
 

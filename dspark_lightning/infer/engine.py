@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .acceptance.accept import Acceptance, RejectionAcceptance
-from .acceptance.coupled import CoupledAcceptance
+from ..registry import create, get
+from .acceptance.accept import Acceptance
 from .acceptance.sampling import SamplingParams, target_law
 from .hardware import HardwareProfile
 from .propose.backlog import ContextBacklog
@@ -34,19 +34,11 @@ from .schedule.schedulers import build_scheduler, overrides, survival
 from .stats import RoundLog
 from .verify.hf import build_verifier
 
-ACCEPTANCE = ("rejection", "coupled")
-
 
 def acceptance_mode(name: str, params: SamplingParams, device: torch.device,
                     proposer: Proposer | None = None) -> AcceptanceMode:  # fmt: skip
-    """``rejection`` (speculative sampling) or ``coupled`` (:mod:`.coupled`); greedy decoding is drafter-invariant
-    already and always accepts by rejection."""
-    if name not in ACCEPTANCE:
-        raise ValueError(f"acceptance must be one of {ACCEPTANCE}, got {name!r}")
-    if name == "coupled" and not params.greedy:
-        vocab = proposer.draft_vocab if isinstance(proposer, ReducedVocabulary) else None
-        return CoupledAcceptance(params, device, vocab)
-    return RejectionAcceptance(params, device)
+    """The registered acceptance mode ``name`` (built-in: ``rejection``, ``coupled``; plugins may add more)."""
+    return create("acceptance", name, params, device, proposer if isinstance(proposer, ReducedVocabulary) else None)
 
 
 @dataclass
@@ -79,8 +71,7 @@ class Engine:
         acceptance: str = "rejection",
         hardware: HardwareProfile | None = None,
     ) -> None:
-        if acceptance not in ACCEPTANCE:
-            raise ValueError(f"acceptance must be one of {ACCEPTANCE}, got {acceptance!r}")
+        get("acceptance", acceptance)  # an unknown mode: one line naming the registered ones
         self.target = target
         self.params = params
         self.verifier = build_verifier(verifier, target, batching, kernels=hardware.kernels if hardware else None)

@@ -2,8 +2,8 @@
 
 The hardware-aware schedulers weigh a step's verification cost (the target's SPS table) and its drafting cost (the
 drafter's cost per round); the lean verifier runs its products through this CPU's fastest kernels (the kernel
-table). :mod:`dspark_lightning.infer.profiling.hardware` measures (or reads from the cache) the parts a scheduler
-asks for, before the decoding loop; the engine hands the profile to its scheduler
+table). :mod:`dspark_lightning.infer.profiling.measure_hardware` measures (or reads from the cache) the parts a
+scheduler asks for, before the decoding loop; the engine hands the profile to its scheduler
 (:meth:`.schedulers.Scheduler.use_hardware`) and the kernel table to its verifier. Nothing in the decoding loop
 measures the machine.
 """

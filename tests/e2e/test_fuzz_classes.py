@@ -307,7 +307,7 @@ def gen_interrupt(rng: random.Random) -> list[Case]:
           "prepare": (PREP + ["--data.work_dir=pw"], REGEN),
           "fit-regeneration": (FIT + ["--data.work_dir=fw"], REGEN),
           "profile": (PROFILE + ["--out", "prev/sps.json"],
-                      "dspark_lightning.infer.profiling.sps:profile_sps")}  # fmt: skip
+                      "dspark_lightning.infer.profiling.measure_sps:profile_sps")}  # fmt: skip
     return [Case("interrupt", f"{name}-after-{k}", argv, fault={"kind": "interrupt", "at": where, "after": k},
                  expect="interrupt") for name, (argv, where) in at.items() for k in (0, rng.randint(1, 2))
             if k == 0 or where == ENGINE_STEP]  # fmt: skip

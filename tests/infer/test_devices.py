@@ -182,7 +182,7 @@ def test_resolve_drafter_dtype():
 
 def test_draft_cost_cache_is_per_precision(varied_target, tmp_path):
     """The cached drafting cost drives the gate: a bf16 run must not read the fp32 run's numbers."""
-    from dspark_lightning.infer.profiling.draft_cost import drafter_key
+    from dspark_lightning.infer.profiling.measure_draft_cost import drafter_key
 
     save_drafter(make_drafter(varied_target, "dspark", block_size=3), tmp_path / "d", varied_target)
     k32 = drafter_key(load_drafter(tmp_path / "d", varied_target, dtype="fp32"))

@@ -53,7 +53,7 @@ ROLES = {
     "acceptance": (AcceptanceMode,),
 }
 # the code that drives the parts
-DRIVERS = ("engine.py", "decode.py", "build.py", "propose/backlog.py", "profiling/hardware.py")
+DRIVERS = ("engine.py", "decode.py", "build.py", "propose/backlog.py", "profiling/measure_hardware.py")
 
 
 def scheduler_members() -> set[str]:
@@ -142,10 +142,15 @@ def test_every_registered_proposer_is_a_proposer(varied_target):
     assert isinstance(type("Lookup", (StatelessProposer,), {"block_size": 3})(), Proposer)  # a third-party one
 
 
-def test_both_acceptance_modes_are_acceptance_modes():
+def test_every_registered_acceptance_mode_is_an_acceptance_mode():
+    from dspark_lightning.registry import create, names
+
     for mode in (RejectionAcceptance(SamplingParams(1.0), torch.device("cpu")),
                  CoupledAcceptance(SamplingParams(1.0), torch.device("cpu"))):  # fmt: skip
         assert isinstance(mode, AcceptanceMode)
+    for name in names("acceptance"):  # a plugin's too: the factory builds one at T = 0 and T = 1
+        for T in (0.0, 1.0):
+            assert isinstance(create("acceptance", name, SamplingParams(T), torch.device("cpu"), None), AcceptanceMode)
 
 
 def test_the_protocols_are_public_and_name_their_members():
@@ -220,7 +225,7 @@ class Recorder:
 def test_a_decode_takes_only_declared_attributes(varied_target, monkeypatch, acceptance):
     import dspark_lightning.infer.build as build
     import dspark_lightning.infer.engine as engine
-    import dspark_lightning.infer.profiling.hardware as hardware
+    import dspark_lightning.infer.profiling.measure_hardware as hardware
 
     seen: dict[str, set[str]] = {role: set() for role in ROLES}
     real = (build.make_proposer, engine.build_verifier, engine.acceptance_mode)

@@ -71,7 +71,7 @@ def test_hardware_aware_output_does_not_depend_on_machine_load(varied_target, pr
 
 def test_profiled_draft_cost_is_reused(varied_target, prompts, drafter):
     """The drafter's cost is measured once (per process for an in-memory drafter) and then read, not re-timed."""
-    from dspark_lightning.infer.profiling.draft_cost import load_or_profile_draft_cost
+    from dspark_lightning.infer.profiling.measure_draft_cost import load_or_profile_draft_cost
 
     first = load_or_profile_draft_cost(varied_target, drafter, max_batch=4, progress=False)
     again = load_or_profile_draft_cost(varied_target, drafter, max_batch=2, progress=False)

@@ -42,6 +42,31 @@ def test_a_plugin_scheduler_with_arguments_is_named_like_the_builtins(registered
     assert res.stats.mean_verify_len == pytest.approx(2.0)  # its argument reached the engine: 2 drafts verified a round
 
 
+def test_a_plugin_acceptance_mode_is_chosen_by_name_in_python_and_the_cli(registered, capsys):
+    from dspark_lightning.infer.acceptance.accept import RejectionAcceptance
+
+    made = []
+
+    def counted(params, device, proposer=None):
+        made.append(params.temperature)
+        return RejectionAcceptance(params, device)
+
+    registered("acceptance", "counted")(counted)
+    target = random_target(layers=4, seed=1)
+    drafter = create("drafter", "dspark", target, block_size=3, backbone={"name": "dense", "num_layers": 1},
+                     mask_token_id=1)  # fmt: skip
+    kw = {"max_new_tokens": 6, "stop_token_ids": [], "temperature": 1.0, "seed": 3}
+    a = decode(target, drafter, [[5, 6, 7]], acceptance="counted", **kw)
+    b = decode(target, drafter, [[5, 6, 7]], acceptance="rejection", **kw)
+    assert made == [1.0] and a.token_ids == b.token_ids
+    with pytest.raises(Exception, match="counted"):  # an unknown name lists the registered ones
+        decode(target, drafter, [[5, 6, 7]], acceptance="nope", **kw)
+    from dspark_lightning.cli import main
+
+    main(["decode", "--target", "tiny-debug", "--prompt", "hi", "--max_new_tokens", "2", "--acceptance", "counted"])
+    assert len(made) == 2
+
+
 class ScaledMarkov(GatedMarkovHead):
     """A gated head under a name of its own, with its own serving names (a test plugin)."""
 

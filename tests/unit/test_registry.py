@@ -15,6 +15,7 @@ def test_every_kind_exists_and_builtins_are_registered():
         "scheduler",
         "verifier",
         "proposer",
+        "acceptance",
         "prompt_source",
         "layout",
         "server",
@@ -22,6 +23,7 @@ def test_every_kind_exists_and_builtins_are_registered():
     assert "dspark-hf" in names("layout")
     assert {"vllm", "sglang", "deepspec", "llamacpp"} <= set(names("server"))
     assert {"block", "chain"} <= set(names("proposer"))
+    assert {"rejection", "coupled"} <= set(names("acceptance"))
     assert {"vanilla", "gated", "rnn"} <= set(names("seq_head"))
     assert "dense" in names("backbone")
     assert {"dspark", "dflash"} <= set(names("drafter"))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ...registry import register
 from .sampling import Generators, SamplingParams, Streams, reads_are_free, sample, uniforms
 
 if TYPE_CHECKING:
@@ -76,6 +77,13 @@ def accept(
         use_resid = rejected[:, None] & (mass > RESIDUAL_GUARD)  # residual guard: fall back to p_t
         law = torch.where(use_resid, resid / mass.clamp(min=RESIDUAL_GUARD), law)
     return Acceptance(m, sample(law, params, generator))
+
+
+@register("acceptance", "rejection")
+def rejection(params: SamplingParams, device: torch.device, proposer=None) -> RejectionAcceptance:
+    """Speculative sampling's rejection test (the default acceptance mode). An acceptance mode is registered as a
+    factory ``(params, device, proposer) -> AcceptanceMode`` (:class:`~..protocols.AcceptanceMode`)."""
+    return RejectionAcceptance(params, device)
 
 
 class RejectionAcceptance:

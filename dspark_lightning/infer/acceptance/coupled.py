@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .accept import Acceptance
+from ...registry import register
+from .accept import Acceptance, RejectionAcceptance
 from .sampling import M32, SamplingParams, _hash32, sample
 
 if TYPE_CHECKING:
@@ -78,6 +79,15 @@ def accept_coupled(drafts: torch.Tensor, p: torch.Tensor, lengths: torch.Tensor,
     ok = (drafts[:, :k] == choice[:, :k]) & in_block
     m = ok.long().cumprod(-1).sum(-1)
     return Acceptance(m, choice[torch.arange(R, device=p.device), m])
+
+
+@register("acceptance", "coupled")
+def coupled(params: SamplingParams, device: torch.device, proposer=None) -> CoupledAcceptance | RejectionAcceptance:
+    """Drafter and target read one Gumbel noise; greedy decoding is drafter-invariant already and accepts by
+    rejection. A reduced draft vocabulary's target ids come from the proposer."""
+    if params.greedy:
+        return RejectionAcceptance(params, device)
+    return CoupledAcceptance(params, device, getattr(proposer, "draft_vocab", None))
 
 
 class CoupledAcceptance:

@@ -1,10 +1,11 @@
 """What measures the machine, once and never on a request's path.
 
-- :mod:`.hardware`: :func:`~.hardware.measure_hardware`, this machine's :class:`~..hardware.HardwareProfile` for an
-  engine (the parts its scheduler lacks, from the cache or measured once), which ``decode()`` hands the engine;
-- :mod:`.sps`: the target's steps per second SPS(B), profiled once per target and device and cached;
-- :mod:`.draft_cost`: the drafter's cost per round, profiled once and cached (``decode()``'s setup reads it for the
-  hardware-aware schedulers);
+- :mod:`.measure_hardware`: :func:`~.measure_hardware.measure_hardware`, this machine's
+  :class:`~..hardware.HardwareProfile` for an engine (the parts its scheduler lacks, from the cache or measured
+  once), which ``decode()`` hands the engine;
+- :mod:`.measure_sps`: the target's steps per second SPS(B), profiled once per target and device and cached;
+- :mod:`.measure_draft_cost`: the drafter's cost per round, profiled once and cached (``decode()``'s setup reads it
+  for the hardware-aware schedulers);
 - :mod:`.breakdown`: ``dspark-lightning profile --breakdown verify|draft``, where the time of a round goes;
 - :mod:`.roofline`: the floor of a verification step on this machine (``dspark-lightning profile`` prints it);
 - :mod:`.syncs`: :class:`~.syncs.HostReads`, counting device -> host synchronisations of a round on any device.

@@ -4,8 +4,8 @@ The hardware-aware schedulers and the draft gate weigh the drafting time of a st
 time. Reading this run's wall clock there would make ℓ (and with it how many random numbers acceptance draws)
 depend on the machine's load, so the same seed would give different T > 0 output from run to run. So the cost per
 round is profiled once per (drafter, target, machine), at the batch sizes the call can reach, and cached next to the
-SPS table (:mod:`dspark_lightning.infer.profiling.draft_cost`); ``decode()``'s setup reads it and hands it to the
-scheduler, and every later call reads the same numbers. Live timing stays available as the schedulers' explicit
+SPS table (:mod:`dspark_lightning.infer.profiling.measure_draft_cost`); ``decode()``'s setup reads it and hands it to
+the scheduler, and every later call reads the same numbers. Live timing stays available as the schedulers' explicit
 ``timing="live"`` option (not reproducible).
 """
 

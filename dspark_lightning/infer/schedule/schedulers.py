@@ -265,7 +265,7 @@ class _SPSScheduler(Scheduler):
 
     ``timing="model"`` (default, reproducible): a step's time is modelled as 1 / SPS(B) for its B verified
     tokens plus the drafter's cost per round at its batch size, profiled once per (drafter, machine) and cached
-    (:mod:`dspark_lightning.infer.profiling.draft_cost`; ``decode()`` hands it over in a
+    (:mod:`dspark_lightning.infer.profiling.measure_draft_cost`; ``decode()`` hands it over in a
     :class:`~.hardware.HardwareProfile`, :meth:`use_hardware`); ℓ
     and the gate then depend only on the confidences and the tokens committed so far, so
     the same call with the same seed gives the same output under any machine load. ``timing="live"`` uses this

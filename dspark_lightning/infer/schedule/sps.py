@@ -1,6 +1,6 @@
 """Target steps per second SPS(B) as a function of the total verification tokens B (docs/algorithm.md §6).
 
-:func:`~.profiling.sps.profile_sps` times the target's verification forward on this machine: B new tokens over a
+:func:`~.profiling.measure_sps.profile_sps` times the target's verification forward on this machine: B new tokens over a
 context of ``context_len`` cached tokens (the flat batching's cost model), warmup plus the median of repeats,
 SPS(B) = 1 / median. The :class:`SPSTable` here keeps the raw measurements and a non-increasing smoothed curve
 (pool-adjacent-violators), which the scheduler uses; it interpolates linearly between profiled points, and a B above

@@ -6,8 +6,8 @@ the engine (:meth:`~..engine.Engine.use_hardware`)."""
 from __future__ import annotations
 
 from ..hardware import HardwareProfile
-from .draft_cost import load_or_profile_draft_cost
-from .sps import load_or_profile
+from .measure_draft_cost import load_or_profile_draft_cost
+from .measure_sps import load_or_profile
 
 MAX_SPS_TOKENS = 256  # the largest B an SPS table is profiled to for a decode (the default grid's end)
 

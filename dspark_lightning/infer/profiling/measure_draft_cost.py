@@ -19,7 +19,7 @@ from ...atomic import atomic_write
 from ..acceptance.sampling import SamplingParams
 from ..build import make_engine
 from ..schedule.draft_cost import DraftCost
-from .sps import default_path
+from .measure_sps import default_path
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
 ROUNDS = 4  # timed rounds per batch size (after one warm-up decode)
