@@ -29,7 +29,15 @@ from .common import (
     write_hf,
     write_layout,
 )
-from .dspark_hf import KEEP_FP32, calibration_doc, check_dspark, dspark_config, dspark_state, head_type, is_dspark_config
+from .dspark_hf import (
+    KEEP_FP32,
+    calibration_doc,
+    check_dspark,
+    dspark_config,
+    dspark_state,
+    head_type,
+    is_dspark_config,
+)
 from .eagle3_hf import check_eagle3, eagle3_config, eagle3_state
 from .llamacpp import GGUF_FILE, OUTTYPES, TARGET_GGUF_FILE, check_target, convert, target_dir
 from .servers import (
