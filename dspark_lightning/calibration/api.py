@@ -14,10 +14,9 @@ import torch
 
 from .. import checks, locks
 from ..atomic import atomic_write
-from ..checkpoint import load_drafter_checked, read_config, recorded_target_args
+from ..checkpoint import load_drafter_checked, load_target_and_drafters, read_config
 from ..data.prompts.sources import DOMAINS
 from ..devices import check_device_args
-from ..targets import load_target_checked
 from .files import load_rollouts, save_calibration
 from .report import calibration_markdown, plot_reliability
 from .rollouts import Rollouts, calibration_prompts, heldout_prompts, rollouts
@@ -112,10 +111,11 @@ def calibrate(
     with lock:
         ro = load_rollouts(rollouts_file) if rollouts_file else None
         if target is None:
-            name = read_config(drafter)["target"]["name"]
-            target = load_target_checked(name, dtype=dtype, device=device, **recorded_target_args(drafter))
+            target, (model,) = load_target_and_drafters(None, [drafter], dtype=dtype, device=device,
+                                                        drafter_dtype=drafter_dtype)  # fmt: skip
+        else:
+            model = load_drafter_checked(drafter, target, drafter_dtype)
         checks.fits_positions(target, max_new_tokens + 1, "--max_new_tokens with a one-token prompt")
-        model = load_drafter_checked(drafter, target, drafter_dtype)
         if ro is None:
             prompts = calibration_prompts(list(domains), prompts_per_domain)
             ro = rollouts(target, model, prompts, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -117,8 +118,10 @@ def check_config_hash(cfg: dict[str, Any], path: Path) -> None:
             )
         return
     record = _weights_metadata(path / "model.safetensors")
-    if record.get(RECORD_PREFIX + "config_sha256") == config_sha256(cfg):
-        return  # only the hash key was dropped: the config is the exported one
+    if record.get(RECORD_PREFIX + "config_sha256") == config_sha256(cfg):  # only the hash key was dropped
+        warnings.warn(f"{path}/config.json has no config_sha256: it is the config its weights were exported with",
+                      stacklevel=3)  # fmt: skip
+        return
     checked = []
     for key, get in RECORDED.items():
         raw = record.get(RECORD_PREFIX + key)
@@ -287,3 +290,24 @@ def _recorded_parts(cfg: dict[str, Any]) -> dict[str, Any]:
         "mask_token_id": cfg["mask_token_id"],
         "draft_vocab_size": cfg["geometry"].get("draft_vocab_size"),
     }
+
+
+def load_target_and_drafters(
+    target: str | None, drafters: Sequence[str | os.PathLike] = (), *, dtype: Any = "auto", device: Any = "auto",
+    drafter_dtype: Any = "auto",
+) -> tuple[Any, list[Drafter]]:  # fmt: skip
+    """The one way a command loads a target and its drafters: ``target`` (default: the one the first drafter
+    records) with the tapped layers and chat format the first drafter was trained with, then every drafter beside it
+    (:func:`load_drafter_checked`). Every failure is one line naming the file or the target."""
+    from ..targets import load_target_checked
+
+    first = drafters[0] if drafters else None
+    if target is None:
+        if first is None:
+            raise UsageError("give --target or a --drafter")
+        target = read_config(Path(first)).get("target", {}).get("name")
+        if not target:
+            raise UsageError(f"drafter {first} records no target of ours; give --target")
+    recorded = recorded_target_args(first) if first is not None else {}
+    tgt = load_target_checked(str(target), dtype=dtype, device=device, **recorded)
+    return tgt, [load_drafter_checked(d, tgt, drafter_dtype) for d in drafters]

@@ -16,7 +16,7 @@ from typing import Annotated
 
 from .. import checks, devices
 from ..atomic import atomic_write
-from ..checkpoint import load_drafter_checked
+from ..checkpoint import load_drafter_checked, load_target_and_drafters
 from ..infer.acceptance.sampling import GREEDY_EPS
 from ..targets import load_target_checked
 from .signature import REPEATED
@@ -140,7 +140,6 @@ def decode(
         stop: stop string (repeatable)
         json_out: write texts, token ids and stats here
     """
-    from ..checkpoint import recorded_target_args
     from ..infer.decode import check_decode_args
     from ..infer.decode import decode as speculative_decode
 
@@ -159,9 +158,9 @@ def decode(
     texts = list(prompt) + (read_prompts(prompts, limit) if prompts else [])
     if not texts:
         raise ValueError("give --prompt TEXT or --prompts FILE.jsonl")
-    recorded = recorded_target_args(drafter) if drafter else {}  # the layers and chat format it was trained with
-    tgt = load_target_checked(target, dtype=dtype, device=device, **recorded)
-    model = load_drafter_checked(drafter, tgt, drafter_dtype) if drafter else None
+    tgt, models = load_target_and_drafters(target, [drafter] if drafter else [], dtype=dtype, device=device,
+                                           drafter_dtype=drafter_dtype)  # fmt: skip
+    model = models[0] if models else None
     stream = len(texts) == 1
     res = speculative_decode(
         tgt,
@@ -298,11 +297,10 @@ def profile_breakdown(
     :mod:`dspark_lightning.infer.profiling.breakdown` into ``out``."""
     from pathlib import Path
 
-    from ..checkpoint import recorded_target_args
     from ..infer.profiling import breakdown as bd
 
-    recorded = recorded_target_args(drafter) if drafter is not None else {}  # the layers it was trained on
-    tgt = load_target_checked(target, dtype=dtype, device=device, **recorded)
+    tgt, fp32 = load_target_and_drafters(target, [drafter] if drafter else [], dtype=dtype, device=device,
+                                         drafter_dtype="fp32")  # fmt: skip
     if kind == "verify":
         checks.fits_positions(tgt, context_len + max(tokens), "--context_len + --tokens")
         doc = bd.verify_breakdown(tgt, context=context_len, tokens=tuple(tokens), rounds=rounds or 9)
@@ -311,7 +309,7 @@ def profile_breakdown(
         checks.fits_positions(tgt, context_len + 8, "--context_len + a round")
         trained = {}
         if drafter is not None:
-            trained["trained"] = load_drafter_checked(drafter, tgt, "fp32")
+            trained["trained"] = fp32[0]
             trained["trained bf16"] = load_drafter_checked(drafter, tgt, "bf16")
         drafters = bd.draft_variants(tgt, trained, layers=layers)
         doc = bd.draft_breakdown(tgt, drafters, context=context_len, rounds=rounds or 15)

@@ -16,10 +16,9 @@ from pathlib import Path
 from typing import Annotated
 
 from .. import checks, devices
-from ..checkpoint import load_drafter_checked
+from ..checkpoint import load_target_and_drafters
 from ..data.prompts.sources import DOMAINS
 from ..eval.serve_bench import DEFAULT_METHODS
-from ..targets import load_target_checked
 from .decode import BATCHINGS, check_choice, check_registered, check_sps_file, scheduler_arg
 from .signature import REPEATED, run
 
@@ -68,18 +67,11 @@ class Shared:
         names = [n for n, _, _ in pairs]
         if len(set(names)) != len(names):
             raise ValueError(f"drafter names must be unique, got {names}; name them: --drafter name=path")
-        target_name = self.target
-        if target_name is None:
-            if not pairs:
-                raise ValueError("give --target or at least one --drafter")
-            target_name = pairs[0][2]["target"]["name"]
-        from ..checkpoint import recorded_target_args
-
-        recorded = recorded_target_args(pairs[0][1]) if pairs else {}  # the first drafter's layers and chat format
-        target = load_target_checked(target_name, dtype=self.dtype, device=self.device, **recorded)
+        target, models = load_target_and_drafters(self.target, [p for _, p, _ in pairs], dtype=self.dtype,
+                                                  device=self.device, drafter_dtype=self.drafter_dtype)  # fmt: skip
         # refused here, not after the first domain's decode
         checks.fits_positions(target, self.max_new_tokens + 1, "--max_new_tokens with a one-token prompt")
-        return target, {n: load_drafter_checked(p, target, self.drafter_dtype) for n, p, _ in pairs}
+        return target, dict(zip(names, models, strict=True))
 
 
 def check_dataset_spec(spec: str) -> None:

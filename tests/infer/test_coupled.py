@@ -64,5 +64,7 @@ def test_the_coupled_output_law_is_the_targets(toy_target):
 
 
 def test_unknown_acceptance_is_refused(varied_target):
-    with pytest.raises(ValueError, match="acceptance must be one of"):
+    from dspark_lightning.registry import RegistryError
+
+    with pytest.raises(RegistryError, match="unknown acceptance 'gumbel'; available: coupled, rejection"):
         decode(varied_target, None, PROMPTS[:1], max_new_tokens=2, acceptance="gumbel")

@@ -161,3 +161,27 @@ def test_data_stage_roofline_arithmetic(tiny_target):
     assert feats["roof_tok_s"] == pytest.approx(1e9 / (2 * (nb.params - head) + attn), rel=1e-3)
     assert feats["of_roof"] == pytest.approx(4000.0 / feats["roof_tok_s"], rel=1e-2)
     assert "of roof" in rf.stage_text(rows, flops, bw)
+
+
+def test_a_path_far_slower_on_its_first_pass_is_timed_no_further(monkeypatch):
+    """The first timing of a slow path (bf16 transposes on some CPUs: seconds a pass) decides it; the table's choice
+    is still the fastest path."""
+    import time
+
+    calls = {"quick": 0, "sluggish": 0}
+
+    def quick(lay, b, x):
+        calls["quick"] += 1
+        return x @ lay.weight.t()
+
+    def sluggish(lay, b, x):
+        calls["sluggish"] += 1
+        time.sleep(0.02)
+        return x @ lay.weight.t()
+
+    monkeypatch.setitem(K.PATHS, "quick", (quick, lambda M: True))
+    monkeypatch.setitem(K.PATHS, "sluggish", (sluggish, lambda M: True))
+    W = torch.randn(16, 8)
+    table = K.measure({"16x8": [(W, None)]}, rows=(1,), repeats=5, paths=["quick", "sluggish"])
+    assert calls == {"quick": 6, "sluggish": 2}  # warm-up + 5 timed passes; warm-up + 1
+    assert table.choices["16x8"][1] == "quick"

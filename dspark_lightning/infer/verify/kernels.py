@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from ...atomic import atomic_write
 
 ROWS = (*range(1, 17), 24, 32, 64, 128)  # rows timed: one request's verification blocks, then prefill chunk sizes
+SLOWER = 4.0  # a path this many times slower than the best on its first timed pass is timed no further
 PACK_ROWS = 8  # MKL packs a weight for exactly this many rows; 4-8 rows are zero-padded to it
 REPEATS = 5
 FLUSH_BYTES = 64 << 20  # written between timed passes so that each pass reads its weights from memory
@@ -213,6 +214,8 @@ def measure(
             samples: dict[str, list[float]] = {n: [] for n in cands}
             for rep in range(repeats + 1):  # the first pass of each path warms it up (weight copies, primitives)
                 for n in cands:
+                    if rep > 1 and samples[n][0] > SLOWER * min(v[0] for v in samples.values()):
+                        continue  # far slower on its first timed pass: more passes cannot make it the choice
                     fn = PATHS[n][0]
                     flush.add_(1.0)
                     t0 = time.perf_counter()
