@@ -22,7 +22,7 @@ from ..data.features.cache import check_shards
 from ..data.prepare import SPLITS, DataPaths
 from ..lightning import recipe_checks
 from ..lightning.datamodule import DSparkDataModule
-from .signature import add_function_flags, current_argv, description, function_kwargs
+from .signature import add_function_flags, description, function_kwargs
 
 
 def _data_section_only(argv: list[str]) -> list[str]:
@@ -57,7 +57,7 @@ def parse_recipe(prog: str, argv: list[str], func: Callable) -> tuple[DSparkData
     parser.add_argument("--config", action=ActionConfigFile, help="a recipe (its data: section is read)")
     parser.add_lightning_class_args(DSparkDataModule, "data")
     add_function_flags(parser, func, skip=("data",))
-    cfg = parser.parse_args(_data_section_only(current_argv(func, argv, f"dspark-lightning {prog}")))
+    cfg = parser.parse_args(_data_section_only(argv))
     recipe_checks.data_args(cfg.data, DSparkDataModule)
     return parser.instantiate_classes(cfg).data, function_kwargs(cfg, func, skip=("data",))
 
