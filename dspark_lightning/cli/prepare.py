@@ -59,7 +59,7 @@ def parse_recipe(prog: str, argv: list[str], func: Callable) -> tuple[DSparkData
     add_function_flags(parser, func, skip=("data",))
     cfg = parser.parse_args(_data_section_only(argv))
     recipe_checks.data_args(cfg.data, DSparkDataModule)
-    return parser.instantiate_classes(cfg).data, function_kwargs(cfg, func, skip=("data",))
+    return parser.instantiate(cfg).data, function_kwargs(cfg, func, skip=("data",))
 
 
 def _world(rank: int | None, world_size: int | None) -> tuple[int, int, bool]:

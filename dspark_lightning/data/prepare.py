@@ -200,6 +200,20 @@ def several_answers(prompts: list, k: int) -> list:
     ]
 
 
+def prompt_of(sample_id: str) -> str:
+    """The prompt id of a sample id."""
+    return sample_id.split("#")[0]  # the j-th answer of a prompt is <id>#j
+
+
+def first_prompts(sample_ids: list[str], n: int, seed: int) -> set[str]:
+    """The ids of the ``n`` prompts first in a fixed order (sha256 of ``seed`` and the id): nested in ``n``."""
+    prompts = sorted({prompt_of(i) for i in sample_ids}, key=lambda p: hashlib.sha256(f"{seed}:{p}".encode()).digest())
+    if n > len(prompts):
+        raise ValueError(f"data.train_samples is {n} but the prepared training split holds {len(prompts)} "
+                         "conversations; prepare more prompts (the recipe's sources) or ask for fewer")  # fmt: skip
+    return set(prompts[:n])
+
+
 def tokenized_split(target: Any, paths: DataPaths, split: str, ids: set[str], max_length: int, min_sup: int) -> list:
     rows = [r for r in load_conversations(paths.responses(split)) if r["id"] in ids]
     if not rows:

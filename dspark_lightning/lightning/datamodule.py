@@ -18,7 +18,17 @@ from ..data.features.cache import CacheError, FeatureCache
 from ..data.features.extract import resolve_feature_dtype
 from ..data.features.stream import ShardStream
 from ..data.features.vocab import response_token_counts
-from ..data.prepare import DataPaths, PrepareJob, RegenConfig, check_caches, expected_meta, open_split, tokenized_split
+from ..data.prepare import (
+    DataPaths,
+    PrepareJob,
+    RegenConfig,
+    check_caches,
+    expected_meta,
+    first_prompts,
+    open_split,
+    prompt_of,
+    tokenized_split,
+)
 from ..data.prompts.curate import Curation, needs_tokenizer, repeat_index
 from ..data.prompts.mixture import curated_mixture, mixture
 from ..data.prompts.sources import build_source
@@ -71,6 +81,10 @@ class DSparkDataModule(L.LightningDataModule):
             target, layers and feature dtype) whose cached splits are trained and validated on with this one, e.g.
             regenerated data plus fixed text (benchmarks/results/matrix.md). They are read, never prepared: a missing or
             mismatched cache fails at start-up. Their responses count towards the draft vocabulary.
+        train_samples: train on this many of the prepared training conversations only (null = all): the first in a
+            fixed order (a hash of ``seed`` and the prompt id), so a smaller count is a subset of a larger one and one
+            preparation serves every arm of a data-size curve (``dspark-lightning data-curve``). The draft
+            vocabulary counts the kept conversations only.
     """
 
     def __init__(
@@ -98,6 +112,7 @@ class DSparkDataModule(L.LightningDataModule):
         seed: int = 42,
         extra_work_dirs: list[str] | None = None,
         curation: Curation | None = None,
+        train_samples: int | None = None,
     ) -> None:
         super().__init__()
         if features not in ("cached", "online"):
@@ -130,6 +145,10 @@ class DSparkDataModule(L.LightningDataModule):
         if self.extra_work_dirs and (features != "cached" or streaming):
             raise ValueError("data.extra_work_dirs adds cached splits to the map-style reader: it needs data.features: "
                              "cached and data.streaming: false")  # fmt: skip
+        if train_samples is not None and (train_samples < 1 or features != "cached" or streaming):
+            raise ValueError("data.train_samples keeps a subset of a prepared cache: it needs a count >= 1, "
+                             f"data.features: cached and data.streaming: false (got {train_samples})")  # fmt: skip
+        self.train_samples = train_samples
         self.datasets: dict[str, Any] = {}
         self.collators: dict[str, AnchorCollator] = {}
         self._prepared = False
@@ -319,12 +338,22 @@ class DSparkDataModule(L.LightningDataModule):
     def _open(self, split: str):
         own = open_split(self.target, self.sources, self.work_dir, split, **self._split_kwargs())
         if split == "train":
-            own = self._weighted(own)
+            own = self._weighted(self._kept(own))
         if not self.extra_work_dirs:
             return own
         meta = expected_meta(self.target, self.feature_dtype)
         extra = [FeatureCache(DataPaths(Path(d)).cache(split), expect=meta) for d in self.extra_work_dirs]
         return ConcatDataset([own, *extra])
+
+    def _kept(self, dataset: FeatureCache) -> Any:
+        """The training cache cut to ``train_samples`` conversations (every answer of a kept prompt stays)."""
+        if self.train_samples is None:
+            return dataset
+        ids = dataset.sample_ids()
+        keep = first_prompts(ids, self.train_samples, self.seed)
+        print(f"[dspark-lightning] data.train_samples: {len(keep)} of {len(set(map(prompt_of, ids)))} training "
+              "conversations", flush=True)  # fmt: skip
+        return Subset(dataset, [i for i, x in enumerate(ids) if prompt_of(x) in keep])
 
     def _weighted(self, dataset: Any) -> Any:
         """The training set with each source's ``weight`` applied: a sample of a weight-w source appears floor(w)
@@ -359,6 +388,9 @@ class DSparkDataModule(L.LightningDataModule):
     def token_counts(self, split: str = "train"):
         """Occurrences (V,) of each target token in the split's regenerated responses (supervised tokens only)."""
         ids = {p.id for p in self._mixture(split)}
+        if split == "train" and self.train_samples is not None:
+            cached = FeatureCache(DataPaths(Path(self.work_dir)).cache("train")).sample_ids()
+            ids &= first_prompts(cached, self.train_samples, self.seed)
         tgt = self.target
         rows = tokenized_split(tgt, DataPaths(Path(self.work_dir)), split, ids, self.max_length, self.min_supervised)
         for extra in self.extra_work_dirs:  # every conversation an extra work dir prepared for this split

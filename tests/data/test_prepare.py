@@ -178,8 +178,6 @@ def test_check_cache_detects_a_corrupted_shard(sharded, tmp_path, capsys):
     base = ["--config", TINY, f"--data.work_dir={work}", *DATA]
     code, out, err = cli(["check-cache", *base], capsys)
     assert code == 0 and out.count("ok") == 2, err
-    code, out, err = cli(["verify", *base], capsys)  # the former name still runs it, and says so
-    assert code == 0 and out.count("ok") == 2 and "now `check-cache`" in err
     shard = sorted((work / "features_train").glob("shard-*.tar"))[-1]
     data = bytearray(shard.read_bytes())
     data[1000] ^= 0x01

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ... import checks
-from ...registry import create, get, register
+from ...registry import RegistryError, create, get, register
 from .sps import SPSTable
 
 if TYPE_CHECKING:
@@ -532,7 +532,10 @@ def parse_scheduler(text: str, sps: str | SPSTable | None = None) -> dict[str, A
     if not isinstance(text, str) or not text.strip():
         raise checks.UsageError(f"a scheduler is a registered name with optional arguments, got {text!r}")
     name, _, args = text.strip().partition(":")
-    params = list(inspect.signature(get("scheduler", name)).parameters)
+    try:
+        params = list(inspect.signature(get("scheduler", name)).parameters)
+    except RegistryError as exc:
+        raise checks.UsageError(exc.args[0]) from None
     kwargs: dict[str, Any] = {}
     for part in filter(None, (p.strip() for p in args.split(","))):
         key, eq, value = part.partition("=")
