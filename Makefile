@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 CLI := $(VENV)/bin/dspark-lightning
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup run gemma test test-fast lint house long gpu-wheels gpu-check gpu-check-cpu llamacpp-tools vllm-tools
+.PHONY: setup run gemma test test-fast lint house long gpu-wheels gpu-check gpu-check-cpu llamacpp-tools vllm-tools vllm-check
 
 $(VENV)/.setup-done: pyproject.toml scripts/setup.sh plugins/dspark_example_head/pyproject.toml
 	bash scripts/setup.sh
@@ -31,6 +31,10 @@ llamacpp-tools: setup
 # vLLM pins transformers<5.20, this project needs more): the tests run every vLLM export in vLLM itself.
 vllm-tools: setup
 	$(CLI) vllm build
+
+# vLLM's DSpark code on a drafter trained here: greedy ids and per-position acceptance against ours (tests/slow/vllm_check.py).
+vllm-check: vllm-tools
+	$(PY) -m pytest -q -s tests/slow/vllm_check.py
 
 test: setup llamacpp-tools
 	$(PY) -m pytest -q
