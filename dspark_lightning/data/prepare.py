@@ -56,10 +56,11 @@ class RegenConfig:
     """answer at most this many user turns per conversation (null = all)"""
     backend: str = "dspark"
     """dspark: our decoding Engine with continuous batching over conversations; hf: HF generate in batches; openai:
-    an OpenAI-compatible chat server (vLLM, SGLang, llama-server) at ``base_url`` serving ``model``"""
+    an OpenAI-compatible chat server (vLLM, SGLang, llama-server) at ``base_url`` serving ``model``; vllm: vLLM's
+    offline engine on the target's directory (the pinned venv of ``dspark-lightning vllm build``)"""
     concurrency: int = 32
-    """turns decoding together with the dspark backend, conversations in flight with openai (batch_size is the HF
-    backend's batch)"""
+    """turns decoding together with the dspark backend, conversations in flight with openai, vLLM's ``max_num_seqs``
+    (batch_size is the HF backend's batch)"""
     base_url: str | None = None
     """backend openai: the server's API root, e.g. ``http://127.0.0.1:8000/v1``"""
     model: str | None = None

@@ -219,6 +219,14 @@ def _vllm_dspark(drafter: Any, head_type: str | None, target: Any = None) -> lis
             f"markov_head.{'gate_proj' if head_type == 'gated' else 'joint_proj'} and raises on it; "
             "train a vanilla head or export with --server sglang"
         )
+    arch = target_arch(target)
+    if arch in VLLM_NO_AUX_STATES:
+        raise InteropError(
+            f"vllm: target architecture {arch!r}: vLLM {VLLM_VERSION}'s {VLLM_NO_AUX_STATES[arch]} does not implement "
+            "SupportsEagle3, so it emits none of the hidden states a DSpark drafter taps (vLLM raises 'Model does not "
+            "support EAGLE3 interface' on load); serve this drafter with dspark_lightning.infer.decode, or export with "
+            "--server deepspec"
+        )
     notes = []
     if embed_scale(drafter) != 1.0:
         notes.append(
@@ -227,7 +235,6 @@ def _vllm_dspark(drafter: Any, head_type: str | None, target: Any = None) -> lis
         )
     if head_type is None:
         notes.append("vllm: markov_rank 0 builds an empty Markov head in vLLM's Qwen3DSparkModel (not run here)")
-    arch = target_arch(target)
     if arch is not None and arch not in VLLM_CHECKED_TARGETS:
         notes.append(f"vllm: target architecture {arch!r}: the drafter taps its layers' hidden states, which vLLM must "
                      "emit for this architecture (its EAGLE-3 auxiliary states); not checked here")  # fmt: skip
@@ -237,6 +244,10 @@ def _vllm_dspark(drafter: Any, head_type: str | None, target: Any = None) -> lis
 # Target architectures whose vLLM model emits the auxiliary hidden states a DSpark drafter taps (``SupportsEagle3`` in
 # copies of vllm/model_executor/models/{llama,qwen3}.py in the index); for the others the export says it is unchecked.
 VLLM_CHECKED_TARGETS = ("LlamaForCausalLM", "Qwen3ForCausalLM")
+VLLM_VERSION = "0.32.0"  # the vLLM that tests/slow/test_vllm.py runs (export/vllm.py pins it)
+# Target architectures vLLM was run with here and refused a DSpark drafter on: the file of the model class that lacks
+# the auxiliary hidden states (tests/slow/test_vllm.py runs it again).
+VLLM_NO_AUX_STATES = {"Gemma3ForCausalLM": "vllm/model_executor/models/gemma3.py Gemma3ForCausalLM"}
 
 
 def target_arch(target: Any) -> str | None:

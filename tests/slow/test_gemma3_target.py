@@ -132,16 +132,18 @@ def test_greedy_decode_past_the_sliding_window_is_hf_generate(gemma):
     assert res.stats.rounds > 1
 
 
-def test_fit_refuses_llamacpp_for_this_target_before_any_data_work(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("server, why", [("llamacpp", "target architecture 'Gemma3ForCausalLM'"),
+                                         ("vllm", "'Gemma3ForCausalLM': vLLM 0.32.0's")])  # fmt: skip
+def test_fit_refuses_the_servers_this_target_cannot_have_before_any_data_work(tmp_path, monkeypatch, capsys, server,
+                                                                              why):  # fmt: skip
     from dspark_lightning.cli import main
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as e:
-        main(["fit", "--config", str(RECIPE), '--export={"servers": ["vllm", "llamacpp"]}'])
+        main(["fit", "--config", str(RECIPE), f'--export={{"servers": ["{server}"]}}'])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2
-    assert err[-1].startswith("dspark-lightning fit: error: export.servers [vllm, llamacpp]: llamacpp: target "
-                              "architecture 'Gemma3ForCausalLM'"), err[-1]  # fmt: skip
+    assert err[-1].startswith(f"dspark-lightning fit: error: export.servers [{server}]: {server}: {why}"), err[-1]
     assert not (tmp_path / "outputs").exists()  # no data work, no folder
 
 

@@ -23,6 +23,8 @@ effects of batching):
 - ``hf``: HF ``generate`` on left-padded batches of ``batch_size`` conversations, a turn at a time,
   with temperature, top-k and top-p filtering then a per-row Gumbel-max draw.
 - ``openai``: an OpenAI-compatible chat server, ``concurrency`` conversations in flight (regen_server.py).
+- ``vllm``: vLLM's offline engine on the target's directory, in the pinned vLLM venv, a turn of the whole batch at
+  a time (regen_vllm.py).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from ..prompts.sources import PromptRecord
 
 log = logging.getLogger(__name__)
 _ROLES = ("user", "assistant", "system")
-BACKENDS = ("dspark", "hf", "openai")
+BACKENDS = ("dspark", "hf", "openai", "vllm")
 
 
 class _PerRowSampler:
@@ -280,8 +282,12 @@ class EngineRegenerator:
         return {i: self.captured.pop(i) for i in ids if i in self.captured}
 
 
-def _answer_batch(target: Any, recs: list[PromptRecord], cfg: dict[str, Any]) -> tuple[list[dict], int, int]:
-    """Regenerate every turn of a batch; returns (rows, generated tokens, rows dropped for an empty response)."""
+def _answer_batch(
+    target: Any, recs: list[PromptRecord], cfg: dict[str, Any], sample: Any = None
+) -> tuple[list[dict], int, int]:
+    """Regenerate every turn of a batch, that turn of every conversation at once with ``sample(prompts, seeds,
+    budgets)`` (HF ``generate`` by default); returns (rows, generated tokens, rows dropped for an empty response)."""
+    sample = sample or (lambda prompts, seeds, budgets: _sample(target, prompts, seeds, cfg, budgets))
     conv = _Conversations(recs, cfg, checks.positions_of(target))
     for t in range(max(len(x) for x in conv.turns)):
         idx = [i for i in sorted(conv.alive) if t < len(conv.turns[i])]
@@ -290,7 +296,7 @@ def _answer_batch(target: Any, recs: list[PromptRecord], cfg: dict[str, Any]) ->
         idx = [i for i in idx if budgets[i]]
         if not idx:
             break
-        outs = _sample(target, [asked[i][0] for i in idx], [asked[i][1] for i in idx], cfg, [budgets[i] for i in idx])
+        outs = sample([asked[i][0] for i in idx], [asked[i][1] for i in idx], [budgets[i] for i in idx])
         for i, out in zip(idx, outs, strict=True):
             conv.answer(i, *out)
     return conv.result()
@@ -456,7 +462,8 @@ def regenerate(
     computed them, are saved there (:func:`save_captured`, one file per batch, written before the batch's rows) so
     that the feature stage needs no second forward for them (:mod:`.features`' ``captured_sample``).
     Returns stats:
-    ``written``, ``skipped`` (already in the file), ``dropped_empty``, ``tokens``, ``seconds``, ``tokens_per_s``.
+    ``written``, ``skipped`` (already in the file), ``dropped_empty``, ``tokens``, ``setup_s`` (starting the backend),
+    ``seconds`` and ``tokens_per_s`` (answering).
     """
     prompts = list(prompts)
     if not prompts:
@@ -501,9 +508,9 @@ def regenerate(
 
     from tqdm.auto import tqdm
 
-    start = time.perf_counter()
+    setup = time.perf_counter()
     bar = tqdm(total=len(prompts), initial=stats["skipped"], unit="conv", desc="regenerate", disable=not progress)
-    engine_regen = None
+    engine_regen, closing = None, []
     if backend == "dspark":
         engine_regen = EngineRegenerator(target, cfg, concurrency, capture=capture_dir is not None)
         worker, step = engine_regen.answer, max(batch_size, 4 * concurrency)
@@ -513,24 +520,36 @@ def regenerate(
 
         srv, positions = ServerRegenerator(target, cfg, concurrency, server), checks.positions_of(target)
         worker, step = (lambda recs: srv.answer(_Conversations(recs, cfg, positions))), max(batch_size, 4 * concurrency)
+    elif backend == "vllm":
+        from .regen_vllm import VLLMRegenerator
+
+        vllm = VLLMRegenerator(target, cfg, concurrency)
+        worker, step = (lambda recs: _answer_batch(target, recs, cfg, vllm.sample)), max(batch_size, 4 * concurrency)
+        closing.append(vllm.close)
     else:
         worker, step = (lambda recs: _answer_batch(target, recs, cfg)), batch_size
-    for b in range(0, len(todo), step):
-        rows, n_tok, dropped = worker(todo[b : b + step])
-        if capture_dir is not None and rows:  # before the rows: a row on file may lack features, never the reverse
-            stats["captured"] = stats.get("captured", 0) + save_captured(
-                capture_dir, engine_regen.take_captured(row["id"] for row in rows)
-            )
-        if rows:  # one durable append per batch; a failed one (a full disk) is cut back, never half a row
-            append_durable(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
-        stats["written"] += len(rows)
-        stats["dropped_empty"] += dropped
-        stats["tokens"] += n_tok
-        if engine_regen is None:
-            bar.update(len(rows) + dropped)
-        bar.set_postfix(tok_s=f"{stats['tokens'] / max(time.perf_counter() - start, 1e-9):.1f}")
+    start = time.perf_counter()  # the rate counts answering, not starting a backend (``setup_s``)
+    stats["setup_s"] = start - setup
+    try:
+        for b in range(0, len(todo), step):
+            rows, n_tok, dropped = worker(todo[b : b + step])
+            if capture_dir is not None and rows:  # before the rows: a row on file may lack features, never the reverse
+                stats["captured"] = stats.get("captured", 0) + save_captured(
+                    capture_dir, engine_regen.take_captured(row["id"] for row in rows)
+                )
+            if rows:  # one durable append per batch; a failed one (a full disk) is cut back, never half a row
+                append_durable(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+            stats["written"] += len(rows)
+            stats["dropped_empty"] += dropped
+            stats["tokens"] += n_tok
+            if engine_regen is None:
+                bar.update(len(rows) + dropped)
+            bar.set_postfix(tok_s=f"{stats['tokens'] / max(time.perf_counter() - start, 1e-9):.1f}")
+        stats["seconds"] = time.perf_counter() - start
+    finally:
+        for close in closing:
+            close()
     bar.close()
-    stats["seconds"] = time.perf_counter() - start
     if engine_regen is not None:
         stats["prompt_tokens"] = engine_regen.prompt_tokens
     stats["tokens_per_s"] = stats["tokens"] / stats["seconds"] if stats["seconds"] > 0 else 0.0
