@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from dspark_lightning.cli.prepare import check_cache, parse_recipe
-from dspark_lightning.data.regen.regenerate import EngineRegenerator, generation_settings
+from dspark_lightning.data.regen.regen_engine import EngineRegenerator
+from dspark_lightning.data.regen.regenerate import generation_settings
 from dspark_lightning.devices import cpu_model
 
 
@@ -38,7 +39,7 @@ def main() -> None:
     cfg = generation_settings(target, seed=job.seed, **job.regen.settings())
     rows = []
     for conc in a.concurrency:
-        regen = EngineRegenerator(target, cfg, conc, capture=job.regen.capture_features)
+        regen = EngineRegenerator(target, cfg, concurrency=conc, capture=job.regen.capture_features)
         t0 = time.perf_counter()
         _, tokens, _ = regen.answer(recs)
         wall = time.perf_counter() - t0

@@ -22,7 +22,9 @@ tests/unit/test_layering.py allows.
 
 Kinds: ``backbone``, ``seq_head``, ``conf_head``, ``drafter`` (models, ``drafters/``), ``scheduler``, ``verifier``,
 ``proposer`` (the runtime, ``infer/``: a proposer factory ``(drafter, batching=, conf_temperatures=)`` named by a
-drafter class's ``proposer_name``), ``prompt_source`` (``data/prompts/sources.py``) and ``layout`` (readers of serving
+drafter class's ``proposer_name``), ``acceptance`` (verification rules, ``infer/``), ``prompt_source``
+(``data/prompts/sources.py``), ``regen_backend`` (how the target's answers are made,
+:class:`~dspark_lightning.data.regen.backend.RegenBackend`; ``data/regen/``), ``layout`` (readers of serving
 directories for ``checkpoint.load_drafter``: ``claims(cfg)``, ``read(path, cfg, target)``; ``export/layouts.py``) and
 ``server`` (programs that load an export, :class:`~dspark_lightning.export.servers.Server`: their rules and the files
 they read beyond the generic layout; ``export/servers.py``).
@@ -45,7 +47,7 @@ log = logging.getLogger(__name__)
 
 KINDS = (
     "backbone", "seq_head", "conf_head", "drafter", "scheduler", "verifier", "proposer", "acceptance",
-    "prompt_source", "layout", "server",
+    "prompt_source", "regen_backend", "layout", "server",
 )  # fmt: skip
 _REGISTERS = re.compile(r"^[ \t]*@?register\(", re.M)  # a decorator line, or a call at the start of a line
 

@@ -1,6 +1,6 @@
 """Conformance checks for third-party components (pytest-free; they raise AssertionError): :func:`check_seq_head`
 for a sequential head, :func:`check_scheduler` for a scheduler, :func:`check_server` for a serving target,
-:func:`check_prompt_source` for a prompt source.
+:func:`check_prompt_source` for a prompt source, :func:`check_regen_backend` for a regeneration backend.
 
 A plugin author tests a sequential head in three lines::
 
@@ -291,3 +291,42 @@ def check_prompt_source(spec: Any, limit: int = 4, **kwargs: Any) -> None:
     assert content(list(build(limit))) == content(records), f"{name}: a second build yields other prompts"
     half = max(1, len(records) // 2)
     assert content(list(build(half))) == content(records[:half]), f"{name}: limit={half} is not a prefix"
+
+
+def check_regen_backend(spec: Any, target: Any = None, **kwargs: Any) -> None:
+    """Conformance checks for a regeneration backend (a registered ``regen_backend`` name, or a
+    :class:`~dspark_lightning.data.regen.backend.RegenBackend` subclass registered under a name; ``kwargs`` go to
+    :func:`~dspark_lightning.data.regen.regenerate.regenerate`, e.g. ``server=``): on ``target`` (default a tiny
+    random Llama with varied outputs) it answers every user turn of one- and two-turn conversations with non-empty,
+    stripped text, in input order, a token count per answer within ``max_new_tokens``; a second run at T > 0 gives
+    the same rows whatever the batching (each (conversation, turn) has its own seed); a rerun on the same file
+    answers nothing again."""
+    from .data.prompts.sources import PromptRecord
+    from .data.regen.backend import RegenBackend
+    from .data.regen.regenerate import load_conversations, regenerate
+    from .registry import get, name_of
+
+    name = spec if isinstance(spec, str) else name_of(spec)
+    assert issubclass(get("regen_backend", name), RegenBackend), f"{name}: a backend subclasses RegenBackend"
+    target = target if target is not None else random_target(init=0.3)
+    recs = [PromptRecord(f"c/{i}", "chat", "check", ["say something", "and more"][: 1 + i % 2]) for i in range(4)]
+    kw = {"max_new_tokens": 8, "temperature": 1.0, "progress": False, "backend": name, **kwargs}
+    with tempfile.TemporaryDirectory() as d:
+        a, b = Path(d) / "a.jsonl", Path(d) / "b.jsonl"
+        stats = regenerate(target, recs, a, batch_size=4, concurrency=4, **kw)
+        rows = load_conversations(a)
+        kept = [r["id"] for r in rows]
+        assert kept == [r.id for r in recs if r.id in kept] and stats["written"] == len(rows), f"{name}: row order"
+        assert len(rows) + stats["dropped_empty"] == len(recs), f"{name}: {stats}"
+        for row in rows:
+            rec = next(r for r in recs if r.id == row["id"])
+            answers = [m["content"] for m in row["turns"] if m["role"] == "assistant"]
+            assert len(answers) == len(rec.turns) == len(row["gen"]["new_tokens"]), f"{name}: {row['id']} turns"
+            assert all(x and x == x.strip() for x in answers), f"{name}: an empty or unstripped answer"
+            assert all(1 <= n <= 8 for n in row["gen"]["new_tokens"]), f"{name}: new_tokens {row['gen']}"
+            assert row["gen"]["backend"] == name
+        regenerate(target, recs, b, batch_size=1, concurrency=1, **kw)
+        assert load_conversations(b) == rows, f"{name}: the answers depend on the batching (a seed per turn?)"
+        again = regenerate(target, recs, a, batch_size=4, concurrency=4, **kw)
+        assert again["written"] == 0 and again["skipped"] == len(rows), f"{name}: a rerun answered again"
+

@@ -21,7 +21,6 @@ from ..data.features.vocab import response_token_counts
 from ..data.prepare import (
     DataPaths,
     PrepareJob,
-    RegenConfig,
     check_caches,
     expected_meta,
     first_prompts,
@@ -32,6 +31,7 @@ from ..data.prepare import (
 from ..data.prompts.curate import Curation, needs_tokenizer, repeat_index
 from ..data.prompts.mixture import curated_mixture, mixture
 from ..data.prompts.sources import build_source
+from ..data.regen.config import RegenConfig
 from ..data.regen.regenerate import load_conversations
 from ..devices import decode_bf16_faster, dtype_name, resolve_device, resolve_dtype
 from ..targets import ChatFormat, load_target

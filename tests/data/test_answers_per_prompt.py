@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from dspark_lightning.data.prepare import RegenConfig, several_answers
+from dspark_lightning.data.prepare import several_answers
 from dspark_lightning.data.prompts.sources import PromptRecord
+from dspark_lightning.data.regen.config import RegenConfig
 from dspark_lightning.data.regen.regenerate import load_conversations, regenerate
 from dspark_lightning.testing import random_target
 

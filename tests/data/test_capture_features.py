@@ -17,8 +17,9 @@ from dspark_lightning.data.features.extract import (
     target_law_summary,
     tokenize_conversations,
 )
-from dspark_lightning.data.prepare import DataPaths, RegenConfig
+from dspark_lightning.data.prepare import DataPaths
 from dspark_lightning.data.prompts.sources import PromptRecord
+from dspark_lightning.data.regen.config import RegenConfig
 from dspark_lightning.data.regen.regenerate import load_captured, load_conversations, regenerate
 from dspark_lightning.testing import random_target
 
@@ -73,9 +74,9 @@ def test_captured_sample_refuses_what_it_does_not_cover():
 
 
 def test_capture_needs_our_engine(tmp_path):
-    with pytest.raises(ValueError, match="capture_features needs backend: dspark"):
+    with pytest.raises(ValueError, match="^data.regen.capture_features: backend 'hf' cannot capture"):
         RegenConfig(backend="hf", capture_features=True)
-    with pytest.raises(ValueError, match="needs backend 'dspark'"):
+    with pytest.raises(ValueError, match="^regenerate: backend 'hf' cannot capture features"):
         regenerate(random_target(), PROMPTS, tmp_path / "r.jsonl", backend="hf", capture_dir=tmp_path / "c")
 
 

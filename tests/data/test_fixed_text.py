@@ -151,7 +151,7 @@ def test_regen_dtype_writes_with_a_copy_of_the_target_and_is_recorded(tmp_path):
     ``regen_dtype`` and in the fingerprint); unset, the fingerprint is what it was before the option existed."""
     from dataclasses import asdict
 
-    from dspark_lightning.data.prepare import RegenConfig
+    from dspark_lightning.data.regen.config import RegenConfig
 
     work = tmp_path / "work"
     prepare(work, "--data.regen.dtype=bf16")
@@ -176,7 +176,7 @@ def test_regen_dtype_fastest_resolves_to_what_this_machine_runs_faster(tmp_path,
     """``data.regen.dtype: fastest`` is bf16 where a decode step's product is faster in bf16, else the target's own
     precision, and the job (fingerprint, rows) names the concrete choice, never "fastest". (The machine's answer is
     kept once measured: tests/infer/test_devices.py; here it is given.)"""
-    from dspark_lightning.data.prepare import RegenConfig
+    from dspark_lightning.data.regen.config import RegenConfig
     from dspark_lightning.lightning import datamodule as dm_module
 
     monkeypatch.setattr(dm_module, "decode_bf16_faster", lambda kind, cache=None: bf16_faster)

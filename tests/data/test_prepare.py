@@ -42,7 +42,7 @@ def prepare(work: Path, *extra: str) -> None:
 
 
 def datamodule(work: Path, **kw) -> DSparkDataModule:
-    from dspark_lightning.data.prepare import RegenConfig
+    from dspark_lightning.data.regen.config import RegenConfig
 
     return DSparkDataModule(
         target="tiny-debug",

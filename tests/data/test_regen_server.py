@@ -10,11 +10,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from dspark_lightning.data.prepare import RegenConfig
 from dspark_lightning.data.prompts.sources import PromptRecord
-from dspark_lightning.data.regen import regenerate as regen_mod
+from dspark_lightning.data.regen import regen_hf
+from dspark_lightning.data.regen.config import RegenConfig
 from dspark_lightning.data.regen.regen_server import ServerConfig, ServerError
 from dspark_lightning.data.regen.regenerate import regenerate
+from dspark_lightning.registry import RegistryError
 
 PROMPTS = [PromptRecord(f"s/{i}", "chat", "test", ["hello there", "and then?"][: 1 + i % 2]) for i in range(6)]
 PROMPTS.append(PromptRecord("s/sys", "chat", "test", ["who are you?"], system="You are a pirate."))
@@ -46,7 +47,7 @@ class _Server:
                 ids = server.target.encode_prompt(body["messages"])
                 cfg = {"temperature": 0.0, "top_p": 1.0, "top_k": None}
                 with server.lock:  # one forward at a time on the shared target
-                    text, n, stopped = regen_mod._sample(server.target, [ids], [0], cfg, [body["max_tokens"]])[0]
+                    text, n, stopped = regen_hf._sample(server.target, [ids], [0], cfg, [body["max_tokens"]])[0]
                 self._send(200, {"choices": [{"message": {"role": "assistant", "content": text},
                                               "finish_reason": "stop" if stopped else "length"}],
                                  "usage": {"completion_tokens": n}})  # fmt: skip
@@ -127,10 +128,10 @@ def test_regen_config_checks_the_server_options_up_front():
         RegenConfig(backend="openai", base_url="localhost:8000", model="m")
     with pytest.raises(ValueError, match="model name the server serves is required"):
         RegenConfig(backend="openai", base_url="http://127.0.0.1:8000/v1")
-    with pytest.raises(ValueError, match="read by backend: openai only"):
+    with pytest.raises(ValueError, match="read by a server backend"):
         RegenConfig(base_url="http://127.0.0.1:8000/v1")
-    with pytest.raises(ValueError, match="backend must be one of"):
-        RegenConfig(backend="vllm")
+    with pytest.raises(RegistryError, match="unknown regen_backend 'vllm2'; available: .*openai"):
+        RegenConfig(backend="vllm2")
     cfg = RegenConfig(backend="openai", base_url="http://h:1/v1", model="m", timeout_s=9)
     assert cfg.identity()["base_url"] == "http://h:1/v1" and "timeout_s" not in cfg.identity()
     assert "base_url" not in RegenConfig().identity()

@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from dspark_lightning.data.prompts.sources import PromptRecord
-from dspark_lightning.data.regen import regenerate as regen_mod
-from dspark_lightning.data.regen.regenerate import _PerRowSampler, load_conversations, regenerate
+from dspark_lightning.data.regen import backend as backend_mod
+from dspark_lightning.data.regen import regen_engine, regen_hf
+from dspark_lightning.data.regen.regen_hf import _PerRowSampler
+from dspark_lightning.data.regen.regenerate import load_conversations, regenerate
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 FAST = {"max_new_tokens": 6, "progress": False}
@@ -103,14 +105,14 @@ def test_max_turns_and_greedy(target, tmp_path):
 
 @pytest.mark.parametrize("backend", ["dspark", "hf"])
 def test_empty_responses_are_dropped(target, tmp_path, monkeypatch, backend):
-    real, calls = regen_mod._split_output, []
+    real, calls = backend_mod.split_output, []
 
     def fake(target, out):  # the second generated turn comes back empty
         calls.append(out)
         text, n, s = real(target, out)
         return ("", n, s) if len(calls) == 2 else (text, n, s)
 
-    monkeypatch.setattr(regen_mod, "_split_output", fake)
+    monkeypatch.setattr({"dspark": regen_engine, "hf": regen_hf}[backend], "split_output", fake)
     out = tmp_path / "gen.jsonl"
     stats = regenerate(target, _prompts(3), out, backend=backend, concurrency=1, batch_size=1, max_turns=1, **FAST)
     assert stats["written"] == 2 and stats["dropped_empty"] == 1
@@ -171,9 +173,9 @@ def test_fixed_responses_are_written_not_generated(target, tmp_path, monkeypatch
              for i in range(3)]  # fmt: skip
     normal = _prompts(2)
     calls: list[int] = []
-    real = regen_mod.EngineRegenerator.answer
+    real = regen_engine.EngineRegenerator.answer
     monkeypatch.setattr(
-        regen_mod.EngineRegenerator, "answer", lambda self, recs: calls.append(len(recs)) or real(self, recs)
+        regen_engine.EngineRegenerator, "answer", lambda self, recs: calls.append(len(recs)) or real(self, recs)
     )
     out = tmp_path / "gen.jsonl"
     stats = regenerate(target, fixed + normal, out, **FAST)

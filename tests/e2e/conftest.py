@@ -25,7 +25,7 @@ def tiny_data(tmp_path_factory):
     """Regenerated tiny-debug responses, made once and copied into each test's working directory."""
     import yaml
 
-    from dspark_lightning.data.prepare import RegenConfig
+    from dspark_lightning.data.regen.config import RegenConfig
     from dspark_lightning.lightning.datamodule import DSparkDataModule
 
     cfg = yaml.safe_load(Path(TINY).read_text())["data"]

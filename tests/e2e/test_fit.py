@@ -56,7 +56,7 @@ def test_a_plain_trainer_fit_checks_trains_and_exports(workdir):
     import yaml
 
     from dspark_lightning import load_drafter
-    from dspark_lightning.data.prepare import RegenConfig
+    from dspark_lightning.data.regen.config import RegenConfig
     from dspark_lightning.lightning.callbacks import DivergenceGuard, DrafterExport, FitStats
     from dspark_lightning.lightning.datamodule import DSparkDataModule
     from dspark_lightning.lightning.module import DSparkModule

@@ -295,7 +295,7 @@ def gen_stdout(rng: random.Random) -> list[Case]:
 
 
 ENGINE_STEP = "dspark_lightning.infer.engine:Engine.step"
-REGEN = "dspark_lightning.data.regen.regenerate:EngineRegenerator.answer"
+REGEN = "dspark_lightning.data.regen.regen_engine:EngineRegenerator.answer"
 
 
 def gen_interrupt(rng: random.Random) -> list[Case]:

@@ -1,5 +1,6 @@
 """Parts a plugin adds without editing the package: a scheduler with arguments, named the same way in Python and in
-every command, and a sequential head that declares its serving names and so exports for servers."""
+every command, a sequential head that declares its serving names and so exports for servers, and a regeneration
+backend."""
 
 import pytest
 import torch
@@ -99,3 +100,34 @@ def test_a_plugin_head_that_declares_serving_names_exports_and_reads_back(regist
     a = decode(target, drafter, prompt, max_new_tokens=6, stop_token_ids=[], scheduler="static")
     b = decode(target, back, prompt, max_new_tokens=6, stop_token_ids=[], scheduler="static")
     assert a.token_ids == b.token_ids and a.stats.tau == pytest.approx(b.stats.tau)
+
+
+@pytest.mark.parametrize("name", ["dspark", "hf"])
+def test_the_builtin_regeneration_backends_conform(name):
+    from dspark_lightning.testing import check_regen_backend
+
+    check_regen_backend(name)
+
+
+def test_a_plugin_regeneration_backend_is_chosen_by_name_in_a_recipe_and_regenerate(registered, tmp_path):
+    """A backend a plugin registers answers the data stage: ``data.regen.backend: <name>`` accepts it, ``regenerate``
+    writes its answers, and ``testing.check_regen_backend`` passes it."""
+    from dspark_lightning.data.prompts.sources import PromptRecord
+    from dspark_lightning.data.regen.backend import TurnByTurnBackend
+    from dspark_lightning.data.regen.config import RegenConfig
+    from dspark_lightning.data.regen.regenerate import load_conversations, regenerate
+    from dspark_lightning.testing import check_regen_backend, random_target
+
+    @registered("regen_backend", "echo")
+    class Echo(TurnByTurnBackend):  # answers with the seed's last digits: deterministic per (conversation, turn)
+        def sample(self, prompts, seeds, budgets):
+            return [(f"echo {s % 1000}", 3, True) for s in seeds]
+
+    assert RegenConfig(backend="echo").settings()["backend"] == "echo"
+    check_regen_backend("echo")
+    out = tmp_path / "r.jsonl"
+    recs = [PromptRecord("a", "chat", "t", ["hi", "again"])]
+    stats = regenerate(random_target(), recs, out, backend="echo", progress=False, max_new_tokens=4)
+    (row,) = load_conversations(out)
+    assert stats["written"] == 1 and row["gen"]["backend"] == "echo" and row["gen"]["new_tokens"] == [3, 3]
+    assert [m["content"].split()[0] for m in row["turns"] if m["role"] == "assistant"] == ["echo", "echo"]

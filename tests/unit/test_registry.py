@@ -17,6 +17,7 @@ def test_every_kind_exists_and_builtins_are_registered():
         "proposer",
         "acceptance",
         "prompt_source",
+        "regen_backend",
         "layout",
         "server",
     }
@@ -28,6 +29,7 @@ def test_every_kind_exists_and_builtins_are_registered():
     assert "dense" in names("backbone")
     assert {"dspark", "dflash"} <= set(names("drafter"))
     assert {"gsm_symbolic", "humaneval", "mtbench", "sharegpt", "jsonl"} <= set(names("prompt_source"))
+    assert set(names("regen_backend")) >= {"dspark", "hf", "openai", "vllm"}
 
 
 def test_unknown_name_lists_available_names():

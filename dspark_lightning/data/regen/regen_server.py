@@ -26,6 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ... import checks
+from ...registry import register
+from ..prompts.sources import PromptRecord
+from .backend import RegenBackend
 
 
 class ServerError(RuntimeError):
@@ -90,11 +93,17 @@ def chat_completion(server: ServerConfig, body: dict[str, Any]) -> dict[str, Any
     raise ServerError(f"{server.url}: no answer after {server.retries + 1} attempts (last: {last})")
 
 
-class ServerRegenerator:
+@register("regen_backend", "openai")
+class ServerRegenerator(RegenBackend):
     """Regenerates conversations through a server, ``concurrency`` conversations at a time."""
 
-    def __init__(self, target: Any, cfg: dict[str, Any], concurrency: int, server: ServerConfig) -> None:
-        self.target, self.cfg, self.concurrency, self.server = target, cfg, concurrency, server
+    needs_server = True
+
+    def __init__(self, target: Any, settings: dict[str, Any], **kw: Any) -> None:
+        super().__init__(target, settings, **kw)
+        if not isinstance(self.server, ServerConfig):
+            raise ValueError("data.regen.backend openai needs a server (data.regen.base_url and model)")
+        self.step = max(self.step, 4 * self.concurrency)
         self.lock = threading.Lock()
 
     def _body(self, messages: list[dict[str, str]], budget: int, seed: int) -> dict[str, Any]:
@@ -102,13 +111,13 @@ class ServerRegenerator:
             "model": self.server.model,
             "messages": messages,
             "max_tokens": budget,
-            "temperature": self.cfg["temperature"],
-            "top_p": self.cfg["top_p"],
+            "temperature": self.settings["temperature"],
+            "top_p": self.settings["top_p"],
             "seed": seed % 2**31,
             "stream": False,
         }
-        if self.cfg["top_k"] is not None:
-            body["top_k"] = self.cfg["top_k"]  # vLLM, SGLang and llama.cpp read this extension
+        if self.settings["top_k"] is not None:
+            body["top_k"] = self.settings["top_k"]  # vLLM, SGLang and llama.cpp read this extension
         return body
 
     def _conversation(self, conv: Any, i: int) -> int:
@@ -144,8 +153,9 @@ class ServerRegenerator:
                     return tokens
         return tokens
 
-    def answer(self, conv: Any) -> tuple[list[dict], int, int]:
-        """Answer every conversation of ``conv`` (regenerate's bookkeeping of a batch); returns its result."""
+    def answer(self, recs: list[PromptRecord]) -> tuple[list[dict], int, int]:
+        conv = self.conversations(recs)
         with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="regen") as pool:
             list(pool.map(lambda i: self._conversation(conv, i), range(len(conv.recs))))
+        self.prompt_tokens += conv.prompt_tokens
         return conv.result()

@@ -13,27 +13,28 @@ from __future__ import annotations
 from typing import Any
 
 from ... import checks
+from ...registry import register
+from .backend import TurnByTurnBackend, split_output
 
 
-class VLLMRegenerator:
-    """One vLLM engine for a whole regeneration; :meth:`close` ends it."""
+@register("regen_backend", "vllm")
+class VLLMRegenerator(TurnByTurnBackend):
+    """One vLLM engine for a whole regeneration (``max_num_seqs`` = ``concurrency``); :meth:`close` ends it."""
 
-    def __init__(self, target: Any, cfg: dict[str, Any], concurrency: int) -> None:
+    def __init__(self, target: Any, settings: dict[str, Any], **kw: Any) -> None:
         from ...export.vllm import VLLMWorker
         from ...targets import resolve_target_path
 
-        self.target, self.cfg = target, cfg
+        super().__init__(target, settings, **kw)
+        self.step = max(self.step, 4 * self.concurrency)
         dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
         positions = checks.positions_of(target) or 2048
         self.worker = VLLMWorker(resolve_target_path(target.name), dtype=dtype, max_model_len=positions,
-                                 engine={"max_num_seqs": concurrency})  # fmt: skip
+                                 engine={"max_num_seqs": self.concurrency})  # fmt: skip
         self.stop = sorted(target.stop_token_ids)
 
     def sample(self, prompts: list[list[int]], seeds: list[int], budgets: list[int]) -> list[tuple[str, int, bool]]:
-        """One turn of every prompt: (response text, generated tokens, stopped) each."""
-        from .regenerate import _split_output
-
-        cfg = self.cfg
+        cfg = self.settings
         sampling = {
             "temperature": cfg["temperature"],
             "top_p": cfg["top_p"],
@@ -42,7 +43,7 @@ class VLLMRegenerator:
         }
         params = [{**sampling, "max_tokens": b, "seed": s % 2**31} for s, b in zip(seeds, budgets, strict=True)]
         outs = self.worker.generate(prompts, params)["outputs"]
-        return [_split_output(self.target, o["ids"]) for o in outs]
+        return [split_output(self.target, o["ids"]) for o in outs]
 
     def close(self) -> None:
         self.worker.close()
