@@ -32,7 +32,8 @@ def export(
     Args:
         drafter: exported drafter directory (ours or Qwen3DSparkModel)
         out: output directory
-        layout: native (ours) | dspark-hf (Qwen3DSparkModel) | eagle3-hf (LlamaForCausalLMEagle3)
+        layout: native (ours) | dspark-hf (Qwen3DSparkModel) | eagle3-hf (LlamaForCausalLMEagle3) | a plugin's
+            registered layout
         dtype: bf16 | fp32 (default: bf16; native: as stored)
         overwrite: replace an existing export in --out
         target: target name or HF directory (default: recorded)

@@ -1,14 +1,14 @@
 """An exported drafter (any layout we read) to a layout servers load (the ``export`` command's work).
 
-``native`` re-saves our own layout; ``dspark-hf`` writes ``Qwen3DSparkModel``; ``eagle3-hf`` writes
-``LlamaForCausalLMEagle3``; ``server`` (vllm, sglang, deepspec, all) makes it exact for that server (servers.py).
+``native`` re-saves our own layout; the registered serving layouts (layouts.py: ``dspark-hf`` writes
+``Qwen3DSparkModel``, ``eagle3-hf`` ``LlamaForCausalLMEagle3``) build the files, and ``server`` (vllm, sglang,
+deepspec, llamacpp, all) makes them exact for that server and adds its own files (servers.py).
 A drafter a layout or server cannot represent is refused with the reason (:class:`~.common.InteropError`).
 """
 
 from __future__ import annotations
 
 import json
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,43 +16,15 @@ from typing import Any
 import torch
 
 from ..atomic import atomic_dir, atomic_write
-from ..checkpoint.files import EXPORT_TAG, artifact_entry, read_config, weights_sha256
+from ..checkpoint.files import EXPORT_TAG, artifact_entry, read_config
 from ..checkpoint.native import load_drafter, save_drafter
+from ..registry import get
 from ..targets import ChatFormat, Target, load_target
-from .common import (
-    CALIBRATION_FILE,
-    EXPORT_DTYPES,
-    InteropError,
-    cast_state,
-    kept_on_overwrite,
-    prepare_out,
-    write_hf,
-    write_layout,
-)
-from .dspark_hf import (
-    KEEP_FP32,
-    calibration_doc,
-    check_dspark,
-    dspark_config,
-    dspark_state,
-    head_type,
-    is_dspark_config,
-)
-from .eagle3_hf import check_eagle3, eagle3_config, eagle3_state
-from .llamacpp import GGUF_FILE, OUTTYPES, TARGET_GGUF_FILE, check_target, convert, target_dir
-from .servers import (
-    ALL,
-    check_server,
-    dspark_additions,
-    eagle3_additions,
-    gguf_wanted,
-    refuse_dspark,
-    refuse_eagle3,
-    server_for,
-    wanted,
-)
+from .common import EXPORT_DTYPES, InteropError, kept_on_overwrite, prepare_out, write_layout
+from .dspark_hf import is_dspark_config
+from .layouts import serving_layouts
+from .servers import ALL, ExportJob, check_server, writers
 
-LAYOUTS = ("native", "dspark-hf", "eagle3-hf")  # what ``export --layout`` writes
 DEFAULT_NUM_ANCHORS = 512  # docs/algorithm.md §4; informational for serving, and our native export does not record it
 
 
@@ -79,7 +51,8 @@ def export_drafter(
     server: str | None = None,
     target_gguf: bool = False,
 ) -> ExportResult:
-    """Load ``drafter_dir`` (our layout or a serving one) and write it to ``out`` in ``layout`` (:data:`LAYOUTS`).
+    """Load ``drafter_dir`` (our layout or a serving one) and write it to ``out`` in ``layout``: ``native``, or a
+    registered serving layout (:func:`~.layouts.serving_layouts`: ``dspark-hf``, ``eagle3-hf``, a plugin's).
 
     ``dtype``: ``bf16`` (serving default; the confidence head stays fp32) or ``fp32`` (native default: as stored).
     ``target``: a Target or a target name/directory; default the one a native export records.
@@ -88,14 +61,14 @@ def export_drafter(
     own ``target.gguf`` in the same precision.
     """
     src, out = Path(drafter_dir), Path(out)
-    if layout not in LAYOUTS:
-        raise InteropError(f"unknown layout {layout!r}; choose from {', '.join(LAYOUTS)}")
+    if layout != "native" and layout not in serving_layouts():
+        raise InteropError(f"unknown layout {layout!r}; choose from {', '.join(['native', *serving_layouts()])}")
     if dtype is not None and dtype not in EXPORT_DTYPES:
         raise InteropError(f"unknown dtype {dtype!r}; choose from {', '.join(EXPORT_DTYPES)}")
     check_server(server)
     if server is not None and layout == "native":
         raise InteropError("--server applies to the serving layouts (dspark-hf, eagle3-hf), not native")
-    if target_gguf and not (server == ALL or (server is not None and server_for(server).writes_gguf)):
+    if target_gguf and server not in (ALL, "llamacpp"):
         raise InteropError("--target_gguf writes llama.cpp's GGUF of the target: use it with --server llamacpp or all")
     if out.resolve() == src.resolve():
         raise InteropError("--out must differ from --drafter")
@@ -124,54 +97,31 @@ def export_serving(
     server: str | None = None,
     target_gguf: bool = False,
 ) -> ExportResult:
-    """Write an in-memory drafter in a serving layout (``dspark-hf`` or ``eagle3-hf``), exact for ``server``."""
+    """Write an in-memory drafter in a registered serving layout (``dspark-hf``, ``eagle3-hf``, a plugin's), exact
+    for ``server``, then each server's own files."""
     check_server(server)
     out, tdtype = Path(out), EXPORT_DTYPES[dtype]
-    extra: dict[str, Any] = {}
-    finish = None
-    if layout == "dspark-hf":
-        notes = check_dspark(drafter)
-        notes += refuse_dspark(drafter, head_type(drafter.seq_head), server, target)
-        state = dspark_state(drafter, with_target_vocab)
-        config = dspark_config(drafter, target, tdtype, int(num_anchors))
-        dspark_additions(config, state, drafter, server)
-        state = cast_state(state, tdtype, keep_fp32=KEEP_FP32)
-        side = calibration_doc(drafter, weights_sha256(state))
-        if side is not None:
-            extra[CALIBRATION_FILE] = side
-            notes.append(
-                f"per-position STS temperatures have no server config key: written to {CALIBRATION_FILE} "
-                "(read back by load_drafter; SGLang's scalar sts_temperatures is not set)"
-            )
-        gguf, why_not = gguf_wanted(drafter, head_type(drafter.seq_head), server, target)
-        notes += why_not
-        if gguf:
-            finish = _gguf_writer(
-                drafter, target, dtype, int(num_anchors), target_gguf, strict=server != "all", notes=notes
-            )
-    elif layout == "eagle3-hf":
-        notes = check_eagle3(drafter)
-        refuse_eagle3(server)
-        state = cast_state(eagle3_state(drafter), tdtype)
-        config = eagle3_config(drafter, target, tdtype)
-        notes += eagle3_additions(config, list(drafter.geometry.layer_ids), server)
-    else:
-        raise InteropError(f"{layout!r} is not a serving layout; choose dspark-hf or eagle3-hf")
+    if layout not in serving_layouts():
+        raise InteropError(f"{layout!r} is not a serving layout; choose from {', '.join(serving_layouts())}")
+    config, state, extra, notes = get("layout", layout).build(
+        drafter, target, dtype=tdtype, num_anchors=int(num_anchors), with_target_vocab=with_target_vocab, server=server
+    )
+    servers, left_out = writers(server, drafter, target)
+    notes += left_out
+    job = ExportJob(dtype, int(num_anchors), target_gguf, strict=server != ALL)
     prepare_out(out, overwrite)
-    write_layout(out, config, state, extra, _server_files(finish, wanted(server), drafter, target, notes))
+    write_layout(out, config, state, extra, _server_files(servers, job, drafter, target, notes))
     return ExportResult(out, layout, dtype, len(state), notes)
 
 
-def _server_files(finish, servers, drafter: Any, target: Any, notes: list[str]):
-    """``finish`` for :func:`write_layout`: ``finish`` (llama.cpp's GGUF, or None), then each server's own files
-    (:meth:`~.servers.Server.write`), refused if one replaces a file of the layout."""
+def _server_files(servers: list[Any], job: ExportJob, drafter: Any, target: Any, notes: list[str]):
+    """``finish`` for :func:`write_layout`: each server's own files (:meth:`~.servers.Server.write`), refused if one
+    replaces a file of the layout."""
 
     def run(folder: Path) -> None:
-        if finish is not None:
-            finish(folder)
         for s in servers:
             before = _stamps(folder)
-            notes.extend(s.write(folder, drafter, target))
+            notes.extend(s.write(folder, drafter, target, job))
             after = _stamps(folder)
             changed = sorted(n for n, st in before.items() if after.get(n) != st)
             if changed:
@@ -183,38 +133,6 @@ def _server_files(finish, servers, drafter: Any, target: Any, notes: list[str]):
 def _stamps(folder: Path) -> dict[str, tuple[int, int, int]]:
     """File name -> (inode, size, mtime): what changes when a file is rewritten, replaced or removed."""
     return {p.name: (st.st_ino, st.st_size, st.st_mtime_ns) for p in folder.iterdir() for st in [p.stat()]}
-
-
-def _gguf_writer(
-    drafter: Any, target: Any, dtype: str, num_anchors: int, with_target: bool, strict: bool, notes: list[str]
-):
-    """``finish`` for :func:`write_layout`: llama.cpp's converter on the generic layout (no server's extra tensors: a
-    draft GGUF with its own embeddings would also use them as its LM head), in ``dtype``. Not ``strict`` (``all``):
-    a conversion llama.cpp refuses becomes a note instead of failing the other servers' folder."""
-    try:
-        tdir = target_dir(target)  # before any work: a target the converter cannot read is refused first
-        check_target(tdir)
-    except InteropError as exc:
-        if strict:
-            raise
-        notes.append(f"no draft.gguf in this all-servers folder: {exc}")
-        return None
-
-    def finish(folder: Path) -> None:
-        try:
-            with tempfile.TemporaryDirectory(prefix="hf-", dir=folder.parent) as hf:
-                write_hf(Path(hf), dspark_config(drafter, target, torch.float32, num_anchors), dspark_state(drafter))
-                convert(Path(hf), folder / GGUF_FILE, OUTTYPES[dtype], tdir, what="the drafter")
-            if with_target:
-                convert(tdir, folder / TARGET_GGUF_FILE, OUTTYPES[dtype], what=f"the target {tdir}")
-        except InteropError as exc:
-            if strict:
-                raise
-            notes.append(f"no draft.gguf in this all-servers folder: {exc}")
-            for f in (GGUF_FILE, TARGET_GGUF_FILE):
-                (folder / f).unlink(missing_ok=True)
-
-    return finish
 
 
 def _target_for(src: Path, cfg: dict[str, Any], target: Any) -> Any:

@@ -1,9 +1,15 @@
-"""Reading a serving layout back: the ``layout`` readers that :func:`~dspark_lightning.checkpoint.load_drafter` asks
-for a directory whose config.json names an HF architecture instead of our ``format_version``.
+"""The serving layouts (registry kind ``layout``): how a drafter's files are laid out for the servers that load them,
+written by ``export`` and, where :func:`~dspark_lightning.checkpoint.load_drafter` should read one back, read.
 
-A third-party layout registers the same two functions: ``@register("layout", "name")`` on a class (or object) with
-``claims(cfg) -> bool`` and ``read(path, cfg, target) -> Drafter``; ``load_drafter`` places the drafter and checks its
-weights.
+A layout is a class registered with ``@register("layout", "name")`` (a plugin adds one without editing the package):
+
+- ``build(drafter, target, *, dtype, num_anchors, with_target_vocab, server) -> (config, state, extra, notes)``: the
+  config.json, the tensors, extra files (name -> JSON-able) and notes, with ``server``'s rules applied (servers.py);
+  ``export --layout name`` writes them (convert.py), then each server's own files;
+- ``claims(cfg) -> bool`` and ``read(path, cfg, target) -> Drafter``: a directory whose config.json names an HF
+  architecture instead of our ``format_version`` is read by the first layout that claims it.
+
+``native`` (our own layout, with its calibration files) is not one of them: ``export --layout native`` re-saves it.
 """
 
 from __future__ import annotations
@@ -11,14 +17,53 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..registry import register
-from .dspark_hf import is_dspark_config, load_dspark_hf
+import torch
+
+from ..checkpoint.files import weights_sha256
+from ..registry import names, register
+from .common import CALIBRATION_FILE, InteropError, cast_state
+from .dspark_hf import (
+    KEEP_FP32,
+    calibration_doc,
+    check_dspark,
+    dspark_config,
+    dspark_state,
+    head_type,
+    is_dspark_config,
+    load_dspark_hf,
+)
+from .eagle3_hf import check_eagle3, eagle3_config, eagle3_state
+from .servers import dspark_additions, eagle3_additions, refuse_dspark, refuse_eagle3
+
+Built = tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, Any], list[str]]
+
+
+class Layout:
+    """A serving layout; a subclass overrides :meth:`build`, and :meth:`claims` / :meth:`read` if it is read back."""
+
+    @staticmethod
+    def claims(cfg: dict[str, Any]) -> bool:
+        return False
+
+    @staticmethod
+    def read(path: str | Path, cfg: dict[str, Any], target: Any):
+        raise InteropError(f"{path}: this layout is written, not read back")
+
+    @staticmethod
+    def build(drafter: Any, target: Any, *, dtype: torch.dtype, num_anchors: int, with_target_vocab: bool,
+              server: str | None) -> Built:  # fmt: skip
+        raise NotImplementedError
+
+
+def serving_layouts() -> list[str]:
+    """The registered layouts ``export --layout`` writes (beside ``native``)."""
+    return names("layout")
 
 
 @register("layout", "dspark-hf")
-class DSparkHFLayout:
-    """DeepSpec's ``Qwen3DSparkModel`` / ``DSparkDraftModel`` directories (sharded or not), and our ``dspark-hf``
-    export of them."""
+class DSparkHFLayout(Layout):
+    """DeepSpec's ``Qwen3DSparkModel`` (what vLLM, SGLang and DeepSpec load; llama.cpp converts it), sharded or not;
+    per-position STS temperatures go to a side file, as no server config has a key for them."""
 
     @staticmethod
     def claims(cfg: dict[str, Any]) -> bool:
@@ -27,3 +72,37 @@ class DSparkHFLayout:
     @staticmethod
     def read(path: str | Path, cfg: dict[str, Any], target: Any):
         return load_dspark_hf(Path(path), cfg, target)
+
+    @staticmethod
+    def build(drafter: Any, target: Any, *, dtype: torch.dtype, num_anchors: int, with_target_vocab: bool,
+              server: str | None) -> Built:  # fmt: skip
+        notes = check_dspark(drafter)
+        notes += refuse_dspark(drafter, head_type(drafter.seq_head), server, target)
+        state = dspark_state(drafter, with_target_vocab)
+        config = dspark_config(drafter, target, dtype, num_anchors)
+        dspark_additions(config, state, drafter, server)
+        state = cast_state(state, dtype, keep_fp32=KEEP_FP32)
+        extra = {}
+        side = calibration_doc(drafter, weights_sha256(state))
+        if side is not None:
+            extra[CALIBRATION_FILE] = side
+            notes.append(
+                f"per-position STS temperatures have no server config key: written to {CALIBRATION_FILE} "
+                "(read back by load_drafter; SGLang's scalar sts_temperatures is not set)"
+            )
+        return config, state, extra, notes
+
+
+@register("layout", "eagle3-hf")
+class Eagle3HFLayout(Layout):
+    """``LlamaForCausalLMEagle3`` (vLLM's and SGLang's EAGLE-3 loaders)."""
+
+    @staticmethod
+    def build(drafter: Any, target: Any, *, dtype: torch.dtype, num_anchors: int, with_target_vocab: bool,
+              server: str | None) -> Built:  # fmt: skip
+        notes = check_eagle3(drafter)
+        refuse_eagle3(server)
+        state = cast_state(eagle3_state(drafter), dtype)
+        config = eagle3_config(drafter, target, dtype)
+        notes += eagle3_additions(config, list(drafter.geometry.layer_ids), server)
+        return config, state, {}, notes

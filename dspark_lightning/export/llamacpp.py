@@ -153,6 +153,36 @@ def check_target(tdir: Path) -> None:
     check_target_arch(arch)
 
 
+def write_gguf(folder: Path, drafter: Any, target: Any, job: Any) -> list[str]:
+    """llama.cpp's converter on the generic ``dspark-hf`` layout (no server's extra tensors: a draft GGUF with its
+    own embeddings would also use them as its LM head) into ``folder/draft.gguf``, in ``job.dtype``; with
+    ``job.target_gguf`` the target's own ``target.gguf`` too. Not ``job.strict`` (an ``all`` folder): a conversion
+    llama.cpp refuses becomes a note and leaves no GGUF, instead of failing the other servers' folder."""
+    import tempfile
+
+    import torch
+
+    from .common import write_hf
+    from .dspark_hf import dspark_config, dspark_state
+
+    try:
+        tdir = target_dir(target)
+        check_target(tdir)
+        with tempfile.TemporaryDirectory(prefix="hf-", dir=folder.parent) as hf:
+            cfg = dspark_config(drafter, target, torch.float32, job.num_anchors)
+            write_hf(Path(hf), cfg, dspark_state(drafter))
+            convert(Path(hf), folder / GGUF_FILE, OUTTYPES[job.dtype], tdir, what="the drafter")
+        if job.target_gguf:
+            convert(tdir, folder / TARGET_GGUF_FILE, OUTTYPES[job.dtype], what=f"the target {tdir}")
+    except InteropError as exc:
+        if job.strict:
+            raise
+        for f in (GGUF_FILE, TARGET_GGUF_FILE):
+            (folder / f).unlink(missing_ok=True)
+        return [f"no draft.gguf in this all-servers folder: {exc}"]
+    return []
+
+
 def check_target_arch(arch: str) -> None:
     """Refuse an HF architecture whose llama.cpp graph does not record layer inputs (e.g. ``Gemma3ForCausalLM``:
     ``src/models/gemma3.cpp`` never sets ``t_layer_inp``, and ``llm_graph_result`` asserts it when asked)."""

@@ -19,6 +19,7 @@ exists). The rules, and the server source each was read from, are tabled in docs
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,16 @@ SGLANG_PR = "sglang PR #25454"
 ALL = "all"  # every server at once: one folder the servers ``in_all`` load, or a refusal
 
 
+@dataclass(frozen=True)
+class ExportJob:
+    """What a serving export was asked for, as a server's :meth:`Server.write` may need it."""
+
+    dtype: str = "bf16"  # the export's precision (``bf16`` / ``fp32``)
+    num_anchors: int = 512
+    target_gguf: bool = False  # llama.cpp: also the target's own GGUF
+    strict: bool = True  # False in an ``all`` folder: files a server cannot write become a note, the folder stays
+
+
 class Server:
     """A program that loads an exported drafter (register one with ``@register("server", name)``). The hooks do
     nothing by default, like a Lightning ``Callback``: a server overrides the ones its loader needs.
@@ -39,14 +50,14 @@ class Server:
       or reject (naming the server and the option), return notes for what it loads with a caveat;
     - :meth:`dspark_additions` / :meth:`eagle3_additions`: the config keys and tensors it reads beyond the generic
       ``dspark-hf`` / ``eagle3-hf`` layout, written in place;
-    - :meth:`write`: files of its own it reads beside the layout's (a launch config, say), written into the export
-      folder before it is swapped in;
+    - :meth:`write`: files of its own it reads beside the layout's (a launch config, llama.cpp's GGUF), written into
+      the export folder before it is swapped in;
     - :meth:`check`: the reasons a drafter cannot be served (empty: it can).
     """
 
-    in_all = True  # ``--server all`` folders must satisfy this server's rules
+    in_all = True  # ``--server all`` folders must satisfy this server's rules; if False, they get its files only
+    # where its rules pass (a note says why not)
     order = 100  # where its rules run among ``all``'s (the first refusal is the one reported)
-    writes_gguf = False  # the export also runs llama.cpp's converter (llamacpp.py)
 
     @property
     def name(self) -> str:
@@ -64,7 +75,7 @@ class Server:
     def eagle3_additions(self, cfg: dict[str, Any], layer_ids: list[int]) -> list[str]:
         return []
 
-    def write(self, folder: Path, drafter: Any, target: Any = None) -> list[str]:
+    def write(self, folder: Path, drafter: Any, target: Any = None, job: ExportJob | None = None) -> list[str]:
         """Write the files this server reads beyond the layout's into ``folder`` (the export being built); return
         notes. It must not replace the layout's own files (``config.json``, the weights, the calibration file)."""
         return []
@@ -100,8 +111,7 @@ def check_server(name: str | None) -> None:
 
 
 def wanted(name: str | None) -> tuple[Server, ...]:
-    """The servers whose rules must pass. ``all`` adds llama.cpp's GGUF only where the drafter is compatible
-    (:func:`gguf_wanted`), so it stays the one folder the HF-layout servers load."""
+    """The servers whose rules must pass: ``name``'s, or for ``all`` those ``in_all``."""
     if name is None:
         return ()
     if name == ALL:
@@ -109,18 +119,19 @@ def wanted(name: str | None) -> tuple[Server, ...]:
     return (server_for(name),)
 
 
-def gguf_wanted(drafter: Any, head_type: str | None, server: str | None, target: Any = None) -> tuple[bool, list[str]]:
-    """Whether to write llama.cpp's GGUF: always for ``llamacpp`` (its rules ran in :func:`refuse_dspark`), for
-    ``all`` when llama.cpp's rules pass (else a note says why not)."""
-    if server is not None and server != ALL and server_for(server).writes_gguf:
-        return True, []
-    if server != ALL:
-        return False, []
-    try:
-        LlamaCpp().dspark_rules(drafter, head_type, target)
-    except InteropError as exc:
-        return False, [f"no draft.gguf in this all-servers folder: {exc}"]
-    return True, []
+def writers(name: str | None, drafter: Any, target: Any = None) -> tuple[list[Server], list[str]]:
+    """The servers whose :meth:`Server.write` runs on the export, and notes: ``name``'s, or for ``all`` those
+    ``in_all`` plus the others whose rules pass this drafter (a note names each left out and why)."""
+    if name != ALL:
+        return list(wanted(name)), []
+    out, notes = list(wanted(ALL)), []
+    for s in sorted((s for s in map(server_for, server_names()) if not s.in_all), key=lambda s: (s.order, s.name)):
+        why = s.check(drafter, target)
+        if why:
+            notes.append(f"no {s.name} files in this all-servers folder: {why[0]}")
+        else:
+            out.append(s)
+    return out, notes
 
 
 # --- dspark-hf --------------------------------------------------------------------------------------------------
@@ -203,10 +214,16 @@ class LlamaCpp(Server):
     order = 3
 
     in_all = False
-    writes_gguf = True
 
     def dspark_rules(self, drafter: Any, head_type: str | None, target: Any = None) -> list[str]:
         return _llamacpp_dspark(drafter, head_type, target)
+
+    def write(self, folder: Path, drafter: Any, target: Any = None, job: ExportJob | None = None) -> list[str]:
+        """``draft.gguf`` (and with ``job.target_gguf`` ``target.gguf``): llama.cpp's converter on the generic
+        layout in the export's precision."""
+        from .llamacpp import write_gguf
+
+        return write_gguf(folder, drafter, target, job or ExportJob())
 
     def eagle3_rules(self) -> None:
         raise InteropError("llamacpp: only --layout dspark-hf is converted for llama.cpp here (draft-dspark)")

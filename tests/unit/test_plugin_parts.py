@@ -1,6 +1,6 @@
 """Parts a plugin adds without editing the package: a scheduler with arguments, named the same way in Python and in
-every command, a sequential head that declares its serving names and so exports for servers, and a regeneration
-backend."""
+every command, a sequential head that declares its serving names and so exports for servers, a regeneration backend
+and a serving layout."""
 
 import pytest
 import torch
@@ -131,3 +131,31 @@ def test_a_plugin_regeneration_backend_is_chosen_by_name_in_a_recipe_and_regener
     (row,) = load_conversations(out)
     assert stats["written"] == 1 and row["gen"]["backend"] == "echo" and row["gen"]["new_tokens"] == [3, 3]
     assert [m["content"].split()[0] for m in row["turns"] if m["role"] == "assistant"] == ["echo", "echo"]
+
+
+def test_a_plugin_layout_writer_is_exported_by_name(registered, tmp_path):
+    """A layout a plugin registers is a ``--layout`` of ``export``: its files, then the servers' own, its notes."""
+    import json
+
+    from dspark_lightning.checkpoint import save_drafter
+    from dspark_lightning.drafters import build_drafter
+    from dspark_lightning.export import InteropError, Layout, export_drafter, serving_layouts
+
+    @registered("layout", "backbone-only")
+    class BackboneOnly(Layout):  # written, not read back
+        @staticmethod
+        def build(drafter, target, *, dtype, num_anchors, with_target_vocab, server):
+            state = {
+                k: v.detach().to(dtype).clone() for k, v in drafter.state_dict().items() if k.startswith("backbone.")
+            }
+            return {"architectures": ["BackboneOnly"], "num_anchors": num_anchors}, state, {}, ["backbone only"]
+
+    assert "backbone-only" in serving_layouts()
+    target = random_target()
+    drafter = build_drafter(target, 4, backbone="dense", seq_head={"name": "vanilla", "rank": 8}, mask_token_id=1)
+    native = save_drafter(drafter, tmp_path / "native", target)
+    res = export_drafter(native, "backbone-only", tmp_path / "out", target=target, dtype="fp32", num_anchors=9)
+    assert res.layout == "backbone-only" and "backbone only" in res.notes
+    assert json.loads((res.path / "config.json").read_text())["num_anchors"] == 9
+    with pytest.raises(InteropError, match="unknown layout 'nope'; choose from native, .*backbone-only"):
+        export_drafter(native, "nope", tmp_path / "x", target=target)

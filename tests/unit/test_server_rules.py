@@ -473,7 +473,7 @@ def test_a_plugin_server_is_checked_and_written_like_the_built_in_ones(targets, 
         def dspark_additions(self, cfg, state, drafter):
             cfg["my_server"] = {"block": drafter.block_size}
 
-        def write(self, folder, drafter, target=None):
+        def write(self, folder, drafter, target=None, job=None):
             (folder / "launch.json").write_text(json.dumps({"num_speculative_tokens": drafter.block_size}))
             return ["test-myserver: wrote launch.json"]
 
@@ -520,7 +520,7 @@ def test_the_server_conformance_check_bites():
             raise InteropError("no.\nreally not")
 
     class Clobberer(Server):
-        def write(self, folder, drafter, target=None):
+        def write(self, folder, drafter, target=None, job=None):
             (folder / "config.json").write_text("{}")
             return []
 
