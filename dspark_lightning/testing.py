@@ -1,6 +1,7 @@
 """Conformance checks for third-party components (pytest-free; they raise AssertionError): :func:`check_seq_head`
 for a sequential head, :func:`check_scheduler` for a scheduler, :func:`check_server` for a serving target,
-:func:`check_prompt_source` for a prompt source, :func:`check_regen_backend` for a regeneration backend.
+:func:`check_prompt_source` for a prompt source, :func:`check_regen_backend` for a regeneration backend,
+:func:`check_acceptance` for an acceptance mode, :func:`check_layout` for a serving layout.
 
 A plugin author tests a sequential head in three lines::
 
@@ -17,6 +18,7 @@ every parameter, that an exported drafter with the head reloads bit-identically,
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -330,3 +332,71 @@ def check_regen_backend(spec: Any, target: Any = None, **kwargs: Any) -> None:
         assert load_conversations(b) == rows, f"{name}: the answers depend on the batching (a seed per turn?)"
         again = regenerate(target, recs, a, batch_size=4, concurrency=4, **kw)
         assert again["written"] == 0 and again["skipped"] == len(rows), f"{name}: a rerun answered again"
+
+
+def check_acceptance(spec: str, seed: int = 0) -> None:
+    """Conformance checks for an acceptance mode (a registered ``acceptance`` name: a factory ``(params, device,
+    proposer) -> mode``): the mode has the :class:`~dspark_lightning.infer.protocols.AcceptanceMode` members; with
+    it, ``decode()`` at T = 0 gives the target's own greedy tokens, and at T = 1 the same seed gives the same tokens
+    (its randomness comes from the request streams) with every per-position survival rate in [0, 1]."""
+    from .infer import decode
+    from .infer.acceptance.sampling import SamplingParams
+    from .infer.protocols import AcceptanceMode, members
+    from .registry import create
+
+    mode = create("acceptance", spec, SamplingParams(temperature=1.0), torch.device("cpu"), None)
+    missing = sorted(m for m in members(AcceptanceMode) if not hasattr(mode, m))
+    assert not missing, f"{spec}: the mode lacks {missing}"
+    target = random_target(init=0.3, seed=seed)
+    drafter = create("drafter", "dspark", target, block_size=3, backbone={"name": "dense", "num_layers": 1},
+                     mask_token_id=1)  # fmt: skip
+    ids = [[5, 6, 7], [9, 3]]
+    greedy = decode(target, None, ids, max_new_tokens=8, stop_token_ids=[], temperature=0.0)
+    got = decode(target, drafter, ids, max_new_tokens=8, stop_token_ids=[], temperature=0.0, acceptance=spec,
+                 scheduler="static")  # fmt: skip
+    assert got.token_ids == greedy.token_ids, f"{spec}: T = 0 decoding is not the target's greedy output"
+    kw = {"max_new_tokens": 8, "stop_token_ids": [], "temperature": 1.0, "seed": seed + 1, "acceptance": spec,
+          "scheduler": "static"}  # fmt: skip
+    a, b = decode(target, drafter, ids, **kw), decode(target, drafter, ids, **kw)
+    assert a.token_ids == b.token_ids, f"{spec}: the same seed gave other tokens at T = 1"
+    assert all(x is None or 0.0 <= x <= 1.0 for x in a.stats.survival), f"{spec}: survival {a.stats.survival}"
+
+
+def check_layout(spec: str, drafter: str = "dspark", seed: int = 0) -> None:
+    """Conformance checks for a serving layout (a registered ``layout`` name) on a small drafter of the registered
+    kind ``drafter`` (the layout's own kind: ``eagle3`` for an EAGLE-3 layout): a
+    :class:`~dspark_lightning.export.layouts.Layout` whose ``build`` gives a config, named tensors, extra files and
+    notes; ``export_drafter`` writes it; and if it claims its own config, ``load_drafter`` reads it back to the same
+    logits."""
+    from .checkpoint import load_drafter, save_drafter
+    from .drafters import build_drafter
+    from .export import Layout, export_drafter
+    from .registry import create, get
+
+    layout = get("layout", spec)
+    assert isinstance(layout, type) and issubclass(layout, Layout), f"{spec}: a layout subclasses export.Layout"
+    target = random_target()
+    torch.manual_seed(seed)
+    kind, drafter = drafter, None
+    if kind == "dspark":
+        drafter = build_drafter(target, 4, backbone="dense", seq_head={"name": "vanilla", "rank": 8},
+                                conf_head="linear", mask_token_id=1).eval()  # fmt: skip
+    else:
+        drafter = create("drafter", kind, target, block_size=3).eval()
+    cfg, state, extra, notes = layout.build(drafter, target, dtype=torch.float32, num_anchors=4,
+                                            with_target_vocab=False, server=None)  # fmt: skip
+    assert isinstance(cfg, dict) and state and all(isinstance(t, torch.Tensor) for t in state.values()), spec
+    assert isinstance(extra, dict) and all(isinstance(n, str) for n in notes), f"{spec}: extra files and notes"
+    with tempfile.TemporaryDirectory() as tmp:
+        native = save_drafter(drafter, Path(tmp) / "native", target)
+        res = export_drafter(native, spec, Path(tmp) / "out", target=target, dtype="fp32")
+        assert (res.path / "config.json").is_file() and res.layout == spec, f"{spec}: no config.json written"
+        if not layout.claims(json.loads((res.path / "config.json").read_text())):
+            return
+        loaded = load_drafter(res.path, target)
+    prev = torch.randint(0, target.geometry.vocab_size, (2, 4))
+    ctx = target(prev).context
+    anchors, valid = torch.tensor([[1], [1]]), torch.ones(2, 1, dtype=torch.bool)
+    with torch.no_grad():
+        a, b = drafter(ctx, prev, anchors, valid), loaded(ctx, prev, anchors, valid)
+    assert torch.allclose(a.logits, b.logits, atol=1e-5), f"{spec}: it does not read back to the same drafter"

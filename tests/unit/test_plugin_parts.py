@@ -140,6 +140,7 @@ def test_a_plugin_layout_writer_is_exported_by_name(registered, tmp_path):
     from dspark_lightning.checkpoint import save_drafter
     from dspark_lightning.drafters import build_drafter
     from dspark_lightning.export import InteropError, Layout, export_drafter, serving_layouts
+    from dspark_lightning.testing import check_layout
 
     @registered("layout", "backbone-only")
     class BackboneOnly(Layout):  # written, not read back
@@ -151,6 +152,7 @@ def test_a_plugin_layout_writer_is_exported_by_name(registered, tmp_path):
             return {"architectures": ["BackboneOnly"], "num_anchors": num_anchors}, state, {}, ["backbone only"]
 
     assert "backbone-only" in serving_layouts()
+    check_layout("backbone-only")
     target = random_target()
     drafter = build_drafter(target, 4, backbone="dense", seq_head={"name": "vanilla", "rank": 8}, mask_token_id=1)
     native = save_drafter(drafter, tmp_path / "native", target)
@@ -159,3 +161,17 @@ def test_a_plugin_layout_writer_is_exported_by_name(registered, tmp_path):
     assert json.loads((res.path / "config.json").read_text())["num_anchors"] == 9
     with pytest.raises(InteropError, match="unknown layout 'nope'; choose from native, .*backbone-only"):
         export_drafter(native, "nope", tmp_path / "x", target=target)
+
+
+@pytest.mark.parametrize("name", ["rejection", "coupled"])
+def test_the_builtin_acceptance_modes_conform(name):
+    from dspark_lightning.testing import check_acceptance
+
+    check_acceptance(name)
+
+
+@pytest.mark.parametrize("name, drafter", [("dspark-hf", "dspark"), ("eagle3-hf", "eagle3")])
+def test_the_builtin_layouts_conform(name, drafter):
+    from dspark_lightning.testing import check_layout
+
+    check_layout(name, drafter)
