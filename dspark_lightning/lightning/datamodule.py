@@ -301,7 +301,9 @@ class DSparkDataModule(L.LightningDataModule):
     def report_roofline(self) -> list[dict]:
         """Print each data stage's tokens/s against this machine's roof and store the table in
         ``prepare_stats.json`` (``roofline``): the matrix-product throughput in the stage's dtype and the read
-        bandwidth, measured here in a few seconds (:func:`~dspark_lightning.infer.profiling.roofline.stage_roofline`).
+        bandwidth of this machine, measured once per machine and cached
+        (:func:`~dspark_lightning.infer.profiling.roofline.machine_roofs`; the table:
+        :func:`~dspark_lightning.infer.profiling.roofline.stage_roofline`).
         Timings are of the run that did the work; on another machine than the one that prepared, the roofs differ."""
         from ..atomic import atomic_write
         from ..devices import cpu_model
@@ -317,8 +319,7 @@ class DSparkDataModule(L.LightningDataModule):
         regen = self._resolved_regen(device.type)
         regen_dtype = resolve_dtype(regen.dtype, device) if regen.dtype is not None else target.dtype
         dtypes = {target.dtype, regen_dtype}
-        flops = {str(d).removeprefix("torch."): rf.best_matmul_flops(device=device, dtype=d) for d in dtypes}
-        bandwidth = rf.memory_bandwidth(device=device)
+        flops, bandwidth = rf.machine_roofs(device, dtypes)  # measured once per machine, then cached
         rows = rf.stage_roofline(target, stats, flops, bandwidth, regen_dtype, regen.concurrency)
         if rows:
             print("[dspark-lightning] " + rf.stage_text(rows, flops, bandwidth), flush=True)

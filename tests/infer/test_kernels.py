@@ -137,6 +137,23 @@ def test_step_bytes_and_roofline_arithmetic(tiny_target):
     assert rf.memory_bandwidth(nbytes=1 << 20, repeats=1) > 0 and rf.matmul_flops(n=64, repeats=1) > 0
 
 
+def test_machine_roofs_are_measured_once_per_machine(tmp_path, monkeypatch):
+    """A data stage's report reads the roofs from the per-machine cache: measured the first time only, a new dtype
+    measured and added."""
+    from dspark_lightning.infer.profiling import roofline as rf
+
+    calls = []
+    monkeypatch.setenv("DSPARK_CACHE", str(tmp_path))
+    monkeypatch.setattr(rf, "best_matmul_flops", lambda device, dtype: calls.append(dtype) or 1e9)
+    monkeypatch.setattr(rf, "memory_bandwidth", lambda device: calls.append("bw") or 2e9)
+    cpu = torch.device("cpu")
+    assert rf.machine_roofs(cpu, {torch.float32}) == ({"float32": 1e9}, 2e9)
+    assert rf.machine_roofs(cpu, {torch.float32}) == ({"float32": 1e9}, 2e9) and calls == [torch.float32, "bw"]
+    flops, _ = rf.machine_roofs(cpu, {torch.float32, torch.bfloat16})
+    assert set(flops) == {"float32", "bfloat16"} and calls == [torch.float32, "bw", torch.bfloat16]
+    assert len(list((tmp_path / "roofs").glob("*.json"))) == 1
+
+
 def test_data_stage_roofline_arithmetic(tiny_target):
     """Regeneration: 2 flops per weight and token, roofed by compute or by one weight read per step of `concurrency`
     tokens; features: the decoder layers only (no LM head), compute-bound."""

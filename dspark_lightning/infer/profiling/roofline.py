@@ -55,6 +55,33 @@ def best_matmul_flops(device: torch.device | None = None, dtype: torch.dtype = t
     return max(matmul_flops(n=n, repeats=5 if n <= 1024 else 3, device=device, dtype=dtype) for n in sizes)
 
 
+def machine_roofs(device: torch.device, dtypes: set[torch.dtype] | list[torch.dtype]) -> tuple[dict[str, float], float]:
+    """This machine's roofs for a data stage: the product throughput (flop/s) per dtype name and the read bandwidth
+    (bytes/s), measured once per machine (device, CPU model, threads) and cached under the user cache
+    (``roofs/<device tag>.json``), so reporting a preparation runs no benchmark after the first time. Delete the
+    file to measure again."""
+    import json
+
+    from ...atomic import atomic_write
+    from ...devices import device_tag
+    from ...targets import cache_root
+
+    path = cache_root() / "roofs" / f"{device_tag(device)}.json"
+    try:
+        doc = json.loads(path.read_text())
+        flops, bandwidth = dict(doc["matmul_flops"]), float(doc["read_bandwidth"])
+    except (OSError, ValueError, KeyError, TypeError):
+        flops, bandwidth = {}, 0.0
+    wanted = {str(d).removeprefix("torch."): d for d in dtypes}
+    missing = {k: d for k, d in wanted.items() if k not in flops}
+    if missing or not bandwidth > 0:
+        flops.update({k: best_matmul_flops(device=device, dtype=d) for k, d in missing.items()})
+        bandwidth = bandwidth if bandwidth > 0 else memory_bandwidth(device=device)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps({"matmul_flops": flops, "read_bandwidth": bandwidth}, indent=1) + "\n")
+    return {k: flops[k] for k in wanted}, bandwidth
+
+
 @dataclass
 class StepBytes:
     """Bytes a verification step must read: the weights (once per step) and the KV cache (per cached token)."""
