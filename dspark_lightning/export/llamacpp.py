@@ -336,15 +336,3 @@ def gguf_tensors(path: Path) -> dict[str, list[int]]:
     import json
 
     return json.loads(r.stdout)
-
-
-def run_llamacpp(argv: list[str]) -> None:
-    """``dspark-lightning llamacpp source|build``: fetch and unpack the pinned source, or build its tools for this CPU
-    (cached); prints the folder."""
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="dspark-lightning llamacpp", description=run_llamacpp.__doc__)
-    ap.add_argument("what", choices=["source", "build"])
-    ap.add_argument("--tools", nargs="*", default=list(TOOLS), help=f"what to build (default: {' '.join(TOOLS)})")
-    a = ap.parse_args(argv)
-    print(source_dir(download=True) if a.what == "source" else build(tuple(a.tools)))

@@ -225,15 +225,3 @@ def acceptance(counters: dict[str, Any]) -> dict[str, Any]:
         "survival": [a / drafts for a in per_pos] if drafts else [],
         "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
     }
-
-
-def run_vllm(argv: list[str]) -> None:
-    """``dspark-lightning vllm build|python``: build the pinned vLLM venv (cached), or print its python."""
-    import argparse
-
-    ap = argparse.ArgumentParser(prog="dspark-lightning vllm", description=run_vllm.__doc__)
-    ap.add_argument("what", choices=["build", "python"])
-    a = ap.parse_args(argv)
-    if a.what == "python" and not built():
-        raise VLLMUnavailable(f"vllm: the vLLM {VERSION} venv is not built; run `dspark-lightning vllm build`")
-    print(build() if a.what == "build" else python())

@@ -136,21 +136,3 @@ def import_gguf(gguf: str | Path, out: str | Path, overwrite: bool = False) -> P
         write_hf_dir(model, tok, tmp, {"gguf": src.name, "sha256": digest, "architecture": model.config.model_type})
         write_sentencepiece(src, tmp)
     return final
-
-
-def run_target(argv: list[str]) -> None:
-    """``dspark-lightning target import --gguf FILE --out DIR``: a GGUF as an HF model directory (prints it)."""
-    import argparse
-
-    from ..locks import folder_lock
-
-    ap = argparse.ArgumentParser(prog="dspark-lightning target", description=run_target.__doc__)
-    sub = ap.add_subparsers(dest="what", required=True)
-    imp = sub.add_parser("import", help="turn a GGUF file into an HF model directory with its tokenizer, offline")
-    imp.add_argument("--gguf", required=True, help="the GGUF file (any quantisation transformers dequantises)")
-    imp.add_argument("--out", required=True, help="the HF model directory to write (data.target in a recipe)")
-    imp.add_argument("--overwrite", action="store_true", help="replace an existing --out")
-    a = ap.parse_args(argv)
-    out = Path(a.out).expanduser()
-    with folder_lock(out.parent, "target import"):  # one writer of <out> (it is swapped in as a whole)
-        print(import_gguf(a.gguf, out, overwrite=a.overwrite))

@@ -65,7 +65,7 @@ def test_import_refuses_bad_input_in_one_line(tiny_gguf, tmp_path, capsys):
         with pytest.raises(SystemExit) as e:
             main(["target", "import", *args])
         err = capsys.readouterr().err.strip().splitlines()
-        assert e.value.code == 2 and len(err) == 1 and err[0].startswith("dspark-lightning target: error: "), err
+        assert e.value.code == 2 and len(err) == 1 and err[0].startswith("dspark-lightning target import: error: "), err
         assert words in err[0], err[0]
     assert (busy / "notes.txt").read_text() == "mine" and not (tmp_path / "o").exists()
 
@@ -109,6 +109,8 @@ def test_a_second_writer_is_refused_and_a_failed_import_keeps_the_previous(tiny_
         main(["target", "import", "--gguf", str(tiny_gguf[1]), "--out", str(out), "--overwrite"])
     err = capsys.readouterr().err.strip().splitlines()
     errors = [ln for ln in err if "error:" in ln]  # transformers' progress bars come first
-    assert errors == err[-1:] and err[-1].startswith("dspark-lightning target: error: ") and str(out) in err[-1], err
+    assert (
+        errors == err[-1:] and err[-1].startswith("dspark-lightning target import: error: ") and str(out) in err[-1]
+    ), err
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before  # the previous import, whole
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".tiny.")]  # no temp folder left

@@ -151,49 +151,31 @@ def write_prompts(
     return {**st, "asked": n, "kept": len(lines)}
 
 
-def parser():
-    from jsonargparse import ArgumentParser
-
-    p = ArgumentParser(prog="dspark-lightning write-prompts", description=__doc__.splitlines()[0])
-    p.add_argument("--target", type=str, default="smollm2-135m-instruct", help="embedded name or HF folder")
-    p.add_argument("--n", type=int, default=1200, help="messages to ask for (unusable replies are dropped)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--top_p", type=float, default=0.95)
-    p.add_argument("--max_new_tokens", type=int, default=60)
-    p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--dtype", type=str, default="auto", help="auto (bf16 where faster on this machine), fp32, bf16")
-    p.add_argument("--out", type=str, required=True, help="prompt file to write (JSONL)")
-    return p
-
-
-def run_write_prompts(argv: list[str]) -> None:
-    """``dspark-lightning write-prompts``."""
+def run_write_prompts(out: str, *, target: str, n: int, seed: int, temperature: float, top_p: float,
+                      max_new_tokens: int, concurrency: int, dtype: str) -> None:  # fmt: skip
+    """``dspark-lightning write-prompts`` (cli/tools.py): checks the values, writes the file, says what it wrote."""
     import time
 
     from ...targets import load_target_checked
 
-    a = parser().parse_args(argv)
-    checks.at_least("--n", a.n, 1)
-    checks.at_least("--concurrency", a.concurrency, 1)
-    checks.at_least("--max_new_tokens", a.max_new_tokens, 1)
-    checks.temperature("--temperature", a.temperature)
-    checks.in_range("--top_p", a.top_p, 0.0, 1.0, open_low=True)
-    checks.output_file("--out", a.out)
-    dtype = _dtype(a.dtype)
+    checks.at_least("--n", n, 1)
+    checks.at_least("--concurrency", concurrency, 1)
+    checks.at_least("--max_new_tokens", max_new_tokens, 1)
+    checks.temperature("--temperature", temperature)
+    checks.in_range("--top_p", top_p, 0.0, 1.0, open_low=True)
+    checks.output_file("--out", out)
+    dtype = _dtype(dtype)
     t0 = time.perf_counter()
-    with locks.folder_lock(Path(a.out).parent, "write-prompts"):  # one writer of <out> and <out>.raw.jsonl
-        target = load_target_checked(a.target, dtype=dtype)
-        st = write_prompts(target, a.out, n=a.n, seed=a.seed, temperature=a.temperature, top_p=a.top_p,
-                           max_new_tokens=a.max_new_tokens, concurrency=a.concurrency)  # fmt: skip
-    print(f"write-prompts: {st['kept']} of {st['asked']} replies kept as prompts -> {a.out} "
+    with locks.folder_lock(Path(out).parent, "write-prompts"):  # one writer of <out> and <out>.raw.jsonl
+        model = load_target_checked(target, dtype=dtype)
+        st = write_prompts(model, out, n=n, seed=seed, temperature=temperature, top_p=top_p,
+                           max_new_tokens=max_new_tokens, concurrency=concurrency)  # fmt: skip
+    print(f"write-prompts: {st['kept']} of {st['asked']} replies kept as prompts -> {out} "
           f"({st['tokens']} tokens written now at {st['tokens_per_s']:.0f} tok/s, {time.perf_counter() - t0:.0f} s, "
           f"target in {dtype})")  # fmt: skip
 
 
 def _dtype(name: str) -> str:
-    if name not in ("auto", "fp32", "bf16"):
-        raise checks.UsageError(f"--dtype must be auto, fp32 or bf16, got {name!r}")
     if name != "auto":
         return {"fp32": "float32", "bf16": "bfloat16"}[name]
     from ...devices import decode_bf16_faster
