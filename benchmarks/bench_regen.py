@@ -1,7 +1,10 @@
 """Regeneration throughput: our engine (continuous batching) against HF ``generate`` on the same prompts.
 
     python benchmarks/bench_regen.py --out benchmarks/results/data/regen_bench          # (make bench-regen)
+    python benchmarks/bench_regen.py --temperature 0 --vllm --out benchmarks/results/data/regen_bench_vllm
 
+With ``--vllm``, vLLM's offline engine (``data.regen.backend: vllm``, the pinned venv) answers the same prompts too;
+its start (the engine process, the model load) is reported apart from its answering rate.
 Both backends answer the same prompts (first user turn, the recipe's sampling settings) into fresh
 JSONL files; the table gives generated tokens, wall time and tokens/s, and checks that the dspark
 backend's responses do not depend on the concurrency (a second, smaller-concurrency run on a subset).
@@ -46,6 +49,7 @@ def main() -> None:
     ap.add_argument("--hf_batch", type=int, default=24)
     ap.add_argument("--temperature", type=float, default=0.2)
     ap.add_argument("--dtypes", nargs="+", default=["fp32"], help="target precisions for our engine (fp32, bf16)")
+    ap.add_argument("--vllm", action="store_true", help="also vLLM's offline engine (data.regen.backend: vllm)")
     ap.add_argument("--out", default="benchmarks/results/data/regen_bench")
     a = ap.parse_args()
     target = load_target(a.target)
@@ -58,14 +62,17 @@ def main() -> None:
         runs = [("dspark", {"backend": "dspark", "concurrency": a.concurrency}, "fp32"),
                 ("hf", {"backend": "hf", "batch_size": a.hf_batch}, "fp32")]  # fmt: skip
         runs[1:1] = [(f"dspark {dt}", runs[0][1], dt) for dt in a.dtypes if dt != "fp32"]
+        if a.vllm:
+            runs.append(("vllm", {"backend": "vllm", "concurrency": a.concurrency}, "fp32"))
         for name, extra, dt in runs:
             tgt = target if dt == "fp32" else load_target(a.target, dtype=resolve_dtype(dt, "cpu"))
             st = regenerate(tgt, prompts, Path(tmp) / f"{name}.jsonl", **kw, **extra)
-            rows.append({"backend": name, **{k: st[k] for k in ("written", "tokens", "seconds", "tokens_per_s")}})
+            keep = ("written", "tokens", "setup_s", "seconds", "tokens_per_s")
+            rows.append({"backend": name, **{k: st[k] for k in keep}})
             print(rows[-1], flush=True)
         fp32 = {r["id"]: r["turns"] for r in _rows(Path(tmp) / "dspark.jsonl")}
         for name, _, dt in runs:
-            if dt != "fp32":
+            if dt != "fp32" or name == "vllm":
                 other = _rows(Path(tmp) / f"{name}.jsonl")
                 same_dt = sum(fp32[r["id"]] == r["turns"] for r in other)
                 next(r for r in rows if r["backend"] == name)["same_as_fp32"] = f"{same_dt}/{len(other)}"
@@ -89,15 +96,15 @@ def main() -> None:
              f"T = {a.temperature:g}, "
              f"top-p {top_p}; "
              f"{info['threads']} threads, commit {commit}, {info['date']}", "",
-             "| backend | conversations | tokens | wall s | tok/s | responses equal to fp32's |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+             "| backend | conversations | tokens | start s | wall s | tok/s | responses equal to dspark fp32's |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
-        cells = [r["backend"], r["written"], r["tokens"], f"{r['seconds']:.1f}", f"{r['tokens_per_s']:.1f}",
-                 r.get("same_as_fp32", "–")]  # fmt: skip
+        cells = [r["backend"], r["written"], r["tokens"], f"{r['setup_s']:.1f}", f"{r['seconds']:.1f}",
+                 f"{r['tokens_per_s']:.1f}", r.get("same_as_fp32", "–")]  # fmt: skip
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     lines += ["", f"dspark backend (fp32) / HF generate: **{speed:.2f}x**; {info['batching_invariance']}"]
     for r in rows[1:]:
-        if r["backend"].startswith("dspark "):
+        if r["backend"].startswith("dspark ") or r["backend"] == "vllm":
             lines.append(f"{r['backend']} / dspark fp32: **{r['tokens_per_s'] / rows[0]['tokens_per_s']:.2f}x**")
     (out / "regen_bench.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
