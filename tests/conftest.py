@@ -105,20 +105,17 @@ def snapshot():
 
 @pytest.fixture
 def registered():
-    """Register components for one test, as a plugin would (``registered("scheduler", "name")(cls)``); they are
-    removed from the registry when the test ends."""
+    """Register components for one test, as a plugin would (``registered("scheduler", "name")(cls)``); the registry
+    is restored when the test ends, whatever registered during it (a plugin loaded by the test included)."""
     from dspark_lightning import registry
 
-    added = []
+    registry.names("scheduler")  # the built-ins are loaded before the snapshot
+    saved = {kind: dict(table) for kind, table in registry._REGISTRY.items()}
 
     def add(kind: str, name: str):
-        def deco(obj):
-            registry.register(kind, name)(obj)
-            added.append((kind, name))
-            return obj
-
-        return deco
+        return registry.register(kind, name)
 
     yield add
-    for kind, name in added:
-        registry._REGISTRY[kind].pop(name, None)
+    for kind, table in registry._REGISTRY.items():
+        table.clear()
+        table.update(saved[kind])

@@ -252,7 +252,8 @@ def read_layout(path: Path, cfg: dict[str, Any], target: Any, device=None, dtype
     Drafter`` (the built-in one: ``export/layouts.py``, DeepSpec's ``Qwen3DSparkModel``)."""
     from ..registry import get, names
 
-    for name in names("layout"):
+    readers = [n for n in names("layout") if getattr(get("layout", n), "reads", True)]  # not the write-only ones
+    for name in readers:
         reader = get("layout", name)
         if reader.claims(cfg):
             drafter = reader.read(path, cfg, target)
@@ -260,7 +261,7 @@ def read_layout(path: Path, cfg: dict[str, Any], target: Any, device=None, dtype
             return place_drafter(drafter, target, device, dtype).eval()
     raise DrafterLoadError(
         f"{path / 'config.json'}: architectures {cfg.get('architectures')} is not a layout load_drafter reads "
-        f"(ours, or a registered layout: {', '.join(names('layout'))})"
+        f"(ours, or a registered layout: {', '.join(readers)})"
     )
 
 

@@ -39,7 +39,10 @@ Built = tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, Any], list[str]
 
 
 class Layout:
-    """A serving layout; a subclass overrides :meth:`build`, and :meth:`claims` / :meth:`read` if it is read back."""
+    """A serving layout; a subclass overrides :meth:`build`, and :meth:`claims` / :meth:`read` if it is read back
+    (then ``reads = True``)."""
+
+    reads = False  # load_drafter asks it to claim directories
 
     @staticmethod
     def claims(cfg: dict[str, Any]) -> bool:
@@ -64,6 +67,8 @@ def serving_layouts() -> list[str]:
 class DSparkHFLayout(Layout):
     """DeepSpec's ``Qwen3DSparkModel`` (what vLLM, SGLang and DeepSpec load; llama.cpp converts it), sharded or not;
     per-position STS temperatures go to a side file, as no server config has a key for them."""
+
+    reads = True
 
     @staticmethod
     def claims(cfg: dict[str, Any]) -> bool:

@@ -57,15 +57,14 @@ def test_unknown_scheduler_lists_names(tiny_target):
         decode(tiny_target, make_drafter(tiny_target), ["x"], max_new_tokens=2, scheduler="fastest")
 
 
-def test_a_second_verifier_is_registered_and_selected_by_name(varied_target, prompts):
+def test_a_second_verifier_is_registered_and_selected_by_name(varied_target, prompts, registered):
     """Verifiers are a registry kind: a wrapper that counts target forwards, chosen with verifier='counting'."""
     from infer_helpers import hf_greedy
 
     from dspark_lightning import names
     from dspark_lightning.infer import HFVerifier
-    from dspark_lightning.registry import _REGISTRY, register
 
-    @register("verifier", "counting")
+    @registered("verifier", "counting")
     class CountingVerifier(HFVerifier):
         forwards = 0
 
@@ -73,11 +72,8 @@ def test_a_second_verifier_is_registered_and_selected_by_name(varied_target, pro
             CountingVerifier.forwards += 1
             return super().forward(*args, **kwargs)
 
-    try:
-        assert {"hf", "counting"} <= set(names("verifier"))
-        drafter = make_drafter(varied_target, block_size=3)
-        res = decode(varied_target, drafter, prompts[:2], max_new_tokens=10, verifier="counting", stop_token_ids=[])
-        assert res.token_ids == [hf_greedy(varied_target, p, 10) for p in prompts[:2]]
-        assert CountingVerifier.forwards == res.stats.steps > 0
-    finally:
-        _REGISTRY["verifier"].pop("counting")
+    assert {"hf", "counting"} <= set(names("verifier"))
+    drafter = make_drafter(varied_target, block_size=3)
+    res = decode(varied_target, drafter, prompts[:2], max_new_tokens=10, verifier="counting", stop_token_ids=[])
+    assert res.token_ids == [hf_greedy(varied_target, p, 10) for p in prompts[:2]]
+    assert CountingVerifier.forwards == res.stats.steps > 0

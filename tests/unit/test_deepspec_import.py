@@ -187,15 +187,14 @@ def test_a_shard_the_index_names_must_exist(varied_target, tmp_path):
         load_drafter(out, varied_target)
 
 
-def test_a_registered_layout_reader_is_what_load_drafter_uses(tiny_target, tmp_path):
+def test_a_registered_layout_reader_is_what_load_drafter_uses(tiny_target, tmp_path, registered):
     """A third-party serving layout plugs in with @register("layout", name): load_drafter asks every registered
     reader whether it claims the config, places what it reads, and names the registered layouts when none does."""
     from dspark_lightning.drafters import build_drafter
-    from dspark_lightning.registry import _REGISTRY, register
 
     built = build_drafter(tiny_target, 3, backbone="dense", seq_head="vanilla")
 
-    @register("layout", "test-my-arch")
+    @registered("layout", "test-my-arch")
     class MyLayout:
         @staticmethod
         def claims(cfg):
@@ -206,14 +205,11 @@ def test_a_registered_layout_reader_is_what_load_drafter_uses(tiny_target, tmp_p
             assert target is tiny_target and (path / "config.json").is_file()
             return built
 
-    try:
-        (tmp_path / "mine").mkdir()
-        (tmp_path / "mine" / "config.json").write_text(json.dumps({"architectures": ["MyArchDraft"]}))
-        got = load_drafter(tmp_path / "mine", tiny_target)
-        assert got is built and got.source_dir == str(tmp_path / "mine") and not got.training
-        (tmp_path / "other").mkdir()
-        (tmp_path / "other" / "config.json").write_text(json.dumps({"architectures": ["NobodysDraft"]}))
-        with pytest.raises(DrafterLoadError, match="NobodysDraft.*dspark-hf, test-my-arch"):
-            load_drafter(tmp_path / "other", tiny_target)
-    finally:
-        _REGISTRY["layout"].pop("test-my-arch", None)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "config.json").write_text(json.dumps({"architectures": ["MyArchDraft"]}))
+    got = load_drafter(tmp_path / "mine", tiny_target)
+    assert got is built and got.source_dir == str(tmp_path / "mine") and not got.training
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "config.json").write_text(json.dumps({"architectures": ["NobodysDraft"]}))
+    with pytest.raises(DrafterLoadError, match="NobodysDraft.*dspark-hf, test-my-arch"):
+        load_drafter(tmp_path / "other", tiny_target)

@@ -44,21 +44,20 @@ def test_unknown_kind_is_an_error():
         names("nope")
 
 
-def test_same_name_different_object_is_an_error_same_object_is_not():
+def test_same_name_different_object_is_an_error_same_object_is_not(registered):
     class A:
         pass
 
     class B:
         pass
 
-    register("verifier", "_test_dup")(A)
-    register("verifier", "_test_dup")(A)  # idempotent
+    registered("verifier", "_test_dup")(A)
+    registered("verifier", "_test_dup")(A)  # idempotent
     with pytest.raises(RegistryError, match="already registered"):
-        register("verifier", "_test_dup")(B)
-    registry._REGISTRY["verifier"].pop("_test_dup")
+        registered("verifier", "_test_dup")(B)
 
 
-def test_entry_point_plugins_are_loaded_and_failures_reported(monkeypatch):
+def test_entry_point_plugins_are_loaded_and_failures_reported(monkeypatch, registered):
     loaded = []
 
     def good():
@@ -76,7 +75,6 @@ def test_entry_point_plugins_are_loaded_and_failures_reported(monkeypatch):
     errors = registry.load_plugins(force=True)
     assert loaded and "_plugin_sched" in names("scheduler")
     assert "bad" in errors and "xyz" in errors["bad"]  # reported, not fatal
-    registry._REGISTRY["scheduler"].pop("_plugin_sched")
     registry.plugin_errors.clear()
 
 
@@ -104,7 +102,7 @@ def test_a_hanging_plugin_is_skipped_and_reported(monkeypatch):
     registry.plugin_errors.clear()
 
 
-def test_proposers_come_from_the_registry_by_the_drafter_class_name():
+def test_proposers_come_from_the_registry_by_the_drafter_class_name(registered):
     """One registry: a drafter class names its proposer (``proposer_name``), a factory registered with
     ``register("proposer", name)`` builds it, and a subclass inherits its base's proposer."""
     from dspark_lightning.drafters import ChainDrafter, Drafter
@@ -119,14 +117,11 @@ def test_proposers_come_from_the_registry_by_the_drafter_class_name():
     class SubToy(Toy):
         pass
 
-    @register("proposer", "_test_toy")
+    @registered("proposer", "_test_toy")
     def toy_proposer(drafter, batching="padded", conf_temperatures=None):
         return SimpleNamespace(drafter=drafter, batching=batching)
 
-    try:
-        made = make_proposer(SubToy(), batching="flat")
-        assert isinstance(made.drafter, SubToy) and made.batching == "flat" and "_test_toy" in names("proposer")
-        with pytest.raises(TypeError, match="no proposer registered"):
-            make_proposer(object())
-    finally:
-        registry._REGISTRY["proposer"].pop("_test_toy")
+    made = make_proposer(SubToy(), batching="flat")
+    assert isinstance(made.drafter, SubToy) and made.batching == "flat" and "_test_toy" in names("proposer")
+    with pytest.raises(TypeError, match="no proposer registered"):
+        make_proposer(object())

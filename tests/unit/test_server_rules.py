@@ -454,14 +454,13 @@ def test_vllm_export_says_when_the_targets_hidden_states_are_unchecked(tmp_path,
     assert any("target architecture 'MistralForCausalLM'" in n and "not checked" in n for n in res.notes)
 
 
-def test_a_plugin_server_is_checked_and_written_like_the_built_in_ones(targets, tmp_path):
+def test_a_plugin_server_is_checked_and_written_like_the_built_in_ones(targets, tmp_path, registered):
     """A third-party server registers a :class:`Server` subclass: ``fit``'s check, ``--server NAME`` exports and
     ``all`` folders use its rules and additions, and :meth:`Server.check` lists the reasons a drafter is refused."""
     from dspark_lightning.export import Server, server_names
     from dspark_lightning.export.plan import check_servable, plan_args
-    from dspark_lightning.registry import _REGISTRY, register
 
-    @register("server", "test-myserver")
+    @registered("server", "test-myserver")
     class MyServer(Server):
         order = -1  # its rules run first among all's
 
@@ -477,24 +476,20 @@ def test_a_plugin_server_is_checked_and_written_like_the_built_in_ones(targets, 
             (folder / "launch.json").write_text(json.dumps({"num_speculative_tokens": drafter.block_size}))
             return ["test-myserver: wrote launch.json"]
 
-    try:
-        t = targets["four"]
-        assert "test-myserver" in server_names() and plan_args({"servers": ["test-myserver"]})[0] == ["test-myserver"]
-        _, cfg, res = exported(drafter(t), t, tmp_path, "test-myserver")
-        assert cfg["my_server"] == {"block": 3} and "test-myserver: loads it with a caveat" in res.notes
-        assert json.loads((res.path / "launch.json").read_text()) == {"num_speculative_tokens": 3}
-        assert "test-myserver: wrote launch.json" in res.notes
-        no_conf = drafter(t, conf=False)
-        assert (
-            MyServer().check(no_conf) == ["test-myserver: needs a confidence head"]
-            and MyServer().check(drafter(t)) == []
-        )
-        with pytest.raises(InteropError, match="test-myserver: needs a confidence head"):
-            check_servable(no_conf, ["test-myserver"], t)
-        with pytest.raises(InteropError, match="test-myserver: needs a confidence head"):
-            export_serving(no_conf, t, "dspark-hf", tmp_path / "all", server="all")
-    finally:
-        _REGISTRY["server"].pop("test-myserver", None)
+    t = targets["four"]
+    assert "test-myserver" in server_names() and plan_args({"servers": ["test-myserver"]})[0] == ["test-myserver"]
+    _, cfg, res = exported(drafter(t), t, tmp_path, "test-myserver")
+    assert cfg["my_server"] == {"block": 3} and "test-myserver: loads it with a caveat" in res.notes
+    assert json.loads((res.path / "launch.json").read_text()) == {"num_speculative_tokens": 3}
+    assert "test-myserver: wrote launch.json" in res.notes
+    no_conf = drafter(t, conf=False)
+    assert (
+        MyServer().check(no_conf) == ["test-myserver: needs a confidence head"] and MyServer().check(drafter(t)) == []
+    )
+    with pytest.raises(InteropError, match="test-myserver: needs a confidence head"):
+        check_servable(no_conf, ["test-myserver"], t)
+    with pytest.raises(InteropError, match="test-myserver: needs a confidence head"):
+        export_serving(no_conf, t, "dspark-hf", tmp_path / "all", server="all")
 
 
 @pytest.mark.parametrize("name", ["vllm", "sglang", "deepspec", "llamacpp"])
@@ -504,11 +499,10 @@ def test_every_built_in_server_passes_the_conformance_check(name):
     check_server(name)
 
 
-def test_the_server_conformance_check_bites():
+def test_the_server_conformance_check_bites(registered):
     """A server that drops a generic tensor, refuses in several lines without its name, or whose own files replace the
     layout's, fails the check."""
     from dspark_lightning.export import Server
-    from dspark_lightning.registry import _REGISTRY, register
     from dspark_lightning.testing import check_server
 
     class Dropper(Server):
@@ -526,11 +520,8 @@ def test_the_server_conformance_check_bites():
 
     with pytest.raises(AssertionError, match="keep the generic layout"):
         check_server(Dropper)
-    register("server", "test-clobber")(Clobberer)
-    try:
-        with pytest.raises(AssertionError, match="replaced or removed the export's config.json"):
-            check_server("test-clobber")
-    finally:
-        _REGISTRY["server"].pop("test-clobber", None)
+    registered("server", "test-clobber")(Clobberer)
+    with pytest.raises(AssertionError, match="replaced or removed the export's config.json"):
+        check_server("test-clobber")
     with pytest.raises(AssertionError, match="one line naming the server"):
         check_server(Mumbler)
