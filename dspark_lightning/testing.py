@@ -255,12 +255,17 @@ def check_server(spec: Any, seed: int = 0) -> None:
         except InteropError as exc:
             raise AssertionError(f"{name}: its export fails: {exc}") from None
         loaded = load_drafter(tmp, target)
+    assert _same_logits(drafter, loaded, target), f"{name}: its export does not read back to the same drafter"
+
+
+def _same_logits(drafter: Any, loaded: Any, target: Any) -> bool:
+    """Whether two DSpark drafters give the same block logits on random features of ``target``."""
     prev = torch.randint(0, target.geometry.vocab_size, (2, 4))
     ctx = target(prev).context
     anchors, valid = torch.tensor([[1], [1]]), torch.ones(2, 1, dtype=torch.bool)
     with torch.no_grad():
         a, b = drafter(ctx, prev, anchors, valid), loaded(ctx, prev, anchors, valid)
-    assert torch.allclose(a.logits, b.logits, atol=1e-5), f"{name}: its export does not read back to the same drafter"
+    return torch.allclose(a.logits, b.logits, atol=1e-5)
 
 
 def check_prompt_source(spec: Any, limit: int = 4, **kwargs: Any) -> None:
@@ -394,9 +399,4 @@ def check_layout(spec: str, drafter: str = "dspark", seed: int = 0) -> None:
         if not layout.claims(json.loads((res.path / "config.json").read_text())):
             return
         loaded = load_drafter(res.path, target)
-    prev = torch.randint(0, target.geometry.vocab_size, (2, 4))
-    ctx = target(prev).context
-    anchors, valid = torch.tensor([[1], [1]]), torch.ones(2, 1, dtype=torch.bool)
-    with torch.no_grad():
-        a, b = drafter(ctx, prev, anchors, valid), loaded(ctx, prev, anchors, valid)
-    assert torch.allclose(a.logits, b.logits, atol=1e-5), f"{spec}: it does not read back to the same drafter"
+    assert _same_logits(drafter, loaded, target), f"{spec}: it does not read back to the same drafter"
