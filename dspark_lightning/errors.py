@@ -4,6 +4,10 @@ from __future__ import annotations
 
 
 def one_line_error(exc: BaseException) -> str:
-    """The exception's message with its lines joined (the type's name for an empty message)."""
+    """The exception's message with its lines joined (the type's name for an empty message); jsonargparse's
+    ``Parser key "name":`` is said as the flag, ``--name:``."""
+    import re
+
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return " ".join(lines) if lines else type(exc).__name__
+    text = " ".join(lines) if lines else type(exc).__name__
+    return re.sub(r'Parser key "([\w.]+)":', r"--\1:", text)
