@@ -132,8 +132,10 @@ def test_greedy_decode_past_the_sliding_window_is_hf_generate(gemma):
     assert res.stats.rounds > 1
 
 
-@pytest.mark.parametrize("server, why", [("llamacpp", "target architecture 'Gemma3ForCausalLM'"),
-                                         ("vllm", "'Gemma3ForCausalLM': vLLM 0.32.0's")])  # fmt: skip
+GEMMA_ARCH = "target architecture 'Gemma3ForCausalLM'"
+
+
+@pytest.mark.parametrize("server, why", [("llamacpp", GEMMA_ARCH), ("vllm", f"{GEMMA_ARCH}: vLLM 0.32.0's")])
 def test_fit_refuses_the_servers_this_target_cannot_have_before_any_data_work(tmp_path, monkeypatch, capsys, server,
                                                                               why):  # fmt: skip
     from dspark_lightning.cli import main
