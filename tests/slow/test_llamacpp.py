@@ -77,7 +77,9 @@ def check_llamacpp_load(drafter, draft_gguf: Path, target_gguf: Path) -> dict:
 @pytest.mark.parametrize("recipe", PRODUCT, ids=lambda p: str(p.relative_to(ROOT / "recipes")))
 def test_every_product_recipe_exports_for_its_servers(recipe, smol_tiny, tmp_path, monkeypatch):
     """The recipe's drafter (random init on the tiny target, no data) exports for every server the recipe names;
-    llama.cpp loads its GGUF. A recipe that names none says why in a comment, and every export refuses it."""
+    llama.cpp loads its GGUF. A recipe that names none says why in a comment, and every export refuses its drafter
+    (on the tiny stand-in target; the Gemma recipe's refusals come from its target's architecture, checked on the real
+    target in test_gemma3_target.py)."""
     import yaml
 
     from dspark_lightning.checkpoint import save_drafter
@@ -107,6 +109,8 @@ def test_every_product_recipe_exports_for_its_servers(recipe, smol_tiny, tmp_pat
     native = save_drafter(drafter, tmp_path / "drafter", target)
     fmt = serving_layout(drafter)
     if not servers:
+        if yaml.safe_load(recipe.read_text())["data"]["target"] == "gemma3-270m":
+            return  # refused by its target's architecture: run on the real Gemma target in test_gemma3_target.py
         for server in server_names():
             with pytest.raises(InteropError) as e:
                 export_drafter(native, fmt, tmp_path / f"out_{server}", server=server)
