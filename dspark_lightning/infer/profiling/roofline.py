@@ -35,7 +35,8 @@ def memory_bandwidth(nbytes: int = BANDWIDTH_BYTES, repeats: int = 7, device: to
 
 def matmul_flops(n: int = 1024, repeats: int = 5, device: torch.device | None = None,
                  dtype: torch.dtype = torch.float32) -> float:  # fmt: skip
-    """Matrix-product throughput in flop/s: the best of ``repeats`` n x n x n products (the compute roof)."""
+    """Matrix-product throughput in flop/s: the best of ``repeats`` n x n x n products (the compute roof), fewer when
+    one product takes over a second (a dtype this device has no fast kernel for: more repeats only cost time)."""
     device = device or torch.device("cpu")
     a = torch.randn(n, n, device=device).to(dtype)
     best = float("inf")
@@ -45,6 +46,8 @@ def matmul_flops(n: int = 1024, repeats: int = 5, device: torch.device | None = 
         a @ a
         _sync(device)
         best = min(best, time.perf_counter() - t0)
+        if best > 1.0:
+            break
     return 2 * n**3 / best
 
 
@@ -52,7 +55,13 @@ def best_matmul_flops(device: torch.device | None = None, dtype: torch.dtype = t
                       sizes: tuple[int, ...] = (1024, 2048)) -> float:  # fmt: skip
     """The compute roof for a data stage: the best product throughput over a few sizes (a large forward's products
     reach the larger size's rate, which a single 1024-cube measurement can understate on a busy or throttled CPU)."""
-    return max(matmul_flops(n=n, repeats=5 if n <= 1024 else 3, device=device, dtype=dtype) for n in sizes)
+    best = 0.0
+    for n in sizes:
+        flops = matmul_flops(n=n, repeats=5 if n <= 1024 else 3, device=device, dtype=dtype)
+        best = max(best, flops)
+        if 2 * n**3 / flops > 0.5:  # a slow dtype here: a larger product would take minutes to say the same
+            break
+    return best
 
 
 def machine_roofs(device: torch.device, dtypes: set[torch.dtype] | list[torch.dtype]) -> tuple[dict[str, float], float]:
