@@ -70,7 +70,7 @@ def main() -> None:
     sets = {s: [target.encode_prompt(t) for t in ps] for s, ps in dc.heldout_prompts(a.heldout, a.per_set).items()}
     vllm.build()
     rows = []
-    spec = {"method": "dspark", "model": str(serving), "num_speculative_tokens": a.gamma}
+    spec = {"method": "dspark", "model": str(serving.resolve()), "num_speculative_tokens": a.gamma}
     params = {"max_tokens": a.max_new_tokens, "temperature": 0.0}
     with vllm.VLLMWorker(resolve_target_path(target.name), speculative=spec, script=MRV2) as engine:
         before = vllm.acceptance(engine.metrics())
