@@ -9,7 +9,7 @@ Interpreted Triton kernels make vLLM's speed meaningless here: no rate is record
     python benchmarks/vllm_acceptance.py --drafter DIR --heldout WORK_DIR/responses_heldout.jsonl --out DIR
 
 ``--drafter``: a native drafter directory; its vLLM export is ``--serving`` (default: ``<drafter>/../serving/vllm``,
-written there by ``fit``), or is exported into ``<out>/vllm`` when absent. Prompts: the first ``--per_set`` of each
+written there by ``fit``, or exported there when absent). Prompts: the first ``--per_set`` of each
 set of a recipe's held-out responses, in data-curve's fixed order. Writes ``<out>/vllm_acceptance.json`` and ``.md``.
 """
 
@@ -64,9 +64,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     target, (drafter,) = load_target_and_drafters(None, [a.drafter], drafter_dtype="fp32")
     serving = Path(a.serving) if a.serving else Path(a.drafter).parent / "serving" / "vllm"
-    if not (serving / "config.json").is_file():
-        serving = out / "vllm"
-        export_drafter(a.drafter, "dspark-hf", serving, server="vllm", target=target)
+    if not (serving / "config.json").is_file():  # exported beside the drafter, where fit puts it
+        export_drafter(a.drafter, "dspark-hf", serving, server="vllm", target=target, overwrite=True)
     sets = {s: [target.encode_prompt(t) for t in ps] for s, ps in dc.heldout_prompts(a.heldout, a.per_set).items()}
     vllm.build()
     rows = []
