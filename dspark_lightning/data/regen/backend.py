@@ -35,12 +35,16 @@ class RegenBackend:
     """it answers through a server (``data.regen.base_url`` / ``model``, a ``ServerConfig``)"""
     reports_progress: ClassVar[bool] = False
     """it calls :attr:`on_finished` as each conversation ends (else progress moves a batch at a time)"""
+    concurrent: ClassVar[bool] = True
+    """``concurrency`` requests run at once: a call answers ``max(batch_size, 4 * concurrency)`` records (else
+    ``batch_size``)"""
 
     def __init__(self, target: Any, settings: dict[str, Any], *, concurrency: int = 32, batch_size: int = 8,
                  server: Any = None, capture: bool = False) -> None:  # fmt: skip
         self.target, self.settings = target, settings
         self.concurrency, self.server, self.capture = concurrency, server, capture
-        self.step = batch_size  # records per :meth:`answer` call (the rows are written after each)
+        # records per :meth:`answer` call (the rows are written after each)
+        self.step = max(batch_size, 4 * concurrency) if self.concurrent else batch_size
         self.prompt_tokens = 0  # rendered prompt tokens asked so far (the prefill work)
         self.on_finished: Any = None
 

@@ -27,7 +27,6 @@ class EngineRegenerator(RegenBackend):
         from ...infer.generation import FeatureTrace, generation_engine  # data/'s one seam into the runtime
 
         super().__init__(target, settings, **kw)
-        self.step = max(self.step, 4 * self.concurrency)
         self.trace = FeatureTrace() if self.capture else None
         s = settings
         self.engine = generation_engine(target, s["temperature"], s["top_k"], s["top_p"], trace=self.trace)

@@ -73,5 +73,7 @@ def _sample(
 class HFRegenerator(TurnByTurnBackend):
     """HF ``generate`` on the target's own model, ``batch_size`` conversations a turn at a time."""
 
+    concurrent = False
+
     def sample(self, prompts: list[list[int]], seeds: list[int], budgets: list[int]) -> list[tuple[str, int, bool]]:
         return _sample(self.target, prompts, seeds, self.settings, budgets)

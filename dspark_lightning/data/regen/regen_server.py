@@ -103,7 +103,6 @@ class ServerRegenerator(RegenBackend):
         super().__init__(target, settings, **kw)
         if not isinstance(self.server, ServerConfig):
             raise ValueError("data.regen.backend openai needs a server (data.regen.base_url and model)")
-        self.step = max(self.step, 4 * self.concurrency)
         self.lock = threading.Lock()
 
     def _body(self, messages: list[dict[str, str]], budget: int, seed: int) -> dict[str, Any]:

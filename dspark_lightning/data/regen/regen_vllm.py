@@ -26,7 +26,6 @@ class VLLMRegenerator(TurnByTurnBackend):
         from ...targets import resolve_target_path
 
         super().__init__(target, settings, **kw)
-        self.step = max(self.step, 4 * self.concurrency)
         dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
         positions = checks.positions_of(target) or 2048
         self.worker = VLLMWorker(resolve_target_path(target.name), dtype=dtype, max_model_len=positions,
