@@ -195,8 +195,9 @@ def main(args: list[str] | None = None) -> None:
         sys.exit(2)
 
 
-GROUPS = {k.split()[0]: [v.split()[1] for v in TYPED_COMMANDS if v.startswith(k.split()[0] + " ")]
-          for k in TYPED_COMMANDS if " " in k}  # fmt: skip  # two-word commands: llamacpp source|build, ...
+GROUPS: dict[str, list[str]] = {}  # two-word commands by their first word: llamacpp -> [source, build], ...
+for _group, _word in (name.split() for name in TYPED_COMMANDS if " " in name):
+    GROUPS.setdefault(_group, []).append(_word)
 
 
 def _dispatch(argv: list[str], args: list[str] | None, command: str) -> None:
