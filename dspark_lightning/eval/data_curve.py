@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-SETS = ("math", "code", "chat")
+from ..data.prompts.sources import DOMAINS as SETS
+
 FLOORS = {"tau": 1.0, "A_1": 0.0}  # the value of a drafter that never drafts right
 
 

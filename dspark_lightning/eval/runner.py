@@ -73,7 +73,7 @@ def responses_datasets(path: str | Path, n: int) -> list[Dataset]:
     first ``n`` records of each source, in file order. A source's prompt forms are apart
     (``python_stdlib/complete``, ``algorithms/instruct``), and a source whose records span domains gives one set per
     domain (``sharegpt_v3:code``)."""
-    from ..data.prompts.sources import _turn_texts
+    from ..data.prompts.sources import DOMAINS, _turn_texts
 
     recs: list[tuple[str, str, str]] = []  # (base name, domain, first user turn)
     with open(path, encoding="utf-8") as f:
@@ -91,8 +91,8 @@ def responses_datasets(path: str | Path, n: int) -> list[Dataset]:
             parts = rid.split("/")
             base = "/".join(parts[:2]) if len(parts) > 2 and parts[1] in ("complete", "instruct") else str(source)
             dom = str(rec.get("domain") or "chat")
-            if dom not in ("math", "code", "chat"):  # the macro average is over these: another would enter it as a set
-                raise ValueError(f"{path}:{lineno}: domain {dom!r} is not one of math, code, chat (the domains the "
+            if dom not in DOMAINS:  # the macro average is over these: another would enter it as a set
+                raise ValueError(f"{path}:{lineno}: domain {dom!r} is not one of {', '.join(DOMAINS)} (the domains the "
                                  "metrics average over); fix the record's domain")  # fmt: skip
             recs.append((base, dom, first))
     if not recs:
