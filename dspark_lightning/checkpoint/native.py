@@ -219,9 +219,8 @@ def load_drafter(
     if cfg.get("format_version") != FORMAT_VERSION:
         raise DrafterLoadError(f"{path}: unsupported format_version {cfg.get('format_version')}")
     check_config_hash(cfg, path)
-    tmeta = cfg["target"]
     if target is None:
-        target = load_target(tmeta["name"], layer_ids=tmeta["geometry"]["layer_ids"], chat=ChatFormat(**tmeta["chat"]))
+        target = load_target(cfg["target"]["name"], **recorded_target_args(path))
     check_compatible(cfg, target, str(path))
     drafter = build_drafter(target, cfg["block_size"], **_recorded_parts(cfg))
     wfile = path / "model.safetensors"
@@ -297,9 +296,10 @@ def load_target_and_drafters(
     target: str | None, drafters: Sequence[str | os.PathLike] = (), *, dtype: Any = "auto", device: Any = "auto",
     drafter_dtype: Any = "auto",
 ) -> tuple[Any, list[Drafter]]:  # fmt: skip
-    """The one way a command loads a target and its drafters: ``target`` (default: the one the first drafter
-    records) with the tapped layers and chat format the first drafter was trained with, then every drafter beside it
-    (:func:`load_drafter_checked`). Every failure is one line naming the file or the target."""
+    """The one way to load a target and its drafters: ``target`` (a loaded target is used as it is; a name or
+    directory; None: the one the first drafter records) with the tapped layers and chat format the first drafter was
+    trained with, then every drafter beside it (:func:`load_drafter_checked`). Every failure is one line naming the
+    file or the target."""
     from ..targets import load_target_checked
 
     first = drafters[0] if drafters else None
@@ -309,6 +309,7 @@ def load_target_and_drafters(
         target = read_config(Path(first)).get("target", {}).get("name")
         if not target:
             raise UsageError(f"drafter {first} records no target of ours; give --target")
-    recorded = recorded_target_args(first) if first is not None else {}
-    tgt = load_target_checked(str(target), dtype=dtype, device=device, **recorded)
-    return tgt, [load_drafter_checked(d, tgt, drafter_dtype) for d in drafters]
+    if isinstance(target, str | os.PathLike):
+        recorded = recorded_target_args(first) if first is not None else {}
+        target = load_target_checked(str(target), dtype=dtype, device=device, **recorded)
+    return target, [load_drafter_checked(d, target, drafter_dtype) for d in drafters]

@@ -17,11 +17,9 @@ import torch
 
 from ..atomic import atomic_dir, atomic_write
 from ..checkpoint.files import EXPORT_TAG, artifact_entry, read_config
-from ..checkpoint.native import load_drafter, save_drafter
+from ..checkpoint.native import load_target_and_drafters, save_drafter
 from ..registry import get
-from ..targets import ChatFormat, Target, load_target
 from .common import EXPORT_DTYPES, InteropError, kept_on_overwrite, prepare_out, write_layout
-from .dspark_hf import is_dspark_config
 from .layouts import serving_layouts
 from .servers import ALL, ExportJob, check_server, writers
 
@@ -73,8 +71,9 @@ def export_drafter(
     if out.resolve() == src.resolve():
         raise InteropError("--out must differ from --drafter")
     cfg = read_config(src)
-    target = _target_for(src, cfg, target)
-    drafter = load_drafter(src, target)
+    if target is None and "format_version" not in cfg:
+        raise InteropError(f"{src} is a serving checkpoint that does not name our target: pass --target")
+    target, (drafter,) = load_target_and_drafters(target, [src], dtype=torch.float32, device="cpu", drafter_dtype=None)
     anchors = num_anchors or cfg.get("num_anchors") or DEFAULT_NUM_ANCHORS
     if layout == "native":
         return _native(drafter, target, src, out, dtype, overwrite)
@@ -133,20 +132,6 @@ def _server_files(servers: list[Any], job: ExportJob, drafter: Any, target: Any,
 def _stamps(folder: Path) -> dict[str, tuple[int, int, int]]:
     """File name -> (inode, size, mtime): what changes when a file is rewritten, replaced or removed."""
     return {p.name: (st.st_ino, st.st_size, st.st_mtime_ns) for p in folder.iterdir() for st in [p.stat()]}
-
-
-def _target_for(src: Path, cfg: dict[str, Any], target: Any) -> Any:
-    """The target to load ``src`` with: given, or the one a native export records (with its layer ids)."""
-    if isinstance(target, Target):
-        return target
-    if "format_version" in cfg:
-        meta = cfg["target"]
-        ids, chat = meta["geometry"]["layer_ids"], ChatFormat(**meta["chat"])
-        return load_target(target or meta["name"], layer_ids=ids, chat=chat, dtype=torch.float32, device="cpu")
-    if target is None:
-        raise InteropError(f"{src} is a serving checkpoint that does not name our target: pass --target")
-    ids = cfg.get("target_layer_ids") if is_dspark_config(cfg) else None
-    return load_target(target, layer_ids=ids, dtype=torch.float32, device="cpu")
 
 
 def _native(drafter: Any, target: Any, src: Path, out: Path, dtype: str | None, overwrite: bool) -> ExportResult:

@@ -23,9 +23,8 @@ from typing import Any
 import torch
 
 from .. import checks
-from ..checkpoint import check_chat_format, load_drafter, read_config, recorded_target_args
+from ..checkpoint import check_chat_format, load_target_and_drafters, read_config
 from ..devices import resolve_device, resolve_dtype
-from ..targets import load_target
 from .acceptance.sampling import SamplingParams
 from .build import make_engine
 from .engine import Engine
@@ -91,20 +90,18 @@ def _check_text(text, what: str) -> None:
 def resolve(target, drafter, device=None, dtype=None, drafter_dtype=None):
     """Load a target / drafter given by name or path on ``device`` in ``dtype`` (see :mod:`..devices`); check that
     objects passed in are where they were asked to be (moving a caller's model silently would surprise them)."""
-    if isinstance(target, str | os.PathLike):
-        dev = resolve_device(device)
-        recorded = recorded_target_args(drafter) if isinstance(drafter, str | os.PathLike) else {}
-        if os.path.isdir(target):
-            checks.regular_entries("target", target)
-        target = load_target(target, dtype=resolve_dtype(dtype, dev), device=dev, **recorded)
-    elif not (hasattr(target, "geometry") and hasattr(target, "model")):
-        raise ValueError(f"target must be a loaded Target, an embedded name or an HF model directory, got "
-                         f"{type(target).__name__}")  # fmt: skip
-    elif device is not None and resolve_device(device).type != target.device.type:
-        raise ValueError(f"the target is on {target.device}, decode() was asked for {device}: load it there")
-    if isinstance(drafter, str | os.PathLike):
-        drafter = load_drafter(Path(drafter), target, dtype=drafter_dtype)
-    elif isinstance(drafter, torch.nn.Module):  # third-party proposer objects carry no parameters
+    dev = resolve_device(device)
+    if not isinstance(target, str | os.PathLike):
+        if not (hasattr(target, "geometry") and hasattr(target, "model")):
+            raise ValueError(f"target must be a loaded Target, an embedded name or an HF model directory, got "
+                             f"{type(target).__name__}")  # fmt: skip
+        if device is not None and dev.type != target.device.type:
+            raise ValueError(f"the target is on {target.device}, decode() was asked for {device}: load it there")
+    paths = [drafter] if isinstance(drafter, str | os.PathLike) else []
+    target, loaded = load_target_and_drafters(target, paths, dtype=dtype, device=dev, drafter_dtype=drafter_dtype)
+    if loaded:
+        return target, loaded[0]
+    if isinstance(drafter, torch.nn.Module):  # third-party proposer objects carry no parameters
         p = next(iter(drafter.parameters()), None)
         if p is not None and p.device != target.device:
             raise ValueError(
