@@ -65,15 +65,14 @@ class VanillaMarkovHead(nn.Module):
         self.apply(init_weights)
 
     def teacher_forced(self, h, prev):
-        e = self.lr.w1(prev)  # (N, γ, r)
+        e = self.lr.w1(prev)  # (N, γ, r), or (N, r) for one step
         return self.lr.w2(e), e
 
     def init_state(self, n, ref):
         return None
 
     def step(self, h, prev, state):
-        e = self.lr.w1(prev)  # (N, r)
-        return self.lr.w2(e), e, None
+        return (*self.teacher_forced(h, prev), None)
 
 
 @register("seq_head", "gated")
@@ -91,20 +90,16 @@ class GatedMarkovHead(nn.Module):
         self.gate = nn.Linear(geometry.hidden_size + rank, rank)
         self.apply(init_weights)
 
-    def _bias(self, h, e):
-        g = torch.sigmoid(self.gate(torch.cat([h, e], dim=-1)))
-        return self.lr.w2(g * e)
-
     def teacher_forced(self, h, prev):
         e = self.lr.w1(prev)
-        return self._bias(h, e), e
+        g = torch.sigmoid(self.gate(torch.cat([h, e], dim=-1)))
+        return self.lr.w2(g * e), e
 
     def init_state(self, n, ref):
         return None
 
     def step(self, h, prev, state):
-        e = self.lr.w1(prev)
-        return self._bias(h, e), e, None
+        return (*self.teacher_forced(h, prev), None)
 
 
 @register("seq_head", "rnn")

@@ -124,7 +124,6 @@ class LeanVerifier:
         self.progress = progress
         p = next(target.model.parameters())
         self.device, self.dtype = p.device, p.dtype
-        cfg = target.model.config
         dec = target.decoder
         table = self._kernel_table(kernels)
         prepared = _PREPARED.setdefault(target, {})
@@ -148,7 +147,6 @@ class LeanVerifier:
         for i, lid in enumerate(g.layer_ids):
             self.tap.setdefault(lid, []).append(i)
         self.n_taps = len(g.layer_ids)
-        self.max_pos = getattr(cfg, "max_position_embeddings", None)
         self.rows: dict[int, int] = {}  # request id -> cache row
         self.lens = torch.zeros(0, dtype=torch.long, device=self.device)  # committed length per row
         self.lens_h: list[int] = []  # the same on the host: shapes and checks read it, never the device
@@ -206,10 +204,6 @@ class LeanVerifier:
             cap *= 2
         new_rows = have_rows if rows <= have_rows else max(rows, 2 * have_rows, 4)
         self._alloc(new_rows, cap)
-
-    @property
-    def n_rows(self) -> int:
-        return len(self.rows)
 
     def remove(self, ids: list[int]) -> None:
         """Free the rows of finished requests; the last rows move into the holes (rows stay 0..n-1)."""
