@@ -210,7 +210,8 @@ def write_bench(doc: dict, out: str | Path) -> dict[str, Path]:
 
 
 def plot_bench(doc: dict, path: Path) -> Path:
-    from ..plots import panel_grid, plt, save_figure
+    from ..plots import panel_grid
+    from .report import save_plot
 
     cells = list(dict.fromkeys((r["temperature"], r["batch"], r["prompt_set"]) for r in doc["rows"]))
     fig, axes = panel_grid(len(cells), panel=(3.2, 3.8))
@@ -228,7 +229,4 @@ def plot_bench(doc: dict, path: Path) -> Path:
         if i % cols == 0:
             ax.set_ylabel("tokens / s")
     fig.suptitle(f"{doc['info']['target']}: throughput per decoder (grey: HF, dark: our plain, blue: drafters)")
-    fig.tight_layout()
-    save_figure(fig, path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_plot(fig, path, dpi=110)

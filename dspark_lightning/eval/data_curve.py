@@ -266,10 +266,8 @@ def prediction_rows(curves: Sequence[Curve], results: Sequence[ArmResult], upto:
 def plot_curves(curves: Sequence[Curve], path: str | Path, title: str = "", want: float | None = None) -> Path:
     """τ (top) and A_1 (bottom) against training samples, one panel per set, one colour per epoch count: measured
     points with their interval, the fitted curve dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from ..plots import plt
+    from .report import save_plot
 
     sets = [s for s in SETS if any(c.set == s for c in curves)]
     fig, axes = plt.subplots(2, len(sets), figsize=(4.2 * len(sets), 7), squeeze=False)
@@ -295,8 +293,4 @@ def plot_curves(curves: Sequence[Curve], path: str | Path, title: str = "", want
                 ax.legend(fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_plot(fig, path, dpi=110)

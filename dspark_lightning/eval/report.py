@@ -32,6 +32,16 @@ def write_outputs(doc: dict, out: str | Path, files: dict[str, Callable | None])
     return paths
 
 
+def save_plot(fig, path: str | Path, dpi: int = 120) -> Path:
+    """Lay ``fig`` out, write it to ``path`` whole or not at all, and close it."""
+    from ..plots import plt, save_figure
+
+    fig.tight_layout()
+    save_figure(fig, path, dpi=dpi)
+    plt.close(fig)
+    return Path(path)
+
+
 def eval_markdown(doc: dict) -> str:
     info, names = doc["info"], list(doc["tau"])
     ds = [d["name"] for d in doc["datasets"]]
@@ -100,14 +110,8 @@ def acceptance_figure(acceptance: dict, title: str = ""):
 
 def plot_acceptance(acceptance: dict, path: str | Path, title: str = "") -> Path:
     """:func:`acceptance_figure` as a PNG."""
-    from ..plots import plt, save_figure
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig = acceptance_figure(acceptance, title)
-    save_figure(fig, path, dpi=120)
-    plt.close(fig)
-    return path
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return save_plot(acceptance_figure(acceptance, title), path)
 
 
 def _step_ms(ms: dict | None) -> str:
@@ -206,7 +210,7 @@ def _by_method(doc: dict) -> dict[str, list[dict]]:
 
 def plot_frontier(doc: dict, path: str | Path) -> Path:
     """Aggregate throughput against per-user speed, one line per method through N = 1, 2, 4, ... (Figure 7)."""
-    from ..plots import plt, save_figure
+    from ..plots import plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.6))
     for i, (m, rs) in enumerate(_by_method(doc).items()):
@@ -224,15 +228,12 @@ def plot_frontier(doc: dict, path: str | Path) -> Path:
     ax.set_title(f"{doc['info']['target']}: throughput vs per-user speed (labels: concurrency)", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    save_figure(fig, path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_plot(fig, path)
 
 
 def plot_budget(doc: dict, path: str | Path) -> Path:
     """Verified drafts per request-round, and tokens per target forward, against concurrency (Figure 8)."""
-    from ..plots import plt, save_figure
+    from ..plots import plt
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9.6, 3.8))
     for i, (m, rs) in enumerate(_by_method(doc).items()):
@@ -250,10 +251,7 @@ def plot_budget(doc: dict, path: str | Path) -> Path:
     a2.set_yscale("log", base=2)
     a1.legend(fontsize=7)
     fig.suptitle(f"{doc['info']['target']}: verification budget against load", fontsize=9)
-    fig.tight_layout()
-    save_figure(fig, path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_plot(fig, path)
 
 
 def sweep_markdown(doc: dict) -> str:
@@ -277,7 +275,7 @@ def sweep_markdown(doc: dict) -> str:
 
 def plot_threshold_sweep(doc: dict, path: str | Path) -> Path:
     """Stacked accepted/rejected drafts per round against θ with α on a second axis, per domain (Figure 5)."""
-    from ..plots import plt, save_figure
+    from ..plots import plt
 
     domains = list(dict.fromkeys(r["domain"] for r in doc["rows"]))
     fig, axes = plt.subplots(1, len(domains), figsize=(4.2 * len(domains), 3.6), squeeze=False)
@@ -303,7 +301,4 @@ def plot_threshold_sweep(doc: dict, path: str | Path) -> Path:
     axes[0][0].legend(fontsize=7, loc="upper right")
     ax2.legend(fontsize=7, loc="upper right")
     fig.suptitle(f"{doc['info']['target']}: threshold sweep ({doc['info']['mode']} rule)", fontsize=9)
-    fig.tight_layout()
-    save_figure(fig, path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return save_plot(fig, path)
