@@ -74,12 +74,6 @@ def _log(msg: str) -> None:
     print(f"[dspark-lightning] {msg}", flush=True)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temp file next to ``path`` and rename it into place (readers never see half a file; a full
-    disk leaves the previous file as it was): :func:`dspark_lightning.atomic.atomic_write`."""
-    atomic_write(path, text)
-
-
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(path.read_text())
@@ -90,14 +84,6 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 def _rows(path: Path) -> list[dict]:
     """Rows of a rank's JSONL; none when the file is missing or empty (every response of the slice was dropped)."""
     return load_conversations(path) if path.is_file() and path.stat().st_size else []
-
-
-def prompts_by_split(
-    sources: list[Any], heldout_fraction: float, split_seed: int, curation: Any = None, tokenizer: Any = None
-) -> dict[str, list]:
-    return {
-        s: mixture(sources, s, heldout_fraction, split_seed, curation=curation, tokenizer=tokenizer) for s in SPLITS
-    }
 
 
 def several_answers(prompts: list, k: int) -> list:
@@ -224,7 +210,8 @@ class PrepareJob:
 
     @cached_property
     def prompts(self) -> dict[str, list]:
-        out = prompts_by_split(self.sources, self.heldout_fraction, self.split_seed, self.curation, self._tokenizer())
+        kw = {"curation": self.curation, "tokenizer": self._tokenizer()}
+        out = {s: mixture(self.sources, s, self.heldout_fraction, self.split_seed, **kw) for s in SPLITS}
         out["train"] = several_answers(out["train"], self.regen.answers_per_prompt)
         return out
 
@@ -285,7 +272,7 @@ class PrepareJob:
             for split in SPLITS:
                 self._extract(target, split, rank, rd, stats)
         record = {"fingerprint": self.fingerprint, "rank": rank, "world_size": world_size, "stats": stats}
-        write_atomic(marker, json.dumps(record, indent=2) + "\n")
+        atomic_write(marker, json.dumps(record, indent=2) + "\n")
         return record
 
     def _report_curation(self) -> None:
@@ -327,7 +314,7 @@ class PrepareJob:
         rows = [r for r in load_conversations(merged)
                 if r["id"] in prompts and _same_prompt(r, prompts[r["id"]]) and same_settings(r, cfg)]  # fmt: skip
         if rows:
-            write_atomic(part, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+            atomic_write(part, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
     def _extract(self, target: Any, split: str, rank: int, rd: Path, stats: dict) -> None:
         out = rd / f"features_{split}"
@@ -398,9 +385,9 @@ class PrepareJob:
         old = _read_json(self.paths.stats) or {}
         new = _merge_stats([rec["stats"] for rec in records])
         new["curation"] = self.curation_report.to_dict()
-        write_atomic(self.paths.stats, json.dumps({**old, **new}, indent=2) + "\n")
+        atomic_write(self.paths.stats, json.dumps({**old, **new}, indent=2) + "\n")
         index = {"fingerprint": self.fingerprint, "world_size": world_size, "splits": splits}
-        write_atomic(self.paths.prepared, json.dumps(index, indent=2) + "\n")
+        atomic_write(self.paths.prepared, json.dumps(index, indent=2) + "\n")
         return index
 
     def _merge_responses(self, split: str, dirs: list[Path]) -> int:
@@ -409,7 +396,7 @@ class PrepareJob:
         rows = [by_id[p.id] for p in self.prompts[split] if p.id in by_id]
         if not rows:
             raise ValueError(f"prepare: no {split} responses were regenerated (all empty?)")
-        write_atomic(self.paths.responses(split), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        atomic_write(self.paths.responses(split), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
         return len(rows)
 
 
