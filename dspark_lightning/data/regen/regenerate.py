@@ -340,11 +340,10 @@ def load_conversations(path: str | os.PathLike) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"conversation file {path} does not exist")
     scan = _scan_rows(path)
-    rows, truncated_at = scan.rows, scan.truncated_at
-    if truncated_at is not None:
-        msg = f"{path}: ignoring a truncated last line at byte {truncated_at} (interrupted write; a resume removes it)"
-        warnings.warn(msg, stacklevel=2)
-        log.warning(msg)
+    rows = scan.rows
+    if scan.truncated_at is not None:
+        _warn(f"{path}: ignoring a truncated last line at byte {scan.truncated_at} (interrupted write; a resume "
+              "removes it)")  # fmt: skip
     seen: dict[str, int] = {}
     for lineno, row in rows:
         turns = row.get("turns")
