@@ -2,7 +2,7 @@
 
 counts = response_token_counts(rows, vocab_size)       # supervised (response) tokens only
 ids = frequent_tokens(counts, 8192, always=target.stop_token_ids)
-coverage_table(counts_train, counts_heldout, [2048, 4096, 8192, 16384])
+coverage(counts_heldout, ids)                          # share of held-out response tokens inside ids
 """
 
 from __future__ import annotations
@@ -40,18 +40,3 @@ def coverage(counts: torch.Tensor, ids: torch.Tensor) -> float:
     """Share of the counted tokens that fall inside ``ids``."""
     total = int(counts.sum())
     return float(counts[ids].sum()) / total if total else 0.0
-
-
-def coverage_table(train: torch.Tensor, heldout: torch.Tensor, sizes: Iterable[int], always=()) -> list[dict]:
-    """Per N: the vocabulary picked from ``train`` counts, and the share of held-out response tokens it covers."""
-    rows = []
-    for n in sizes:
-        ids = frequent_tokens(train, min(n, train.numel()), always)
-        rows.append(
-            {
-                "N": int(n),
-                "train_token_coverage": coverage(train, ids),
-                "heldout_token_coverage": coverage(heldout, ids),
-            }
-        )
-    return rows
