@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["SOURCE_OPTIONS", "split_options"]  # defined with the sources, whose specs carry them
 
-REFERENCE_SETS = ("eval", "benchmarks")
 _WORD = re.compile(r"[a-z0-9]+")
 _CODE_BLOCK = re.compile(r"```.*?(```|$)", re.S)
 
