@@ -46,7 +46,7 @@ def main() -> None:
     dm, _ = parse_recipe("prepare", ["--config", a.recipe], check_cache)
     job = dm.prepare_job(progress=True)
     prompts = job.prompts["train"][: a.prompts]
-    target = job.load_target()  # the features' target, in data.target_dtype (fp32 on a CPU)
+    target = job.load_target()  # the features' target, in target.dtype (fp32 on a CPU)
     regen_target = job.load_regen_target() if job.load_regen_target is not None else target
     settings = job.regen.settings()
     with tempfile.TemporaryDirectory() as tmp:

@@ -98,7 +98,7 @@ def run_arm(base: dict, arm: dict, steps: int, out: Path, probe_prompts: int) ->
     cli = [sys.executable, "-m", "dspark_lightning.cli"]
     prep_wall, prep_cpu = _timed([*cli, "prepare", "--config", str(path)], run_dir / "prepare.log")
     drafter = run_dir / "drafter"
-    fit = [*cli, "fit", "--config", str(path), "--validate_before_fit", "false", "--export_dir", str(drafter)]
+    fit = [*cli, "fit", "--config", str(path), "--validate_before_fit", "false", "--export.dir", str(drafter)]
     fit_wall, _ = _timed(fit, run_dir / "fit.log")
     probe = run_dir / "acceptance"
     _timed([sys.executable, str(ROOT / "benchmarks/acceptance_probe.py"), "--drafter", str(run_dir / "drafter"),

@@ -178,7 +178,7 @@ def fit_ours(base: dict, arm: str, work: Path, *, steps: int, features: Path, op
     recipe.write_text(yaml.safe_dump(arm_recipe(base, arm, steps=steps, features=features, run_dir=run_dir,
                                                 optim=optim, seed=seed), sort_keys=False))  # fmt: skip
     cmd = [sys.executable, "-m", "dspark_lightning.cli.fit", "fit", "--config", str(recipe),
-           "--validate_before_fit", "false", "--export_dir", str(run_dir / "drafter")]  # fmt: skip
+           "--validate_before_fit", "false", "--export.dir", str(run_dir / "drafter")]  # fmt: skip
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -202,7 +202,7 @@ def check_prepared(recipe: dict, features: Path) -> None:
     ``prepared.json`` must carry this recipe's data fingerprint."""
     from dspark_lightning.lightning.datamodule import DSparkDataModule
 
-    data = {**recipe.get("data", {}), "work_dir": str(features), "features": "cached"}
+    data = {**recipe.get("data", {}), "target": recipe["target"], "work_dir": str(features), "features": "cached"}
     job = DSparkDataModule(**data).prepare_job(progress=False)
     if not job.is_done():
         try:
@@ -764,7 +764,9 @@ def main(argv: list[str] | None = None) -> None:
     optim = {"lr": train["lr"], "warmup_fraction": train["warmup_ratio"], "weight_decay": train["weight_decay"],
              "betas": [0.9, 0.999], "eps": 1e-8}  # fmt: skip
     check_prepared(recipe, features)
-    target = DSparkDataModule(**{**recipe["data"], "work_dir": str(features), "features": "cached"}).target
+    target = DSparkDataModule(
+        **{**recipe["data"], "target": recipe["target"], "work_dir": str(features), "features": "cached"}
+    ).target
     seed = int(recipe.get("seed_everything", 42))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     doc: dict[str, Any] = {

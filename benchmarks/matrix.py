@@ -63,7 +63,7 @@ def run_cell(base: dict, cell: dict, minutes: float, out: Path) -> dict:
     recipe = run_dir / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(cell_recipe(base, cell, minutes, run_dir), sort_keys=False))
     cmd = [sys.executable, "-m", "dspark_lightning.cli.fit", "fit", "--config", str(recipe),
-           "--validate_before_fit", "false", "--export_dir", str(run_dir / "drafter")]  # fmt: skip
+           "--validate_before_fit", "false", "--export.dir", str(run_dir / "drafter")]  # fmt: skip
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     with open(run_dir / "fit.log", "w") as log:

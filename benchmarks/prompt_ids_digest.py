@@ -27,9 +27,9 @@ def main() -> None:
 
     from dspark_lightning.targets import resolve_target_path
 
-    data = yaml.safe_load(Path(a.recipe).read_text())["data"]
-    tok = AutoTokenizer.from_pretrained(resolve_target_path(data["target"]))
-    fmt = ChatFormat(system_prompt=data.get("system_prompt"), template=data.get("chat_template"))
+    target = yaml.safe_load(Path(a.recipe).read_text())["target"]
+    tok = AutoTokenizer.from_pretrained(resolve_target_path(target["name"]))
+    fmt = ChatFormat(system_prompt=target.get("system_prompt"), template=target.get("chat_template"))
     out = {}
     for domain in ("math", "code", "chat"):
         with warnings.catch_warnings():

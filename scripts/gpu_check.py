@@ -124,7 +124,7 @@ def check_fit(device, steps: int, precision: str, work: Path) -> dict:
     fit = [sys.executable, "-m", "dspark_lightning.cli", "fit", *common, f"--trainer.max_steps={steps}",
            f"--trainer.precision={precision}", f"--trainer.accelerator={acc}", f"--trainer.default_root_dir={work}",
            f"--trainer.val_check_interval={max(1, steps // 2)}", "--trainer.logger=false", "--trainer.callbacks=[]",
-           f"--export_dir={work}/drafter"]  # fmt: skip
+           f"--export.dir={work}/drafter"]  # fmt: skip
     prepare = [sys.executable, "-m", "dspark_lightning.cli", "prepare", *common]
     t0 = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}

@@ -79,7 +79,7 @@ def run_arm(recipe: dict, arm: dc.Arm, work: Path, prompts: dict[str, list[str]]
         path.write_text(yaml.safe_dump(r, sort_keys=False))
         print(f"[data-curve] {arm.name}: training {steps:,} steps (log: {run_dir / 'fit.log'})", flush=True)
         cmd = [sys.executable, "-m", "dspark_lightning.cli", "fit", "--config", str(path),
-               "--validate_before_fit", "false", "--export_dir", str(drafter)]  # fmt: skip
+               "--validate_before_fit", "false", "--export.dir", str(drafter)]  # fmt: skip
         wall = _run(cmd, run_dir / "fit.log", f"fit of arm {arm.name}")
         done.write_text(json.dumps({"fit_wall_s": round(wall, 1), "cpu": cpu_model()}) + "\n")
     fit = json.loads(done.read_text())

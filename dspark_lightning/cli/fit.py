@@ -3,25 +3,29 @@
     dspark-lightning fit --config recipes/smollm2_dspark.yaml
     dspark-lightning validate --config recipes/tiny_debug.yaml --ckpt_path ...
 
+A recipe has ``target`` (given to the model and the data), ``model``, ``data``, ``trainer`` and ``export`` sections.
 ``fit`` validates once before training (τ̂ at step 0), trains, and exports the drafter directory
-(config.json + model.safetensors) into ``<log_dir>/drafter`` or ``--export_dir``. Bad input gives
+(config.json + model.safetensors) into ``<log_dir>/drafter`` or ``--export.dir``. Bad input gives
 a one-line error and exit code 2. The export, fit_stats.json and the divergence guard are the module's callbacks
-(``callbacks/``), so a plain ``Trainer.fit`` does the same; this CLI configures the export (``--export_dir``,
-``--calibrate``) and adds the step-0 validation and ``--ckpt_path last``.
+(``callbacks/``), so a plain ``Trainer.fit`` does the same; this CLI builds the export callback from the recipe's
+``export:`` section and adds the step-0 validation and ``--ckpt_path last``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import glob
 import os
 import sys
 import zipfile
 from argparse import ArgumentError
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded at run time
 
+from jsonargparse import Namespace  # noqa: E402
 from lightning.fabric.utilities.exceptions import MisconfigurationException  # noqa: E402
 from lightning.pytorch.cli import LightningCLI  # noqa: E402
 from yaml import YAMLError  # noqa: E402
@@ -31,10 +35,10 @@ from ..atomic import DiskFullError, disk_full_message, is_disk_full  # noqa: E40
 from ..checkpoint import DrafterLoadError  # noqa: E402
 from ..data.features.cache import CacheError  # noqa: E402
 from ..errors import one_line_error  # noqa: E402
-from ..export.plan import check_servable, plan_args  # noqa: E402
 from ..lightning import recipe_checks  # noqa: E402
-from ..lightning.callbacks import DrafterExport, TrainingDiverged, calibrate_after_fit, calibrate_args  # noqa: E402,F401
+from ..lightning.callbacks import DrafterExport, TrainingDiverged  # noqa: E402
 from ..lightning.checkpoint_io import AtomicCheckpointIO, checkpoint_problem  # noqa: E402
+from ..lightning.config import TargetConfig, target_config  # noqa: E402
 from ..lightning.datamodule import DSparkDataModule  # noqa: E402
 from ..lightning.module import DSparkModule  # noqa: E402
 from ..registry import RegistryError  # noqa: E402
@@ -55,72 +59,59 @@ USER_ERRORS = (
 )
 
 
+def target_for_trainer(target: Any, accelerator: Any, precision: Any) -> dict[str, Any]:
+    """The recipe's ``target:`` section as the model and the data receive it: ``dtype: null`` follows the trainer, fp32
+    for a CPU run or a 32-bit precision (the CPU recipes stay fp32 on a machine that has a GPU), else the devices
+    default (bf16 on CUDA)."""
+    cfg = target_config(dict(vars(target)) if isinstance(target, Namespace) else target)
+    if cfg.dtype is None and (
+        str(accelerator or "auto").lower() == "cpu" or str(precision or "32-true").startswith(("32", "64"))
+    ):
+        cfg = dataclasses.replace(cfg, dtype="fp32")
+    return dataclasses.asdict(cfg)
+
+
 class DSparkCLI(LightningCLI):
     def __init__(self, *args, **kwargs) -> None:
-        """The folder locks taken by :meth:`instantiate_classes` are held until the command ends (or fails)."""
+        """The folder locks taken by :meth:`instantiate_classes` are held until the command ends (or fails).
+        Lightning's trainer turns Ctrl-C into ``sys.exit(1)``: raised again as KeyboardInterrupt, so the console
+        script ends with its one "interrupted" line and exit code 130."""
         with contextlib.ExitStack() as self._locks:
-            super().__init__(*args, **kwargs)
+            try:
+                super().__init__(*args, **kwargs)
+            except SystemExit as exc:
+                status = getattr(getattr(getattr(self, "trainer", None), "state", None), "status", None)
+                if exc.code == 1 and status == "interrupted":
+                    raise KeyboardInterrupt from None
+                raise
 
     def add_arguments_to_parser(self, parser) -> None:
-        parser.link_arguments("data.target", "model.target")
-        parser.link_arguments("data.layer_ids", "model.layer_ids")
-        parser.link_arguments("data.system_prompt", "model.system_prompt")
-        parser.link_arguments("data.chat_template", "model.chat_template")
-        parser.link_arguments("data.target_dtype", "model.target_dtype")
+        parser.add_class_arguments(TargetConfig, "target", help="the frozen target, declared once (model and data)")
+        for to in ("model.target", "data.target"):
+            parser.link_arguments(("target", "trainer.accelerator", "trainer.precision"), to, target_for_trainer)
+        parser.add_lightning_class_args(DrafterExport, "export")
         parser.add_argument("--validate_before_fit", type=bool, default=True, help="validate once at step 0 (τ̂ start)")
-        parser.add_argument(
-            "--export_dir", type=str | None, default=None, help="exported drafter dir (default: <log_dir>/drafter)"
-        )
-        parser.add_argument(
-            "--calibrate",
-            type=dict | None,
-            default=None,
-            help="after export, fit STS confidence temperatures for these sampling temperatures, e.g. "
-            "{temperatures: [0.0], prompts_per_domain: 8}: `dspark-lightning calibrate` per temperature, so the "
-            "hardware-aware scheduler reads calibrated confidences (docs/inference.md)",
-        )
-        parser.add_argument(
-            "--export",
-            type=dict | None,
-            default=None,
-            help="the servers the drafter is trained for, {servers: [llamacpp, vllm], dtype: bf16}: checked before "
-            "any data work, exported for each into <log_dir>/serving/<server> after fit (docs/serving.md)",
-        )
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
         """Lightning's, less ``predict``: a drafter has no predict step (``dspark-lightning decode`` generates)."""
         return {k: v for k, v in LightningCLI.subcommands().items() if k != "predict"}
 
-    def _run_subcommand(self, subcommand: str) -> None:
-        """Lightning's trainer turns Ctrl-C into ``sys.exit(1)``: raised again as KeyboardInterrupt, so the console
-        script ends with its one "interrupted" line and exit code 130."""
-        try:
-            super()._run_subcommand(subcommand)
-        except SystemExit as exc:
-            trainer = getattr(self, "trainer", None)
-            if exc.code == 1 and getattr(getattr(trainer, "state", None), "status", None) == "interrupted":
-                raise KeyboardInterrupt from None
-            raise
-
-    def _parse_ckpt_path(self) -> None:
-        """LightningCLI reads the hyperparameters of an explicit ``--ckpt_path`` while parsing: check the file first."""
+    def parse_arguments(self, parser, args) -> None:
+        """LightningCLI reads the hyperparameters of an explicit ``--ckpt_path`` right after parsing: check the file
+        first."""
+        super().parse_arguments(parser, args)
         cfg = self.config.get(str(self.config.get("subcommand")), self.config)
         check_checkpoint_file(cfg.get("ckpt_path"))
-        super()._parse_ckpt_path()
 
     def instantiate_classes(self) -> None:
         """Check the recipe before anything is built, then build it; a component that cannot be built from its
         arguments (``rank: -1``, a tensor of negative size) is a recipe error, reported in one line."""
         cfg = self.config.get(self.subcommand, self.config)
-        recipe_checks.lightning_args(
-            cfg, {"model": DSparkModule, "data": DSparkDataModule}
-        )  # trainer counts, nulls, dirs
+        classes = {"target": TargetConfig, "model": DSparkModule, "data": DSparkDataModule}
+        recipe_checks.lightning_args(cfg, classes)  # trainer counts, nulls, dirs
         recipe_checks.model_args(cfg.get("model"))
         recipe_checks.data_args(cfg.get("data"), DSparkDataModule)
-        checks.output_dir("--export_dir", cfg.get("export_dir"))
-        calibrate_args(cfg.get("calibrate"))  # refused before training, not after it
-        servers, _ = plan_args(cfg.get("export"))
         try:
             super().instantiate_classes()
         except USER_ERRORS:
@@ -128,54 +119,30 @@ class DSparkCLI(LightningCLI):
         except (RuntimeError, TypeError, IndexError) as exc:
             raise checks.UsageError(f"the recipe's model or data cannot be built: {one_line_error(exc)}") from None
         check_built(self.model)
-        check_servable(self.model.drafter, servers, self.model.target)  # the recipe's servers, before any data work
+        if self.subcommand == "fit":  # the export's folder and servers, before any data work
+            self._exporter().check(self.trainer, self.model)
         if self.subcommand == "fit" and locks.is_primary_process():  # the ranks of one run share its folders
             for folder in (cfg.get("trainer", {}).get("default_root_dir"), cfg.get("data", {}).get("work_dir")):
                 if folder and "://" not in str(folder):
                     self._locks.enter_context(locks.folder_lock(folder, "fit"))
 
-    def _instantiate_trainer(self, config: dict, callbacks: list):
-        """Checkpoints go through :class:`AtomicCheckpointIO` unless the recipe brings its own ``CheckpointIO``; the
-        export after fit is a :class:`~.callbacks.DrafterExport` of ``--export_dir`` / ``--calibrate`` unless the
-        recipe's ``trainer.callbacks`` has one."""
+    def instantiate_trainer(self, **kwargs):
+        """Checkpoints go through :class:`AtomicCheckpointIO` unless the recipe brings its own ``CheckpointIO``."""
         from lightning.pytorch.plugins.io import CheckpointIO
 
-        given = config.get("callbacks")
-        given = [] if given is None else list(given) if isinstance(given, list | tuple) else [given]
-        if not any(isinstance(c, DrafterExport) for c in [*given, *callbacks]):
-            cfg = self.config.get(str(self.subcommand), self.config)
-            callbacks = [
-                *callbacks,
-                DrafterExport(cfg.get("export_dir"), cfg.get("calibrate"), serve=cfg.get("export")),
-            ]
-
+        config = self._get(self.config_init, "trainer", default={})
         plugins = config.get("plugins")
         plugins = [] if plugins is None else list(plugins) if isinstance(plugins, list | tuple) else [plugins]
         strategy_io = getattr(config.get("strategy"), "_checkpoint_io", None)
         if strategy_io is None and not any(isinstance(p, CheckpointIO) for p in plugins):
-            config["plugins"] = [*plugins, AtomicCheckpointIO()]
-        return super()._instantiate_trainer(config, callbacks)
-
-    def before_instantiate_classes(self) -> None:
-        """``data.target_dtype: null`` follows the trainer: fp32 for a CPU run or a 32-bit precision (the CPU recipes
-        stay fp32 on a machine that has a GPU), else the devices default (bf16 on CUDA)."""
-        cfg = self.config.get(self.subcommand, self.config)
-        data, trainer = cfg.get("data"), cfg.get("trainer")
-        if data is None or trainer is None or data.get("target_dtype") is not None:
-            return
-        accel = str(trainer.get("accelerator") or "auto").lower()
-        precision = str(trainer.get("precision") or "32-true")
-        if accel == "cpu" or precision.startswith(("32", "64")):
-            data["target_dtype"] = "fp32"
-            if cfg.get("model") is not None and "target_dtype" in cfg["model"]:
-                cfg["model"]["target_dtype"] = "fp32"
+            kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
+        return super().instantiate_trainer(**kwargs)
 
     def _exporter(self) -> DrafterExport:
         return next(c for c in self.trainer.callbacks if isinstance(c, DrafterExport))
 
     def before_fit(self) -> None:
         checks.data_positions(self.model.target, self.config[self.subcommand].get("data"))  # before any work
-        self._exporter().check(self.trainer)  # a non-empty export directory: refused before the step-0 validation
         resuming = self._resolve_ckpt_path()
         if self.config[self.subcommand].validate_before_fit and not resuming:  # τ̂ at step 0 is the fresh run's
             self.trainer.validate(self.model, datamodule=self.datamodule, verbose=False)

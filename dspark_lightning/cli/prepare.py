@@ -6,8 +6,9 @@
     dspark-lightning prepare --config R.yaml --merge --world_size 8            ... then the merge, once
     dspark-lightning check-cache --config R.yaml                               sha256 of every cached shard
 
-Only the recipe's ``data:`` section is read, with Lightning's own parser and the same DSparkDataModule signature as
-``fit``, so a recipe means the same thing to both commands; ``--data.<key>=...`` overrides work as in ``fit``.
+Only the recipe's ``target:`` and ``data:`` sections are read, with Lightning's own parser and the same
+DSparkDataModule signature as ``fit``, so a recipe means the same thing to both commands; ``--data.<key>=...`` and
+``--target.<key>=...`` overrides work as in ``fit``.
 """
 
 from __future__ import annotations
@@ -21,12 +22,14 @@ from typing import Any
 from ..data.features.cache import check_shards
 from ..data.prepare import SPLITS, DataPaths
 from ..lightning import recipe_checks
+from ..lightning.config import TargetConfig
 from ..lightning.datamodule import DSparkDataModule
 from .signature import add_function_flags, description, function_kwargs
 
 
 def _data_section_only(argv: list[str]) -> list[str]:
-    """Replace each ``--config FILE`` by its ``data:`` section (a YAML string), so trainer / model keys are ignored."""
+    """Replace each ``--config FILE`` by its ``target:`` and ``data:`` sections (a YAML string), so trainer / model keys
+    are ignored."""
     import yaml
 
     out, i = [], 0
@@ -38,7 +41,8 @@ def _data_section_only(argv: list[str]) -> list[str]:
             if not Path(path).is_file():
                 raise FileNotFoundError(f"recipe {path!r} does not exist")
             recipe = yaml.safe_load(Path(path).read_text()) or {}
-            out += ["--config", yaml.safe_dump({"data": recipe.get("data") or {}})]
+            sections = {k: recipe.get(k) or {} for k in ("target", "data")}
+            out += ["--config", yaml.safe_dump(sections)]
             continue
         out.append(arg)
         i += 1
@@ -54,8 +58,10 @@ def parse_recipe(prog: str, argv: list[str], func: Callable) -> tuple[DSparkData
     parser = LightningArgumentParser(
         prog=f"dspark-lightning {prog}", exit_on_error=False, description=description(func)
     )
-    parser.add_argument("--config", action=ActionConfigFile, help="a recipe (its data: section is read)")
+    parser.add_argument("--config", action=ActionConfigFile, help="a recipe (its target: and data: sections are read)")
+    parser.add_class_arguments(TargetConfig, "target")
     parser.add_lightning_class_args(DSparkDataModule, "data")
+    parser.link_arguments("target", "data.target", lambda t: TargetConfig(**vars(t)))
     add_function_flags(parser, func, skip=("data",))
     cfg = parser.parse_args(_data_section_only(argv))
     recipe_checks.data_args(cfg.data, DSparkDataModule)

@@ -45,7 +45,7 @@ def vllm_python() -> None:
 
 
 def target_import(gguf: str, out: str, overwrite: bool = False) -> None:
-    """Turn a GGUF file into an HF model directory with its tokenizer, offline (``data.target`` in a recipe); prints
+    """Turn a GGUF file into an HF model directory with its tokenizer, offline (``target.name`` in a recipe); prints
     the directory.
 
     Args:

@@ -13,38 +13,24 @@ from pathlib import Path
 from typing import Any
 
 from ..drafters import Drafter
-from .common import EXPORT_DTYPES, InteropError
+from .common import InteropError
 from .dspark_hf import check_dspark, head_type
 from .eagle3_hf import check_eagle3
 from .llamacpp import LlamaCppUnavailable
 from .servers import refuse_dspark, refuse_eagle3, server_names
 
-PLAN_KEYS = {"servers", "dtype"}
 SERVING_DIR = "serving"
 
 
-def plan_args(spec: dict | None) -> tuple[list[str], str]:
-    """``export: {servers: [...], dtype: bf16|fp32}`` -> (servers, dtype); refuses unknown keys, servers, dtypes."""
-    if spec is None:
-        return [], "bf16"
-    if not isinstance(spec, dict):
-        raise InteropError(f"export must be a mapping such as {{servers: [llamacpp, vllm]}}, got {spec!r}")
-    unknown = set(spec) - PLAN_KEYS
-    if unknown:
-        raise InteropError(f"export: unknown keys {sorted(unknown)}; allowed: {sorted(PLAN_KEYS)}")
-    servers = spec.get("servers") or []
-    if isinstance(servers, str) or not isinstance(servers, list | tuple):
-        raise InteropError(f"export.servers must be a list such as [llamacpp, vllm], got {servers!r}")
+def check_servers(servers: list[str]) -> list[str]:
+    """``export.servers``: registered servers, each named once (the dtype is a ``Literal`` where it is received)."""
     known = server_names()
     for e in servers:
         if e not in known:
             raise InteropError(f"export.servers: unknown server {e!r}; choose from {', '.join(known)}")
     if len(set(servers)) != len(servers):
         raise InteropError(f"export.servers names a server twice: {list(servers)}")
-    dtype = spec.get("dtype") or "bf16"
-    if dtype not in EXPORT_DTYPES:
-        raise InteropError(f"export.dtype {dtype!r}: choose from {', '.join(EXPORT_DTYPES)}")
-    return list(servers), dtype
+    return list(servers)
 
 
 def serving_layout(drafter: Any) -> str:
@@ -106,4 +92,4 @@ def export_for_servers(
     return done
 
 
-__all__ = ["check_servable", "export_for_servers", "plan_args", "serving_layout"]
+__all__ = ["check_servable", "export_for_servers", "check_servers", "serving_layout"]

@@ -1,5 +1,5 @@
-"""The recipe's ``model.loss`` and ``model.optim`` sections, and the checks that refuse hyperparameters which can only
-train NaN weights (or nothing), before the target is loaded."""
+"""The recipe's ``target``, ``model.loss`` and ``model.optim`` sections, and the checks that refuse hyperparameters
+which can only train NaN weights (or nothing), before the target is loaded."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from ..devices import resolve_dtype
+from ..targets import ChatFormat, Target, load_target
 from .schedule import SCHEDULES, Phase
 
 # Precisions that run the drafter's weights in one dtype (no autocast): the shared target parts must match it.
@@ -38,6 +40,40 @@ def as_config(value: Any, cls: type[C], name: str) -> C:
             raise ValueError(f"{name}: unknown key(s) {unknown}; the keys are {fields}")
         return cls(**value)
     raise TypeError(f"{name} must be a {cls.__name__} or a dict of its fields, got {type(value).__name__}")
+
+
+@dataclass
+class TargetConfig:
+    """The frozen target a recipe trains against: its ``target:`` section, declared once and read by both the model and
+    the data (``dspark-lightning fit`` links it to ``model.target`` and ``data.target``; from Python, pass the same
+    object, or the name alone, to :class:`~.module.DSparkModule` and :class:`~.datamodule.DSparkDataModule`)."""
+
+    name: str
+    """embedded target name (``smollm2-135m-instruct``, ``gemma3-270m``, ``tiny-debug``) or an HF model directory"""
+    layer_ids: list[int] | None = None
+    """tapped target layers (null = the docs/algorithm.md §3.2 rule)"""
+    system_prompt: str | None = None
+    """system prompt of the chat format every stage shares (null = the template's default)"""
+    chat_template: str | None = None
+    """a Jinja chat template for a target without one (a base model; null = the tokenizer's own, else raw text)"""
+    dtype: str | None = None
+    """the target's dtype for regeneration, features and training (null = fp32 for a CPU or 32-bit-precision fit,
+    else bf16 on CUDA, fp32 on a CPU). Under a ``*-true`` precision it must be that precision's dtype, since the
+    drafter shares the target's embedding and LM head"""
+
+    def chat(self) -> ChatFormat:
+        return ChatFormat(system_prompt=self.system_prompt, template=self.chat_template)
+
+    def load(self, device: str | torch.device | None = None, dtype: str | None = None) -> Target:
+        """The target (memoised by :func:`~dspark_lightning.targets.load_target`) on ``device`` (default the CPU) in
+        ``dtype`` (default this section's dtype; null is resolved for ``device``, or as ``auto`` without one)."""
+        dtype = resolve_dtype(dtype or self.dtype, "auto" if device is None else device)
+        return load_target(self.name, layer_ids=self.layer_ids, chat=self.chat(), dtype=dtype, device=device or "cpu")
+
+
+def target_config(value: TargetConfig | str | dict) -> TargetConfig:
+    """A recipe's or a caller's target: the section, its name alone, or a dict of its fields."""
+    return TargetConfig(name=value) if isinstance(value, str) else as_config(value, TargetConfig, "target")
 
 
 @dataclass
@@ -137,7 +173,7 @@ def check_precision(precision: str, target_dtype: torch.dtype) -> None:
     if want is not None and want != target_dtype:
         raise ValueError(
             f"trainer.precision {precision} runs the drafter in {want} but the target (whose embedding and LM "
-            f"head the drafter shares) is {target_dtype}: set data.target_dtype to match, or use a *-mixed precision"
+            f"head the drafter shares) is {target_dtype}: set target.dtype to match, or use a *-mixed precision"
         )
 
 

@@ -34,8 +34,7 @@ from ..data.prompts.sources import build_source
 from ..data.regen.config import RegenConfig
 from ..data.regen.regenerate import load_conversations
 from ..devices import decode_bf16_faster, dtype_name, resolve_device, resolve_dtype
-from ..targets import ChatFormat, load_target
-from .config import as_config
+from .config import TargetConfig, as_config, target_config
 
 DEFAULT_SOURCES = [{"name": "gsm_symbolic", "limit": 64}, {"name": "humaneval", "limit": 64}, {"name": "mtbench"}]
 
@@ -44,12 +43,10 @@ class DSparkDataModule(L.LightningDataModule):
     """Prompts -> target-regenerated responses -> target features -> anchor-packed batches.
 
     Args:
-        target: embedded target name (``smollm2-135m-instruct``, ``tiny-debug``) or HF model path; required (a
-            recipe without one would otherwise train against some default target without saying so).
-        layer_ids: tapped target layers (null = the docs/algorithm.md §3.2 rule).
-        system_prompt: system prompt of the shared chat format (null = the template's default).
-        chat_template: a Jinja chat template for a target without one (a base model; null = the tokenizer's own,
-            else raw concatenated text): how its prompts and responses are laid out in every stage.
+        target: the target that writes the responses and whose features are cached (:class:`~.config.TargetConfig`,
+            or its name): the recipe's ``target:`` section, which ``dspark-lightning fit`` gives to the model and the
+            data alike; required (a recipe without one would otherwise train against some default target without
+            saying so).
         sources: registered prompt sources, each ``{name: ..., <its args>}`` (see
             ``dspark_lightning.data.prompts.sources``).
         heldout_fraction: fraction of prompts held out for validation / evaluation / calibration.
@@ -60,8 +57,6 @@ class DSparkDataModule(L.LightningDataModule):
         min_supervised: drop conversations with fewer supervised (response) tokens.
         features: ``cached`` (webdataset shards, written once) or ``online`` (target forward in the training step).
         feature_dtype: storage precision of features, the same for both paths.
-        target_dtype: dtype the target is loaded in for regeneration and feature extraction (null = bf16 when CUDA
-            is available, else fp32; ``bf16`` / ``fp16`` / ``fp32`` / ...). Linked to ``model.target_dtype``.
         streaming: read cached features with the streaming :class:`~dspark_lightning.data.features.stream.ShardStream`
             (shards split by rank and DataLoader worker, features kept in bf16 until the device) instead of the
             map-style :class:`~dspark_lightning.data.features.cache.FeatureCache`.
@@ -89,10 +84,7 @@ class DSparkDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        target: str,
-        layer_ids: list[int] | None = None,
-        system_prompt: str | None = None,
-        chat_template: str | None = None,
+        target: TargetConfig | str,
         sources: list[dict[str, Any]] | None = None,
         heldout_fraction: float = 0.05,
         split_seed: int = 42,
@@ -102,7 +94,6 @@ class DSparkDataModule(L.LightningDataModule):
         min_supervised: int = 14,
         features: str = "cached",
         feature_dtype: str = "bfloat16",
-        target_dtype: str | None = None,
         streaming: bool = False,
         cache_url: str | None = None,
         shuffle_buffer: int = 16,
@@ -118,15 +109,14 @@ class DSparkDataModule(L.LightningDataModule):
         if features not in ("cached", "online"):
             raise ValueError(f"data.features must be 'cached' or 'online', got {features!r}")
         resolve_feature_dtype(feature_dtype)
-        resolve_dtype(target_dtype, "cpu")  # a typo fails here, not after the prompts are loaded
+        self.target_config = target_config(target)
+        resolve_dtype(self.target_config.dtype, "cpu")  # a typo fails here, not after the prompts are loaded
         if streaming and features != "cached":
             raise ValueError("data.streaming reads a feature cache: it needs data.features: cached")
         if streaming and any(isinstance(s, dict) and "weight" in s for s in sources or []):
             raise ValueError("a source weight repeats samples of the map-style reader: it needs data.streaming: false")
         if cache_url is not None and not streaming:
             raise ValueError("data.cache_url is read by the streaming reader: set data.streaming: true")
-        self.target_name, self.layer_ids, self.system_prompt = target, layer_ids, system_prompt
-        self.chat_template = chat_template
         self.sources = list(sources if sources is not None else DEFAULT_SOURCES)
         for spec in self.sources:  # unknown source names / arguments fail here, before any expensive work
             build_source(spec)
@@ -137,7 +127,7 @@ class DSparkDataModule(L.LightningDataModule):
             raise ValueError("data.regen.answers_per_prompt > 1 adds answers to the prepared cache: it needs "
                              "data.features: cached")  # fmt: skip
         self.max_length, self.min_supervised = max_length, min_supervised
-        self.features, self.feature_dtype, self.target_dtype = features, feature_dtype, target_dtype
+        self.features, self.feature_dtype = features, feature_dtype
         self.streaming, self.cache_url, self.shuffle_buffer = streaming, cache_url, shuffle_buffer
         self.prepare_device: str | None = None  # `dspark-lightning prepare --device`; null = this rank's accelerator
         self.batch_size, self.max_anchors, self.num_workers, self.seed = batch_size, max_anchors, num_workers, seed
@@ -156,16 +146,9 @@ class DSparkDataModule(L.LightningDataModule):
 
     @property
     def target(self):
-        """The target for tokenisation, geometry and meta, on the CPU in ``target_dtype``: the same memoised object
-        as the module's, which moves what a step reads to its device itself (all of it only for online features)."""
-        return load_target(self.target_name, **self._target_kwargs())
-
-    def _target_kwargs(self) -> dict[str, Any]:
-        return {
-            "layer_ids": self.layer_ids,
-            "chat": ChatFormat(system_prompt=self.system_prompt, template=self.chat_template),
-            "dtype": resolve_dtype(self.target_dtype, "auto"),
-        }
+        """The target for tokenisation, geometry and meta, on the CPU in its dtype: the same memoised object as the
+        module's, which moves what a step reads to its device itself (all of it only for online features)."""
+        return self.target_config.load()
 
     def _device(self) -> torch.device:
         """Where regeneration and feature extraction run: ``prepare_device``, else this rank's GPU, else the CPU."""
@@ -178,28 +161,19 @@ class DSparkDataModule(L.LightningDataModule):
     def prepare_job(self, progress: bool = True) -> PrepareJob:
         """The data stages of this recipe (``dspark-lightning prepare`` runs it; see ``data.prepare``).
 
-        The target is loaded once per rank, on its device, in ``target_dtype`` — and only if work is left."""
+        The target is loaded once per rank, on its device, in ``target.dtype`` — and only if work is left."""
 
-        def load():
-            device = self._device()
-            kw = {**self._target_kwargs(), "dtype": resolve_dtype(self.target_dtype, device)}
-            return load_target(self.target_name, **kw, device=device)
-
-        target_id = {"name": self.target_name, "layer_ids": self.layer_ids, "system_prompt": self.system_prompt}
-        if self.chat_template is not None:  # data prepared before the key existed keeps its fingerprint
-            target_id["chat_template"] = self.chat_template
+        t = self.target_config
+        target_id = {"name": t.name, "layer_ids": t.layer_ids, "system_prompt": t.system_prompt}
+        if t.chat_template is not None:  # data prepared before the key existed keeps its fingerprint
+            target_id["chat_template"] = t.chat_template
         kind = self.prepare_device or ("cuda" if torch.cuda.is_available() else "cpu")
-        target_id["dtype"] = dtype_name(resolve_dtype(self.target_dtype, kind))  # the data depends on it too
-
+        target_id["dtype"] = dtype_name(resolve_dtype(t.dtype, kind))  # the data depends on it too
         regen = self._resolved_regen(kind)
-
-        def load_regen():
-            device = self._device()
-            kw = {**self._target_kwargs(), "dtype": resolve_dtype(regen.dtype, device)}
-            return load_target(self.target_name, **kw, device=device)
+        regen_dtype = regen.dtype
 
         return PrepareJob(
-            load,
+            lambda: t.load(self._device()),
             target_id,
             self.sources,
             self.work_dir,
@@ -212,7 +186,7 @@ class DSparkDataModule(L.LightningDataModule):
             feature_dtype=self.feature_dtype,
             seed=self.seed,
             progress=progress,
-            load_regen_target=load_regen if regen.dtype is not None else None,
+            load_regen_target=None if regen_dtype is None else lambda: t.load(self._device(), regen_dtype),
             curation=self.curation,
             load_tokenizer=self._tokenizer,
         )

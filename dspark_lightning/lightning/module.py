@@ -1,9 +1,9 @@
 """DSparkModule: trains a drafter against a frozen target (the only LightningModule).
 
-The module holds the training step, validation and the optimizer; what a fit does around them (the draft
-vocabulary, the divergence guard, MoE logging, fit_stats.json, the export) are the Callbacks of ``callbacks/``, which
-:meth:`DSparkModule.configure_callbacks` adds to any Trainer that lacks them. The recipe's loss and optimizer sections
-and their checks are in ``config.py``.
+The module builds the drafter (its draft vocabulary chosen in :meth:`DSparkModule.setup`) and holds the training
+step, validation and the optimizer; what a fit does around them (the divergence guard, MoE logging, fit_stats.json,
+the export) are the Callbacks of ``callbacks/``, which :meth:`DSparkModule.configure_callbacks` adds to any Trainer
+that lacks them. The recipe's target, loss and optimizer sections and their checks are in ``config.py``.
 """
 
 from __future__ import annotations
@@ -17,23 +17,25 @@ import torch
 from torch import nn
 
 from ..data.features.extract import features_for_batch, target_law_summary
+from ..data.features.vocab import coverage, frequent_tokens
 from ..data.prompts.sources import DOMAINS as PROMPT_DOMAINS
-from ..devices import resolve_dtype
 from ..drafters import build_drafter
 from ..drafters.warm_start import WarmStart
 from ..drafters.warm_start import warm_start as warm_start_fn
 from ..layers import moe_aux_loss
 from ..losses import ProjectedLogits, dspark_loss, position_weights, supervision_mask
-from ..targets import ChatFormat, Target, TargetGeometry, load_target
+from ..targets import Target, TargetGeometry
 from .callbacks import TrainingDiverged, default_callbacks, full_drafter_state
 from .config import (
     TRUE_PRECISIONS,
     LossConfig,
     OptimConfig,
+    TargetConfig,
     as_config,
     check_hparams,
     check_phase_anchors,
     check_precision,
+    target_config,
 )
 from .metrics import PositionAcceptance, acceptance_table
 from .pairing import check_pairing
@@ -54,19 +56,15 @@ class DSparkModule(L.LightningModule):
         seq_head: builds the sequential head, or a registered name (null = none, e.g. the DFlash baseline).
         conf_head: builds the confidence head from (geometry, token_dim), or a registered name (null = none).
         block_size: γ, drafts per block.
-        target: embedded target name or HF model path (linked from ``data.target``).
-        layer_ids: tapped target layers (linked from ``data.layer_ids``; null = the docs/algorithm.md §3.2 rule).
-        system_prompt: chat format system prompt (linked from ``data.system_prompt``).
-        chat_template: chat template of a target without one (linked from ``data.chat_template``).
-        target_dtype: the frozen target's dtype (linked from ``data.target_dtype``; null = bf16 when CUDA is
-            available, else fp32). Under a ``*-true`` precision it must be that precision's dtype, since the drafter
-            shares the target's embedding and LM head.
+        target: the frozen target (:class:`~.config.TargetConfig`, or its name): the recipe's ``target:`` section,
+            which ``dspark-lightning fit`` gives to the model and the data alike.
         mask_token_id: token id for mask slots (null = the target's default unused special token).
         drafter: a registered drafter built whole instead of from parts: a name (``eagle3``, ``mtp1``) or
             ``{name: ..., <its arguments>}``; ``block_size`` is passed to it.
         draft_vocab_size: reduced draft vocabulary (FR-Spec): the drafter's LM head, sequential-head output and
             sampling law cover the N most frequent target tokens of the training responses (stop tokens always
-            included), chosen when training starts; null = the whole target vocabulary. Lossless either way.
+            included), chosen in :meth:`setup` from the datamodule's ``token_counts`` (a resumed checkpoint restores
+            the same choice); null = the whole target vocabulary. Lossless either way.
         loss: loss weights and position decay.
         optim: optimizer and schedule.
         curriculum: training phases (block length, anchors per sequence, position decay) over training progress,
@@ -82,16 +80,12 @@ class DSparkModule(L.LightningModule):
         seq_head: Callable[[TargetGeometry], nn.Module] | str | None = None,
         conf_head: Callable[[TargetGeometry, int], nn.Module] | str | None = None,
         block_size: int = 7,
-        target: str = "tiny-debug",
-        layer_ids: list[int] | None = None,
-        system_prompt: str | None = None,
-        chat_template: str | None = None,
+        target: TargetConfig | str = "tiny-debug",
         mask_token_id: int | None = None,
         loss: LossConfig | None = None,
         optim: OptimConfig | None = None,
         drafter: str | dict | None = None,
         draft_vocab_size: int | None = None,
-        target_dtype: str | None = None,
         curriculum: list[Phase] | None = None,
         warm_start: WarmStart | None = None,
     ) -> None:
@@ -101,8 +95,7 @@ class DSparkModule(L.LightningModule):
         check_hparams(self.loss_cfg, self.optim_cfg, block_size)
         self.curriculum = [p if isinstance(p, Phase) else Phase(**p) for p in curriculum or []]
         check_curriculum(self.curriculum, block_size)
-        chat = ChatFormat(system_prompt=system_prompt, template=chat_template)
-        tgt = load_target(target, layer_ids=layer_ids, chat=chat, dtype=resolve_dtype(target_dtype, "auto"))
+        tgt = target_config(target).load()
         self.__dict__["_target"] = tgt  # not a sub-module: never trained, saved or wrapped by DDP
         self.drafter = build_drafter(tgt, block_size, drafter=drafter, backbone=backbone, seq_head=seq_head,
                                      conf_head=conf_head, mask_token_id=mask_token_id,
@@ -131,12 +124,11 @@ class DSparkModule(L.LightningModule):
         }
 
     def setup(self, stage: str) -> None:
-        """Check the precision against the target's dtype, the curriculum against the loader's anchors, and this
-        module's target features against the datamodule's (:func:`~.pairing.check_pairing`: every route to training
-        passes here). The draft vocabulary is chosen by the :class:`~.callbacks.DraftVocabulary` callback, which runs
-        just before."""
+        """Check this module's target features against the datamodule's (:func:`~.pairing.check_pairing`: every route
+        to training passes here), the precision against the target's dtype and the curriculum against the loader's
+        anchors; then choose the reduced draft vocabulary, if the drafter has one not chosen yet."""
         dm = getattr(self.trainer, "datamodule", None)
-        if dm is not None and hasattr(dm, "target_name"):  # a DSparkDataModule: its target describes the features
+        if dm is not None and hasattr(dm, "target_config"):  # a DSparkDataModule: its target describes the features
             check_pairing(self.target, dm.target)
         check_precision(str(self.trainer.precision), self.target.lm_head.weight.dtype)
         check_phase_anchors(self.curriculum, getattr(dm, "max_anchors", None))
@@ -146,11 +138,28 @@ class DSparkModule(L.LightningModule):
                              f"and trainer.gradient_clip_val {clip}: Lightning's mixed-precision plugin cannot clip a "
                              "fused optimizer's gradients; set model.optim.fused: null (the default picks) or false, "
                              "or drop the clipping")  # fmt: skip
+        self._choose_draft_vocab(dm)
+
+    def _choose_draft_vocab(self, dm) -> None:
+        """The drafter's N most frequent target tokens of the training responses (the target's stop tokens always
+        included), said with how much of the training and held-out responses they cover."""
+        d = self.drafter
+        if getattr(d, "draft_vocab", None) is None or d.vocab_ready:
+            return
+        if not hasattr(dm, "token_counts"):
+            raise ValueError("model.draft_vocab_size needs a datamodule with token_counts() (the DSpark datamodule)")
+        counts = dm.token_counts("train")
+        ids = frequent_tokens(counts, d.draft_vocab.numel(), always=self.target.stop_token_ids)
+        d.set_draft_vocab(ids)
+        held = dm.token_counts("heldout")
+        print(f"[dspark-lightning] draft vocabulary: {ids.numel()} of {counts.numel()} tokens, covering "
+              f"{100 * coverage(counts, ids):.2f}% of training and {100 * coverage(held, ids):.2f}% of held-out "
+              "response tokens", flush=True)  # fmt: skip
 
     def configure_callbacks(self) -> list[L.Callback]:
         """The default callbacks (:func:`~.callbacks.default_callbacks`) of each kind the Trainer has none of: a plain
         ``Trainer.fit(module, datamodule)`` trains, checks and exports like ``dspark-lightning fit``; a Trainer given
-        its own (``DrafterExport(export_dir=...)``, ``DrafterExport(enabled=False)``) keeps it."""
+        its own (``DrafterExport(dir=...)``, ``DrafterExport(enabled=False)``) keeps it."""
         have = list(self.trainer.callbacks) if self._trainer is not None else []
         return [cb for cb in default_callbacks() if not any(isinstance(c, type(cb)) for c in have)]
 

@@ -6,7 +6,8 @@ with other settings (another tap list, system prompt, target or dtype), training
 silently misaligned: high training acceptance, low serving acceptance. :func:`check_pairing` compares the two sides
 and refuses in one message naming each difference. ``DSparkModule.setup`` calls it, so every route goes through it:
 ``dspark-lightning fit``, a plain ``Trainer.fit(module, datamodule)``, a resumed fit and extra work dirs (whose caches
-the datamodule checks against its own target).
+the datamodule checks against its own target). A recipe declares its target once, so this fires for modules and data
+built apart (from Python, or a checkpoint's module with another recipe's data).
 """
 
 from __future__ import annotations
@@ -32,25 +33,14 @@ def features_of(target: Any) -> dict[str, Any]:
     }
 
 
-# what to set so that the two sides agree, per key (the CLI links these from data.* to model.*)
-_FIX = {
-    "target": "model.target = data.target",
-    "layer_ids": "model.layer_ids = data.layer_ids",
-    "hidden_size": "the same target on both sides",
-    "vocab_size": "the same target on both sides",
-    "chat format": "model.system_prompt = data.system_prompt, model.chat_template = data.chat_template",
-    "target dtype": "model.target_dtype = data.target_dtype",
-}
-
-
 def check_pairing(module_target: Any, data_target: Any) -> None:
     """Refuse a module whose target features differ from its datamodule's (every difference, one message)."""
     mine, theirs = features_of(module_target), features_of(data_target)
     diffs = [k for k in mine if mine[k] != theirs[k]]
     if not diffs:
         return
-    parts = "; ".join(f"{k}: model {mine[k]!r}, data {theirs[k]!r} (set {_FIX[k]})" for k in diffs)
+    parts = "; ".join(f"{k}: model {mine[k]!r}, data {theirs[k]!r}" for k in diffs)
     raise PairingError(
         f"the drafter module and its data describe different target features, so the drafter would learn from "
-        f"inputs it will not see when served: {parts}"
+        f"inputs it will not see when served: {parts}; give both the same target section (TargetConfig)"
     )

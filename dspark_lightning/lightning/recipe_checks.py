@@ -44,11 +44,13 @@ def data_args(data: Any, datamodule: Any = None) -> None:
         if str(regen_dtype).lower().removeprefix("torch.") not in DTYPES:
             raise UsageError(f"data.regen.dtype must be null, fastest or one of {', '.join(sorted(set(DTYPES)))}; "
                              f"got {short(regen_dtype)}")  # fmt: skip
-    work, target = section_get(data, "work_dir"), section_get(data, "target")
+    work = section_get(data, "work_dir")
     if isinstance(work, str) and "://" not in work:
         path_length("data.work_dir", work)
-    if isinstance(target, str) and os.path.isdir(target):
-        regular_entries("data.target", target)
+    target = section_get(data, "target")
+    name = target if isinstance(target, str) else section_get(target, "name")
+    if isinstance(name, str) and os.path.isdir(name):
+        regular_entries("target.name", name)
 
 
 def model_args(model: Any) -> None:

@@ -41,11 +41,11 @@ def prepare(work: Path, *extra: str) -> None:
     assert code == 0
 
 
-def datamodule(work: Path, **kw) -> DSparkDataModule:
+def datamodule(work: Path, dtype: str | None = None, **kw) -> DSparkDataModule:
     from dspark_lightning.data.regen.config import RegenConfig
 
     return DSparkDataModule(
-        target="tiny-debug",
+        target={"name": "tiny-debug", "dtype": dtype},
         sources=[{"name": "gsm_symbolic", "limit": 4}, {"name": "humaneval", "limit": 4}],
         heldout_fraction=0.3,
         work_dir=str(work),
@@ -148,7 +148,7 @@ def test_fit_reuses_prepared_data_and_streams_it(sharded, tmp_path, monkeypatch,
     stamps = {p: p.stat().st_mtime_ns for p in outputs}  # the folder lock's holder record is rewritten, nothing else
     args = ["fit", "--config", TINY, f"--data.work_dir={work}", *DATA, "--data.streaming=true"]
     args += ["--trainer.max_steps=2", "--validate_before_fit=false", "--trainer.logger=false"]
-    args += ["--trainer.callbacks=[]", f"--export_dir={tmp_path / 'drafter'}"]
+    args += ["--trainer.callbacks=[]", f"--export.dir={tmp_path / 'drafter'}"]
     code, out, err = cli(args, capsys)
     assert code == 0, err[-3000:]
     assert "reusing prepared data" in out and "regenerated" not in out
@@ -189,9 +189,9 @@ def test_check_cache_detects_a_corrupted_shard(sharded, tmp_path, capsys):
 
 def test_target_dtype(tmp_path):
     assert datamodule(tmp_path).target.model.dtype == torch.float32  # null on a CPU-only machine
-    assert datamodule(tmp_path, target_dtype="bf16").target.model.dtype == torch.bfloat16
+    assert datamodule(tmp_path, dtype="bf16").target.model.dtype == torch.bfloat16
     with pytest.raises(ValueError, match="int8"):
-        datamodule(tmp_path, target_dtype="int8")
+        datamodule(tmp_path, dtype="int8")
 
 
 def test_prepare_prints_and_stores_each_stage_against_the_roof(tmp_path, capsys):

@@ -28,7 +28,8 @@ def tiny_data(tmp_path_factory):
     from dspark_lightning.data.regen.config import RegenConfig
     from dspark_lightning.lightning.datamodule import DSparkDataModule
 
-    cfg = yaml.safe_load(Path(TINY).read_text())["data"]
+    recipe = yaml.safe_load(Path(TINY).read_text())
+    cfg = {**recipe["data"], "target": recipe["target"]}
     work = tmp_path_factory.mktemp("tiny_data") / "data"
     DSparkDataModule(**{**cfg, "work_dir": str(work), "regen": RegenConfig(**cfg["regen"])}).prepare_data()
     return work

@@ -35,7 +35,7 @@ def test_unknown_recipe_key(workdir, capsys):
 
 
 def test_missing_target_path(workdir, capsys):
-    code, _, err = run_main(["fit", "--config", TINY, "--data.target=/nonexistent/model"], capsys)
+    code, _, err = run_main(["fit", "--config", TINY, "--target.name=/nonexistent/model"], capsys)
     assert code == 2 and "/nonexistent/model" in _one_line_error(err)
 
 
@@ -43,7 +43,7 @@ def test_existing_export_dir_is_not_overwritten(workdir, capsys):
     out = workdir / "mine"
     out.mkdir()
     (out / "keep.txt").write_text("precious")
-    code, _, err = run_main(["fit", "--config", TINY, f"--export_dir={out}"], capsys)
+    code, _, err = run_main(["fit", "--config", TINY, f"--export.dir={out}"], capsys)
     assert code == 2 and "refusing to overwrite" in _one_line_error(err)
     assert (out / "keep.txt").read_text() == "precious"
 
@@ -79,15 +79,15 @@ def test_drafter_for_a_different_target_is_refused(workdir, tmp_path):
 
 
 def test_a_recipe_without_a_target_is_refused(tmp_path, capsys, monkeypatch):
-    """data.target has no default: a recipe that forgets it must not train against some built-in target."""
+    """target.name has no default: a recipe that forgets it must not train against some built-in target."""
     import yaml
 
     cfg = yaml.safe_load(Path(TINY).read_text())
-    del cfg["data"]["target"]
+    del cfg["target"]["name"]
     recipe = tmp_path / "no_target.yaml"
     recipe.write_text(yaml.safe_dump(cfg))
     monkeypatch.chdir(tmp_path)
     code, _, err = run_main(["fit", "--config", str(recipe), "--trainer.max_steps=1"], capsys)
     lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert code == 2 and "data.target" in lines[-1] and lines[-1].startswith("dspark-lightning")
+    assert code == 2 and "target.name" in lines[-1] and lines[-1].startswith("dspark-lightning")
     assert not (tmp_path / "outputs").exists()

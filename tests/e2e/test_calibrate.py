@@ -117,7 +117,7 @@ def test_fit_calibrates_the_exported_drafter(workdir):
     from .conftest import TINY
 
     spec = "{temperatures: [0.0], prompts_per_domain: 2, max_new_tokens: 12}"
-    args = ["fit", "--config", TINY, "--trainer.max_steps=2", f"--calibrate={spec}"]
+    args = ["fit", "--config", TINY, "--trainer.max_steps=2", f"--export.calibrate={spec}"]
     cli = DSparkCLI(DSparkModule, DSparkDataModule, args=args)
     export = Path(cli.trainer.log_dir) / "drafter"
     doc = json.loads((export / calibration_file(0.0)).read_text())
@@ -127,14 +127,17 @@ def test_fit_calibrates_the_exported_drafter(workdir):
 
 @pytest.mark.parametrize(
     ("spec", "match"),
-    [({"temperatures": []}, "non-empty list"), ({"temperatures": [-1.0]}, "temperatures"),
-     ({"temperatures": [0.0], "prompts": 3}, "unknown keys"), ({"temperatures": [0.0], "domains": ["law"]}, "domains"),
-     ({"temperatures": [0.0], "prompts_per_domain": 0}, "prompts_per_domain")],
+    [("{temperatures: []}", "non-empty list"), ("{temperatures: [-1.0]}", "temperatures"),
+     ("{temperatures: [0.0], prompts: 3}", "prompts"), ("{temperatures: [0.0], domains: [law]}", "domains"),
+     ("{temperatures: [0.0], prompts_per_domain: 0}", "prompts_per_domain")],
 )  # fmt: skip
-def test_fit_calibrate_spec_is_checked_before_training(spec, match):
-    from dspark_lightning.checks import UsageError
-    from dspark_lightning.cli.fit import calibrate_args
+def test_fit_calibrate_spec_is_checked_before_training(spec, match, workdir, capsys):
+    """``export.calibrate`` is typed (:class:`Calibration`): a bad one is one line, before any data work."""
+    from dspark_lightning.lightning.callbacks import Calibration
 
-    with pytest.raises((UsageError, ValueError), match=match):
-        calibrate_args(spec)
-    assert calibrate_args(None) == [] and calibrate_args({"temperatures": [1]}) == [{"temperature": 1.0}]
+    from .conftest import TINY, run_main
+
+    code, out, err = run_main(["fit", "--config", TINY, f"--export.calibrate={spec}"], capsys)
+    assert code == 2 and match in err and len(err.strip().splitlines()) == 1, err
+    assert "regenerate" not in out + err
+    assert Calibration([1]).runs() == [{"temperature": 1.0}]

@@ -108,7 +108,7 @@ def test_stale_data_gets_a_new_fingerprint(tmp_path):
         fingerprint(sources=[{"name": "humaneval", "limit": 5}]),
         fingerprint(max_length=512),
         fingerprint(min_supervised=3),
-        fingerprint(target_dtype="bf16"),
+        fingerprint(target={"name": "tiny-debug", "dtype": "bf16"}),
         fingerprint(feature_dtype="float32"),
         fingerprint(seed=7),
     ]

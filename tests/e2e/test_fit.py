@@ -61,8 +61,11 @@ def test_a_plain_trainer_fit_checks_trains_and_exports(workdir):
     from dspark_lightning.lightning.datamodule import DSparkDataModule
     from dspark_lightning.lightning.module import DSparkModule
 
-    data = yaml.safe_load(Path(TINY).read_text())["data"]
-    dm = DSparkDataModule(**{**data, "regen": RegenConfig(**data["regen"])})  # work_dir: the workdir's copy
+    recipe = yaml.safe_load(Path(TINY).read_text())
+    data = recipe["data"]
+    dm = DSparkDataModule(
+        **{**data, "target": recipe["target"], "regen": RegenConfig(**data["regen"])}
+    )  # work_dir: the workdir's copy
     torch.manual_seed(0)
     module = DSparkModule(backbone="dense", seq_head={"name": "vanilla", "rank": 16}, conf_head="linear", block_size=4)
     trainer = _plain_trainer(workdir / "run")
@@ -83,7 +86,7 @@ def test_a_plain_trainer_fit_checks_trains_and_exports(workdir):
         _plain_trainer(workdir / "run").fit(module, dm)
     assert json.loads((workdir / "run" / "fit_stats.json").read_text()) == stats  # nothing trained or rewritten
 
-    custom = _plain_trainer(workdir / "run", callbacks=[DrafterExport(export_dir=workdir / "elsewhere")])
+    custom = _plain_trainer(workdir / "run", callbacks=[DrafterExport(dir=str(workdir / "elsewhere"))])
     custom.fit(module, dm)  # the Trainer's own DrafterExport replaces the module's default
     assert (workdir / "elsewhere" / "model.safetensors").is_file()
     assert sum(isinstance(c, DrafterExport) for c in custom.callbacks) == 1
@@ -120,13 +123,13 @@ def test_every_recipe_parses_and_instantiates(recipe, tmp_path, monkeypatch):
     # GPU recipes name a local target directory and GPUs this machine lacks: instantiate them with the tiny target
     # on one CPU device (everything else as written), after parsing them unchanged.
     gpu = Path(recipe).parent.name == "gpu"
-    cpu = ["--data.target=tiny-debug", "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto"]
+    cpu = ["--target.name=tiny-debug", "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto"]
     cli = DSparkCLI(DSparkModule, DSparkDataModule, run=False, args=["--config", recipe, *(cpu if gpu else [])])
     assert cli.model.drafter.block_size == cli.config.model.block_size
     assert sum(p.numel() for p in cli.model.drafter.parameters()) > 0
     if gpu:
         cfg = cli.parser.parse_args(["--config", recipe])  # the recipe as written: every key and type checks
-        assert cfg.trainer.devices == 8 and cfg.trainer.precision == "bf16-mixed" and cfg.data.target_dtype == "bf16"
+        assert cfg.trainer.devices == 8 and cfg.trainer.precision == "bf16-mixed" and cfg.target.dtype == "bf16"
         assert cfg.data.features == "cached" and cfg.model.loss.chunk_size
 
 

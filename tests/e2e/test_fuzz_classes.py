@@ -100,12 +100,12 @@ TRAINER = {  # Lightning options that must be >= 1 (or > 0, or -1 for "no limit"
 }  # fmt: skip
 OUT_FILES = [(DEC, "--json_out"), (PROFILE, "--out"), (PROFILE, "--plot")]
 OUT_DIRS = [(EVAL, "--out"), (BENCH, "--out"), (SWEEP, "--out"), (SERVE, "--out"), (CAL, "--report_dir"),
-            (EXPORT, "--out"), (FIT, "--export_dir"), (FIT, "--trainer.default_root_dir"), (FIT, "--data.work_dir"),
+            (EXPORT, "--out"), (FIT, "--export.dir"), (FIT, "--trainer.default_root_dir"), (FIT, "--data.work_dir"),
             (PREP, "--data.work_dir")]  # fmt: skip
 IN_FILES = [(DEC, "--prompts", ""), (DEC_D, "--sps", ""), (EVAL, "--dataset", "x="), (CAL, "--rollouts", ""),
             (["fit"], "--config", ""), (["prepare"], "--config", ""), (FIT, "--ckpt_path", "")]  # fmt: skip
 IN_DIRS = [(DEC, "--drafter"), (["decode", "--prompt", "hi"], "--target"), (["eval", "--out", "e"], "--drafter"),
-           (["export", "--out", "e"], "--drafter"), (FIT, "--data.target")]  # fmt: skip
+           (["export", "--out", "e"], "--drafter"), (FIT, "--target.name")]  # fmt: skip
 
 
 def opt(option: str, value: str) -> list[str]:
@@ -135,6 +135,7 @@ def gen_nulls(rng: random.Random) -> list[Case]:
     import inspect
     import typing
 
+    from dspark_lightning.lightning.config import TargetConfig
     from dspark_lightning.lightning.datamodule import DSparkDataModule
     from dspark_lightning.lightning.module import DSparkModule
     from dspark_lightning.lightning.recipe_checks import _admits_none, _dataclass_of
@@ -152,9 +153,10 @@ def gen_nulls(rng: random.Random) -> list[Case]:
             if sub is not None:
                 walk(f"{prefix}.{name}", sub)
 
+    walk("target", TargetConfig)
     walk("model", DSparkModule)
     walk("data", DSparkDataModule)
-    linked = {"model.target", "model.layer_ids", "model.system_prompt", "model.target_dtype"}  # set from data.*
+    linked = {"model.target", "data.target"}  # set from the target section
     keys = [(k, h) for k, h in keys if k not in linked]
     cases = []
     for k, hint in keys:  # null in a recipe file (on the command line a str option takes "null" as the string "null")

@@ -67,6 +67,7 @@ def test_v4_flash_like_recipe_trains_on_the_tiny_target(workdir, tmp_path):
                     "log_every_n_steps": 1,
                     "enable_model_summary": False,
                 },
+                "target": tiny["target"],
                 "data": tiny["data"],
                 "model": {
                     "backbone": {"init_args": {"sliding_window": 8, "expert_hidden": 32, "shared_expert_hidden": 32}},

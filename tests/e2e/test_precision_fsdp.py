@@ -18,7 +18,7 @@ from .conftest import TINY
 
 @pytest.mark.parametrize(
     "precision, extra",
-    [("bf16-mixed", []), ("bf16-true", ["--data.target_dtype=bf16"])],
+    [("bf16-mixed", []), ("bf16-true", ["--target.dtype=bf16"])],
     ids=["bf16-mixed", "bf16-true"],
 )
 def test_fit_trains_in_bf16_and_exports(workdir, precision, extra):
@@ -46,7 +46,7 @@ def test_bf16_true_with_an_fp32_target_fails_with_one_line(workdir, capsys):
     from .conftest import run_main
 
     code, _, err = run_main(["fit", "--config", TINY, "--trainer.precision=bf16-true", "--trainer.max_steps=1"], capsys)
-    assert code == 2 and "data.target_dtype" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "target.dtype" in err and len(err.strip().splitlines()) == 1
 
 
 def _free_port() -> int:

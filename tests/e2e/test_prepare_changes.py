@@ -12,7 +12,8 @@ from .conftest import TINY
 def test_a_changed_regeneration_dtype_prepares_again(workdir):
     from dspark_lightning.lightning.datamodule import DSparkDataModule
 
-    cfg = yaml.safe_load(Path(TINY).read_text())["data"]
+    recipe = yaml.safe_load(Path(TINY).read_text())
+    cfg = {**recipe["data"], "target": recipe["target"]}
     dm = DSparkDataModule(**{**cfg, "regen": {**cfg["regen"], "dtype": "bf16"}})  # a dict, as from Python
     dm.prepare_data()
     rows = [json.loads(x) for x in dm.prepare_job(progress=False).paths.responses("train").read_text().splitlines()]

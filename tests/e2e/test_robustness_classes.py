@@ -138,7 +138,8 @@ def test_fused_optimizer_with_mixed_precision_and_clipping_is_refused_before_tra
     from dspark_lightning.lightning.datamodule import DSparkDataModule
     from dspark_lightning.lightning.module import DSparkModule
 
-    data = yaml.safe_load(Path(TINY).read_text())["data"]
+    recipe = yaml.safe_load(Path(TINY).read_text())
+    data = {**recipe["data"], "target": recipe["target"]}
     module = DSparkModule(backbone="dense", block_size=4, optim={"fused": True})
     trainer = L.Trainer(accelerator="cpu", max_steps=2, precision="bf16-mixed", gradient_clip_val=1.0, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False,

@@ -34,9 +34,9 @@ from .conftest import TINY, run_main
         (['--export={"servers": ["tgi"]}'], ["unknown server 'tgi'"]),
         (['--export={"servers": ["all"]}'], ["unknown server 'all'"]),
         (['--export={"servers": ["vllm", "vllm"]}'], ["names a server twice"]),
-        (['--export={"engines": ["vllm"]}'], ["unknown keys ['engines']"]),  # the old name
-        (['--export={"servers": "vllm"}'], ["must be a list"]),
-        (['--export={"servers": ["vllm"], "dtype": "fp16"}'], ["export.dtype 'fp16'"]),
+        (['--export={"engines": ["vllm"]}'], ["export.engines"]),  # the old name
+        (['--export={"servers": "vllm"}'], ["--export.servers", "list"]),
+        (['--export={"servers": ["vllm"], "dtype": "fp16"}'], ["--export.dtype", "fp16"]),
     ],
     ids=[
         "context_state",
@@ -82,12 +82,10 @@ def test_plain_trainer_fit_checks_the_servers_too(tiny_target):
     from dspark_lightning.lightning.callbacks import DrafterExport
 
     drafter = create("drafter", "dspark", tiny_target, block_size=3, seq_head="gated")
-    cb = DrafterExport(export_dir=str(Path("unused")), serve={"servers": ["llamacpp"]})
+    cb = DrafterExport(dir=str(Path("unused")), servers=["llamacpp"])
     with pytest.raises(InteropError, match=r"llamacpp: markov_head_type 'gated'"):
         cb.setup(SimpleNamespace(log_dir="."), SimpleNamespace(drafter=drafter), "fit")
-    DrafterExport(serve={"servers": ["sglang"]}).setup(
-        SimpleNamespace(log_dir="."), SimpleNamespace(drafter=drafter), "fit"
-    )
+    DrafterExport(servers=["sglang"]).setup(SimpleNamespace(log_dir="."), SimpleNamespace(drafter=drafter), "fit")
 
 
 def test_a_recipe_whose_taps_changed_prepares_its_data_again(workdir, capsys):
@@ -96,7 +94,7 @@ def test_a_recipe_whose_taps_changed_prepares_its_data_again(workdir, capsys):
     base = ["fit", "--config", TINY, "--trainer.max_steps=1", "--validate_before_fit=false", "--data.features=cached"]
     code, _, err = run_main(base, capsys)
     assert code == 0, err[-2000:]
-    code, out, err = run_main([*base, "--data.layer_ids=[1, 3]"], capsys)
+    code, out, err = run_main([*base, "--target.layer_ids=[1, 3]"], capsys)
     assert code == 0, err[-2000:]
     assert "holds the data of another configuration" in out
     meta = json.loads((workdir / "outputs/tiny_debug/data/features_train/index.json").read_text())["meta"]

@@ -13,8 +13,8 @@ from .conftest import TINY
 def _data(**over):
     from dspark_lightning.lightning.datamodule import DSparkDataModule
 
-    data = yaml.safe_load(Path(TINY).read_text())["data"]
-    return DSparkDataModule(**{**data, **over})
+    recipe = yaml.safe_load(Path(TINY).read_text())
+    return DSparkDataModule(**{**recipe["data"], "target": {**recipe["target"], **over}})
 
 
 def _fit(module, dm, root: Path):
@@ -27,12 +27,12 @@ def _fit(module, dm, root: Path):
     return trainer
 
 
-def _module(**kw):
+def _module(**target):
     from dspark_lightning.lightning.module import DSparkModule
 
     torch.manual_seed(0)
     return DSparkModule(backbone="dense", seq_head={"name": "vanilla", "rank": 16}, conf_head="linear", block_size=4,
-                        **kw)  # fmt: skip
+                        target={"name": "tiny-debug", **target})  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -41,7 +41,7 @@ def _module(**kw):
         ({"layer_ids": [2, 3, 4, 5, 6]}, {}, "layer_ids: model [2, 3, 4, 5, 6], data [1, 2, 3, 4, 5]"),
         ({"system_prompt": "You are terse."}, {}, "chat format"),
         ({}, {"system_prompt": "You are terse."}, "chat format"),
-        ({"target_dtype": "bf16"}, {}, "target dtype: model 'bfloat16', data 'float32'"),
+        ({"dtype": "bf16"}, {}, "target dtype: model 'bfloat16', data 'float32'"),
     ],
 )
 def test_a_module_and_data_built_for_other_features_refuse_before_training(workdir, module_kw, data_kw, named):

@@ -23,7 +23,7 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPE = ROOT / "recipes" / "gemma3_270m_dspark.yaml"
-DATA = yaml.safe_load(RECIPE.read_text())["data"]
+TARGET = yaml.safe_load(RECIPE.read_text())["target"]
 PROMPTS = ["What is 17*23?", "Write a Python function that reverses a string.", "Tell me about the moon."]
 
 
@@ -32,7 +32,7 @@ def gemma():
     from dspark_lightning import load_target
     from dspark_lightning.targets import ChatFormat
 
-    return load_target("gemma3-270m", layer_ids=DATA["layer_ids"], chat=ChatFormat(template=DATA["chat_template"]))
+    return load_target("gemma3-270m", layer_ids=TARGET["layer_ids"], chat=ChatFormat(template=TARGET["chat_template"]))
 
 
 def hf_greedy(target, ids: list[int], n: int) -> list[int]:

@@ -85,21 +85,20 @@ def test_every_product_recipe_exports_for_its_servers(recipe, smol_tiny, tmp_pat
     from dspark_lightning.checkpoint import save_drafter
     from dspark_lightning.cli.fit import DSparkCLI
     from dspark_lightning.export import InteropError, export_drafter
-    from dspark_lightning.export.plan import plan_args, serving_layout
+    from dspark_lightning.export.plan import check_servers, serving_layout
     from dspark_lightning.export.servers import server_names
     from dspark_lightning.lightning.datamodule import DSparkDataModule
     from dspark_lightning.lightning.module import DSparkModule
 
     monkeypatch.chdir(tmp_path)
     hf, target_gguf = smol_tiny
-    spec = yaml.safe_load(recipe.read_text()).get("export")
-    servers, _ = plan_args(spec)
+    servers = check_servers((yaml.safe_load(recipe.read_text()).get("export") or {}).get("servers") or [])
     if not servers:
         text = recipe.read_text()
         assert "export: {servers: []}" in text and text.count("#") > 2, "a recipe that serves nowhere says why"
     cpu = ["--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto", "--trainer.logger=false"]
     cli = DSparkCLI(DSparkModule, DSparkDataModule, run=False,
-                    args=["--config", str(recipe), f"--data.target={hf}", *cpu])  # fmt: skip
+                    args=["--config", str(recipe), f"--target.name={hf}", *cpu])  # fmt: skip
     drafter, target = cli.model.drafter, cli.model.target
     if getattr(drafter, "draft_vocab", None) is not None:  # chosen from the data at fit time: any sorted ids here
         n = drafter.draft_vocab.numel()
@@ -109,7 +108,7 @@ def test_every_product_recipe_exports_for_its_servers(recipe, smol_tiny, tmp_pat
     native = save_drafter(drafter, tmp_path / "drafter", target)
     fmt = serving_layout(drafter)
     if not servers:
-        if yaml.safe_load(recipe.read_text())["data"]["target"] == "gemma3-270m":
+        if yaml.safe_load(recipe.read_text())["target"]["name"] == "gemma3-270m":
             return  # refused by its target's architecture: run on the real Gemma target in test_gemma3_target.py
         for server in server_names():
             with pytest.raises(InteropError) as e:

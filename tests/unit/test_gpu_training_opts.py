@@ -213,7 +213,7 @@ def test_fsdp_recipe_wraps_each_decoder_layer():
     from dspark_lightning.drafters.backbones import DecoderLayer
     from dspark_lightning.lightning.datamodule import DSparkDataModule
 
-    cpu = ["--data.target=tiny-debug", "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto"]
+    cpu = ["--target.name=tiny-debug", "--trainer.accelerator=cpu", "--trainer.devices=1", "--trainer.strategy=auto"]
     cli = DSparkCLI(DSparkModule, DSparkDataModule, run=False, args=["--config", str(FSDP_RECIPE), *cpu])
     strategy_cfg = cli.parser.parse_args(["--config", str(FSDP_RECIPE)]).trainer.strategy
     assert strategy_cfg.class_path == "lightning.pytorch.strategies.FSDPStrategy"

@@ -458,7 +458,7 @@ def test_a_plugin_server_is_checked_and_written_like_the_built_in_ones(targets, 
     """A third-party server registers a :class:`Server` subclass: ``fit``'s check, ``--server NAME`` exports and
     ``all`` folders use its rules and additions, and :meth:`Server.check` lists the reasons a drafter is refused."""
     from dspark_lightning.export import Server, server_names
-    from dspark_lightning.export.plan import check_servable, plan_args
+    from dspark_lightning.export.plan import check_servable, check_servers
 
     @registered("server", "test-myserver")
     class MyServer(Server):
@@ -477,7 +477,7 @@ def test_a_plugin_server_is_checked_and_written_like_the_built_in_ones(targets, 
             return ["test-myserver: wrote launch.json"]
 
     t = targets["four"]
-    assert "test-myserver" in server_names() and plan_args({"servers": ["test-myserver"]})[0] == ["test-myserver"]
+    assert "test-myserver" in server_names() and check_servers(["test-myserver"]) == ["test-myserver"]
     _, cfg, res = exported(drafter(t), t, tmp_path, "test-myserver")
     assert cfg["my_server"] == {"block": 3} and "test-myserver: loads it with a caveat" in res.notes
     assert json.loads((res.path / "launch.json").read_text()) == {"num_speculative_tokens": 3}

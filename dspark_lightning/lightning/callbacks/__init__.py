@@ -1,8 +1,7 @@
 """What a fit does around the training step, as Lightning Callbacks (``DSparkModule.configure_callbacks`` adds one
 of each the Trainer lacks, so a plain ``Trainer.fit(module, datamodule)`` trains, checks and exports as
-``dspark-lightning fit`` does; pass your own instance to configure one, e.g. ``DrafterExport(export_dir=...)``).
+``dspark-lightning fit`` does; pass your own instance to configure one, e.g. ``DrafterExport(dir=...)``).
 
-- :class:`DraftVocabulary`: picks the reduced draft vocabulary from the training responses (setup).
 - :class:`DivergenceGuard`: stops at a non-finite loss or gradient before it reaches the weights.
 - :class:`MoELogging`: logs the expert loads of MoE backbones.
 - :class:`BudgetProgressBar`: the training bar, counting against a time limit when that is the budget.
@@ -13,8 +12,7 @@ of each the Trainer lacks, so a plain ``Trainer.fit(module, datamodule)`` trains
 from __future__ import annotations
 
 from .divergence import DivergenceGuard, TrainingDiverged
-from .draft_vocab import DraftVocabulary
-from .export import DrafterExport, calibrate_after_fit, calibrate_args, full_drafter_state
+from .export import Calibration, DrafterExport, full_drafter_state
 from .fit_stats import FIT_STATS, FitStats, validate_if_stale
 from .moe import MoELogging
 from .progress import BudgetProgressBar
@@ -22,14 +20,12 @@ from .progress import BudgetProgressBar
 __all__ = [
     "FIT_STATS",
     "BudgetProgressBar",
+    "Calibration",
     "DivergenceGuard",
-    "DraftVocabulary",
     "DrafterExport",
     "FitStats",
     "MoELogging",
     "TrainingDiverged",
-    "calibrate_after_fit",
-    "calibrate_args",
     "default_callbacks",
     "full_drafter_state",
     "validate_if_stale",
@@ -38,4 +34,4 @@ __all__ = [
 
 def default_callbacks() -> list:
     """One of each, in the order their ``on_fit_end`` must run (the statistics' final validation, then the export)."""
-    return [DraftVocabulary(), DivergenceGuard(), MoELogging(), FitStats(), DrafterExport()]
+    return [DivergenceGuard(), MoELogging(), FitStats(), DrafterExport()]

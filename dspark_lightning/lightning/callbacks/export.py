@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -11,10 +12,10 @@ from torch import nn
 
 from ... import checks
 from ...checkpoint import save_drafter
-from ...export.plan import check_servable, export_for_servers, plan_args, serving_layout
+from ...data.prompts.sources import DOMAINS
+from ...export.plan import check_servable, check_servers, export_for_servers, serving_layout
+from ..config import as_config
 from .fit_stats import validate_if_stale
-
-CALIBRATE_KEYS = {"temperatures", "prompts_per_domain", "max_new_tokens", "domains"}
 
 
 def full_drafter_state(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -32,49 +33,87 @@ def full_drafter_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k.removeprefix("drafter."): v for k, v in full.items() if k.startswith("drafter.")}
 
 
-class DrafterExport(L.Callback):
-    """At the end of ``fit``, write the drafter (config.json + model.safetensors) to ``export_dir`` (default
-    ``<log_dir>/drafter``), after a final validation if training went on after the last one, and print the held-out
-    τ̂ it reached; then fit STS temperatures for each of ``calibrate``'s sampling temperatures (``dspark-lightning
-    calibrate``), so the hardware-aware scheduler reads calibrated confidences.
+@dataclass
+class Calibration:
+    """``export.calibrate``: after the export, fit STS confidence temperatures for each of these sampling temperatures
+    (:func:`~dspark_lightning.calibration.calibrate` per temperature), so the hardware-aware scheduler reads calibrated
+    confidences (docs/inference.md)."""
 
-    A non-empty ``export_dir`` is refused when ``fit`` starts (:meth:`check`), before any training. ``tau_start``:
-    the τ̂ of a validation before training, printed with the final one (the CLI's ``--validate_before_fit``).
-    ``enabled=False`` turns the export off (pass it to the Trainer: the module's default then stays out).
-    ``serve``: the recipe's ``export`` mapping, ``{servers: [llamacpp, vllm], dtype: bf16}``: the drafter is checked
-    against those servers when ``fit`` starts, and exported for each into ``<export_dir>/../serving/<server>``.
+    temperatures: list[float]
+    """sampling temperatures, e.g. [0.0, 1.0]"""
+    prompts_per_domain: int | None = None
+    """prompts per domain (null = calibrate's default)"""
+    max_new_tokens: int | None = None
+    """tokens per rollout (null = calibrate's default)"""
+    domains: list[Literal[DOMAINS]] | None = None
+    """prompt domains (null = all)"""
+
+    def __post_init__(self) -> None:
+        if not self.temperatures:
+            raise checks.UsageError("export.calibrate needs temperatures: a non-empty list, e.g. [0.0, 1.0]")
+        for t in self.temperatures:
+            checks.temperature("export.calibrate.temperatures", t)
+        for key in ("prompts_per_domain", "max_new_tokens"):
+            checks.at_least(f"export.calibrate.{key}", getattr(self, key), 1)
+
+    def runs(self) -> list[dict[str, Any]]:
+        """The keyword arguments of one :func:`~dspark_lightning.calibration.calibrate` per temperature."""
+        extra = {k: v for k in ("prompts_per_domain", "max_new_tokens", "domains") if (v := getattr(self, k))}
+        return [{"temperature": float(t), **extra} for t in self.temperatures]
+
+
+class DrafterExport(L.Callback):
+    """At the end of ``fit``, write the drafter (config.json + model.safetensors) to ``dir`` (default
+    ``<log_dir>/drafter``), after a final validation if training went on after the last one, and print the held-out
+    τ̂ it reached; then STS-calibrate it (``calibrate``) and export it for each of ``servers``.
+
+    The recipe's ``export:`` section holds these arguments (``dspark-lightning fit`` adds this callback from it); a
+    plain ``Trainer.fit`` gets the defaults from ``DSparkModule.configure_callbacks``, or the instance it is given.
+    A non-empty ``dir`` is refused when ``fit`` starts (:meth:`check`), before any training, and so is a drafter one of
+    ``servers`` could not serve. ``tau_start``: the τ̂ of a validation before training, printed with the final one
+    (the CLI's ``--validate_before_fit``).
+
+    Args:
+        dir: the exported drafter directory (null = ``<log_dir>/drafter``).
+        calibrate: STS temperatures fitted after the export (null = none).
+        servers: the servers the drafter is trained for, e.g. ``[llamacpp, vllm]``: each gets an export in
+            ``<dir>/../serving/<server>`` (docs/serving.md).
+        dtype: the serving exports' weights.
+        enabled: false turns the export off.
     """
 
     def __init__(
         self,
-        export_dir: str | Path | None = None,
-        calibrate: dict | None = None,
+        dir: str | None = None,  # noqa: A002 - the recipe key export.dir
+        calibrate: Calibration | None = None,
+        servers: list[str] | None = None,
+        dtype: Literal["bf16", "fp32"] = "bf16",
         enabled: bool = True,
-        serve: dict | None = None,
     ):
-        calibrate_args(calibrate)  # refused now, not after training
-        self.servers, self.serve_dtype = plan_args(serve)
-        self.export_dir, self.calibrate, self.enabled = export_dir, calibrate, enabled
+        checks.output_dir("export.dir", dir)
+        self.dir, self.enabled, self.dtype = dir, enabled, dtype
+        self.calibrate = as_config(calibrate, Calibration, "export.calibrate") if calibrate is not None else None
+        self.servers = check_servers(list(servers or []))
         self.tau_start: float | None = None
         self.path: Path | None = None  # the export, once written (rank 0)
 
     def directory(self, trainer: L.Trainer) -> Path:
         """Where the export goes (``trainer.log_dir`` is a collective under DDP: every rank calls this)."""
-        return Path(self.export_dir) if self.export_dir else Path(trainer.log_dir or ".") / "drafter"
+        return Path(self.dir) if self.dir else Path(trainer.log_dir or ".") / "drafter"
 
-    def check(self, trainer: L.Trainer) -> None:
-        """Refuse a non-empty export directory up front (an export never overwrites one)."""
+    def check(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Refuse a non-empty export directory (an export never overwrites one) and a drafter a named server could
+        not serve."""
+        if not self.enabled:
+            return
         out = self.directory(trainer)
-        if self.enabled and out.exists() and any(out.iterdir()):
-            raise FileExistsError(
-                f"export directory {out} is not empty; refusing to overwrite it (choose --export_dir)"
-            )
+        if out.exists() and any(out.iterdir()):
+            raise FileExistsError(f"export directory {out} is not empty; refusing to overwrite it (set export.dir)")
+        check_servable(pl_module.drafter, self.servers, getattr(pl_module, "target", None))
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit":
-            self.check(trainer)
-            if self.enabled:
-                check_servable(pl_module.drafter, self.servers, getattr(pl_module, "target", None))
+            self.check(trainer, pl_module)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if not self.enabled:
@@ -90,43 +129,13 @@ class DrafterExport(L.Callback):
             start = "" if self.tau_start is None else f"{float(self.tau_start):.3f} -> "
             print(f"[dspark-lightning] held-out tau_hat {start}{float(end):.3f}", flush=True)
         print(f"[dspark-lightning] exported drafter -> {self.path}", flush=True)
-        calibrate_after_fit(self.path, self.calibrate)
+        if self.calibrate is not None:
+            from ...calibration import calibrate
+
+            for kwargs in self.calibrate.runs():
+                print(
+                    f"[dspark-lightning] calibrating the exported drafter at T = {kwargs['temperature']:g}", flush=True
+                )
+                calibrate(self.path, **kwargs)
         log = lambda line: print(line, flush=True)  # noqa: E731
-        export_for_servers(self.path, serving_layout(pl_module.drafter), self.servers, self.serve_dtype, log)
-
-
-def calibrate_args(spec: dict | None) -> list[dict[str, Any]]:
-    """``--calibrate {temperatures: [...], prompts_per_domain, max_new_tokens, domains}`` -> the keyword arguments of
-    one :func:`~dspark_lightning.calibration.calibrate` per temperature (no drafter yet); refuses unknown keys and
-    empty lists."""
-    if not spec:
-        return []
-    unknown = set(spec) - CALIBRATE_KEYS
-    if unknown:
-        raise checks.UsageError(f"--calibrate: unknown keys {sorted(unknown)}; allowed: {sorted(CALIBRATE_KEYS)}")
-    from ...calibration import DOMAINS
-
-    temps = spec.get("temperatures")
-    if not isinstance(temps, list | tuple) or not temps:
-        raise checks.UsageError("--calibrate needs temperatures: a non-empty list, e.g. [0.0, 1.0]")
-    for t in temps:
-        checks.temperature("--calibrate.temperatures", t)
-    extra: dict[str, Any] = {}
-    for key in ("prompts_per_domain", "max_new_tokens"):
-        if spec.get(key) is not None:
-            checks.at_least(f"--calibrate.{key}", spec[key], 1)
-            extra[key] = int(spec[key])
-    if spec.get("domains"):
-        for d in spec["domains"]:
-            if d not in DOMAINS:
-                raise checks.UsageError(f"--calibrate.domains {d!r} is not one of {', '.join(DOMAINS)}")
-        extra["domains"] = [str(d) for d in spec["domains"]]
-    return [{"temperature": float(t), **extra} for t in temps]
-
-
-def calibrate_after_fit(drafter_dir: Path, spec: dict | None) -> None:
-    from ...calibration import calibrate
-
-    for kwargs in calibrate_args(spec):
-        print(f"[dspark-lightning] calibrating the exported drafter at T = {kwargs['temperature']:g}", flush=True)
-        calibrate(drafter_dir, **kwargs)
+        export_for_servers(self.path, serving_layout(pl_module.drafter), self.servers, self.dtype, log)
