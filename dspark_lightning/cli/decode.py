@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Literal
 
 from .. import checks, devices
 from ..atomic import atomic_write
@@ -21,7 +21,7 @@ from ..infer.acceptance.sampling import GREEDY_EPS
 from ..targets import load_target_checked
 from .signature import REPEATED
 
-BATCHINGS = ("padded", "flat")
+Batching = Literal["padded", "flat"]
 
 
 def check_choice(name: str, value: str, choices) -> None:
@@ -107,7 +107,7 @@ def decode(
     sps: str | None = None,
     seed: int = 0,
     batch_size: int | None = None,
-    batching: str = "padded",
+    batching: Batching = "padded",
     verifier: str = "auto",
     acceptance: str = "rejection",
     no_chat: bool = False,
@@ -146,7 +146,6 @@ def decode(
     check_decode_args(max_new_tokens, temperature, top_k, top_p, batch_size)  # all checked before a model loads
     checks.at_least("--limit", limit, 0)
     spec = scheduler_arg(scheduler, sps)
-    check_choice("--batching", batching, BATCHINGS)
     check_verifier(verifier)
     check_registered("--acceptance", "acceptance", acceptance)
     devices.check_device_args(device, dtype, drafter_dtype)
@@ -203,7 +202,7 @@ def profile(
     context_len: int = 512,
     repeats: int = 5,
     verifier: str = "auto",
-    breakdown: str | None = None,
+    breakdown: Literal["verify", "draft"] | None = None,
     tokens: Sequence[int] = (1, 2, 4, 8, 16),
     rounds: int | None = None,
     drafter: str | None = None,
@@ -233,7 +232,6 @@ def profile(
     from ..infer.profiling.measure_sps import default_path, profile_sps
 
     if breakdown is not None:
-        check_choice("--breakdown", breakdown, ("verify", "draft"))
         if out is None:
             raise checks.UsageError("--breakdown writes <out>/{verify,draft}_profile.{json,md}: give --out DIR")
         if plot is not None:

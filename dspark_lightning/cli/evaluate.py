@@ -13,14 +13,16 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from .. import checks, devices
 from ..checkpoint import load_target_and_drafters
 from ..data.prompts.sources import DOMAINS
 from ..eval.serve_bench import DEFAULT_METHODS
-from .decode import BATCHINGS, check_choice, check_registered, check_sps_file, scheduler_arg
+from .decode import Batching, check_choice, check_registered, check_sps_file, scheduler_arg
 from .signature import REPEATED, run
+
+Domain = Literal[DOMAINS]  # the built-in held-out sets
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ class Shared:
 
     drafter: Sequence[str]
     target: str | None
-    domains: Sequence[str]
+    domains: Sequence[Domain]
     prompts_per_domain: int
     max_new_tokens: int
     out: str
@@ -43,8 +45,6 @@ class Shared:
         is loaded: sizes, domains, the files read and the output. Returns the schedulers' specs."""
         checks.at_least("--prompts_per_domain", self.prompts_per_domain, 1)
         checks.at_least("--max_new_tokens", self.max_new_tokens, 1)
-        for d in self.domains:
-            check_choice("--domains", d, DOMAINS)
         for spec in self.drafter:
             checks.drafter_config(spec.rpartition("=")[2])
         specs = [scheduler_arg(text, sps) for text in schedulers or ()]
@@ -96,7 +96,7 @@ def evaluate(
     *,
     drafter: Annotated[Sequence[str], REPEATED] = (),
     target: str | None = None,
-    domains: Sequence[str] = DOMAINS,
+    domains: Sequence[Domain] = DOMAINS,
     prompts_per_domain: int = 8,
     max_new_tokens: int = 256,
     seed: int = 980406,
@@ -168,7 +168,7 @@ def bench(
     *,
     drafter: Annotated[Sequence[str], REPEATED] = (),
     target: str | None = None,
-    domains: Sequence[str] = DOMAINS,
+    domains: Sequence[Domain] = DOMAINS,
     prompts_per_domain: int = 3,
     max_new_tokens: int = 64,
     seed: int = 0,
@@ -180,7 +180,7 @@ def bench(
     repeats: int = 2,
     prompt_lookup_tokens: int = 10,
     acceptance: Sequence[str] = ("rejection",),
-    batching: Sequence[str] = ("padded",),
+    batching: Sequence[Batching] = ("padded",),
     device: str = "auto",
     dtype: str = "auto",
     drafter_dtype: str = "auto",
@@ -216,8 +216,6 @@ def bench(
     checks.at_least("--prompt_lookup_tokens", prompt_lookup_tokens, 1)
     for x in acceptance:
         check_registered("--acceptance", "acceptance", x)
-    for mode in batching:
-        check_choice("--batching", mode, BATCHINGS)
     if len(set(batching)) != len(batching):
         raise checks.UsageError(f"--batching names a mode twice: {' '.join(batching)}")
     tgt, drafters = shared.load()
@@ -252,13 +250,13 @@ def threshold_sweep(
     *,
     drafter: Annotated[Sequence[str], REPEATED] = (),
     target: str | None = None,
-    domains: Sequence[str] = DOMAINS,
+    domains: Sequence[Domain] = DOMAINS,
     prompts_per_domain: int = 8,
     max_new_tokens: int = 64,
     seed: int = 0,
     out: str,
     thresholds: Sequence[float] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
-    mode: str = "cumulative",
+    mode: Literal["cumulative", "raw"] = "cumulative",
     temperature: float = 1.0,
     batch_size: int = 8,
     raw_confidences: bool = False,
@@ -289,7 +287,6 @@ def threshold_sweep(
     shared.check()
     for t in thresholds:
         checks.probability("--thresholds", t)
-    check_choice("--mode", mode, ("cumulative", "raw"))
     checks.temperature("--temperature", temperature)
     checks.at_least("--batch_size", batch_size, 1)
     tgt, drafters = shared.load()
@@ -312,7 +309,7 @@ def serve_bench(
     *,
     drafter: Annotated[Sequence[str], REPEATED] = (),
     target: str | None = None,
-    domains: Sequence[str] = DOMAINS,
+    domains: Sequence[Domain] = DOMAINS,
     prompts_per_domain: int = 8,
     max_new_tokens: int = 64,
     seed: int = 0,
@@ -322,7 +319,7 @@ def serve_bench(
     methods: Sequence[str] = tuple(DEFAULT_METHODS),
     window_s: float = 20.0,
     repeats: int = 1,
-    batching: str = "padded",
+    batching: Batching = "padded",
     temperature: float = 1.0,
     device: str = "auto",
     dtype: str = "auto",
@@ -358,7 +355,6 @@ def serve_bench(
             scheduler_arg(m, sps, "--methods")
     checks.in_range("--window_s", window_s, 0.0, open_low=True)
     checks.at_least("--repeats", repeats, 1)
-    check_choice("--batching", batching, BATCHINGS)
     checks.temperature("--temperature", temperature)
     tgt, drafters = shared.load()
     table = None

@@ -93,6 +93,25 @@ def test_a_bad_value_is_a_one_line_error_naming_the_flag(argv, word):
     assert "\n" not in line and word in line
 
 
+def test_a_closed_choice_is_refused_with_its_choices():
+    def k(mode: Literal["fast", "exact"] = "exact", part: Literal["a", "b"] | None = None,
+          sets: Sequence[Literal["x", "y"]] = ("x",)) -> None:  # fmt: skip
+        """K.
+
+        Args:
+            mode: fast or exact
+            part: a or b
+            sets: x and / or y
+        """
+
+    for argv, want in ((["--mode", "slow"], "--mode: 'slow' is not one of fast, exact"),
+                       (["--part", "c"], "--part: 'c' is not one of a, b"),
+                       (["--sets", "x", "z"], "--sets element 2: 'z' is not one of x, y")):  # fmt: skip
+        with pytest.raises(ArgumentError) as info:
+            run(k, argv, "k")
+        assert one_line_error(info.value) == want
+
+
 def test_an_undocumented_parameter_is_refused():
     def h(x: int = 1, y: int = 2) -> None:
         """H.
