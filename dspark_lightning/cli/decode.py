@@ -161,33 +161,24 @@ def decode(
                                            drafter_dtype=drafter_dtype)  # fmt: skip
     model = models[0] if models else None
     stream = len(texts) == 1
-    res = speculative_decode(
-        tgt,
-        model,
-        texts,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        scheduler=spec,
-        seed=seed,
-        chat=not no_chat,
-        stop=list(stop) or None,
-        batch_size=batch_size,
-        batching=batching,
-        verifier=verifier,
-        acceptance=acceptance,
-        on_commit=_Streamer(tgt.tokenizer) if stream else None,
-        progress=not stream,
-    )
-    if stream:
+    res = speculative_decode(tgt, model, texts, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                             top_p=top_p, scheduler=spec, seed=seed, chat=not no_chat, stop=list(stop) or None,
+                             batch_size=batch_size, batching=batching, verifier=verifier, acceptance=acceptance,
+                             on_commit=_Streamer(tgt.tokenizer) if stream else None,
+                             progress=not stream)  # fmt: skip
+    mode = "greedy" if temperature < GREEDY_EPS else f"T={temperature}"
+    who = f"drafter {drafter}, scheduler {scheduler}" if model is not None else "plain decoding"
+    _report(res, stream, f"{who}, {mode}", json_out)
+
+
+def _report(res, streamed: bool, what: str, json_out: str | None) -> None:
+    """The texts (unless streamed), the statistics line, and the JSON file ``--json_out`` asks for."""
+    if streamed:
         print()
     else:
         for i, text in enumerate(res.texts):
             print(f"--- [{i}] {res.finish_reasons[i]} ---\n{text}")
-    mode = "greedy" if temperature < GREEDY_EPS else f"T={temperature}"
-    who = f"drafter {drafter}, scheduler {scheduler}" if model is not None else "plain decoding"
-    print(f"[dspark-lightning] {who}, {mode}: {res.stats.summary()}", file=sys.stderr)
+    print(f"[dspark-lightning] {what}: {res.stats.summary()}", file=sys.stderr)
     if json_out:
         out = {"texts": res.texts, "token_ids": res.token_ids, "finish_reasons": res.finish_reasons}
         out |= {"stats": res.stats.to_dict(), "requests": res.requests}
