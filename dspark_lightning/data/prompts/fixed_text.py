@@ -5,15 +5,8 @@ logits on it are the labels (the L1/KL and argmax-CE terms; the CE on the data t
 text is not the target's). Scoring costs one prefill (≈ 600 tok/s on two CPU cores) where regeneration costs a
 decode step per token (≈ 130 tok/s), and the text can be as varied as the corpus it comes from.
 
-Built in, all offline and deterministic for a given Python (no import of the modules they read):
-
-- ``python_source`` (code): real functions of the running Python's standard library, parsed with :mod:`ast`; the
-  prompt is a HumanEval-form request (the function's header and docstring), the response its actual source in a
-  ``python`` code block. About 3600 functions on CPython 3.11.
-- ``python_docs`` (chat): the language reference topics of :mod:`pydoc_data.topics` and the stdlib modules' own
-  docstrings, cut at paragraph boundaries into answers to an "explain" request.
-- ``package_docs`` (chat): the descriptions (README) of the installed distributions, as answers to "tell me about
-  the package" (what it yields depends on the environment; ids are the distribution names).
+Built in (see each class), all offline and deterministic for a given Python (no import of the modules they read):
+``python_source`` (code; about 3600 stdlib functions on CPython 3.11), ``python_docs`` and ``package_docs`` (chat).
 
 ``limit`` takes a prefix of a fixed pseudo-random order (sha256 of the id and ``seed``), so a small limit is a varied
 sample, not the first modules alphabetically.
@@ -199,7 +192,6 @@ class PythonDocs(_ProseAnswers):
     of ≤ ``max_chars``; ids ``python_docs/topic/<name>/<k>`` and ``python_docs/module/<name>/<k>``."""
 
     license = LICENSES["python_docs"]
-    default_max_chars = 1500
 
     def all_records(self) -> Iterator[PromptRecord]:
         pieces = _doc_pieces()

@@ -11,12 +11,10 @@ before it; a resume drops a torn last line and deduplicates ids an old race wrot
      "gen": {<settings>, "new_tokens": [int per assistant turn], "stopped": [bool per assistant turn]},
      "meta": {...}}  # only when the prompt record has meta
 
-The answers come from a registered backend (``backend``, registry kind ``regen_backend``; the contract is
-backend.py's :class:`~dspark_lightning.data.regen.backend.RegenBackend`): ``dspark`` (our decoding engine,
-continuous batching; regen_engine.py), ``hf`` (HF ``generate``; regen_hf.py), ``openai`` (an OpenAI-compatible chat
-server; regen_server.py) or ``vllm`` (vLLM's offline engine in the pinned vLLM venv; regen_vllm.py). Every backend
-seeds each (conversation, turn) from (seed, id, turn), so a row's response does not depend on which other rows share
-its batch and a resume reproduces the same text (up to float effects of batching).
+The answers come from a registered ``regen_backend`` (:func:`regenerate`; the contract is
+:class:`~dspark_lightning.data.regen.backend.RegenBackend`). Every backend seeds each (conversation, turn) from
+(seed, id, turn), so a row's response does not depend on which other rows share its batch and a resume reproduces
+the same text (up to float effects of batching).
 """
 
 from __future__ import annotations
