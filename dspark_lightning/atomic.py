@@ -161,20 +161,16 @@ class _Sink:
         return self.attempted
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
+def _alive_writer(pid: int | None) -> bool:
+    if pid is None or pid <= 0:
+        return False
     try:
-        os.kill(pid, 0)
+        os.kill(pid, 0)  # our own pid included
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True
+    except PermissionError:  # alive, another user's
+        pass
     return True
-
-
-def _alive_writer(pid: int | None) -> bool:
-    return pid is not None and pid > 0 and _pid_alive(pid)
 
 
 def _debris_pid(name: str, marker: str) -> int | None:

@@ -459,9 +459,8 @@ class FeatureCache(Dataset):
         for k, offset, _ in self._entries:
             with open(self._shards[k], "rb") as f:
                 f.seek(offset)
-                n = int.from_bytes(f.read(8), "little")
-                header = json.loads(f.read(n))
-            out.append(json.loads(header.get("__metadata__", {}).get("sample", "{}")).get("id", ""))
+                head = f.read(8)
+                out.append(_sample_metadata(head + f.read(int.from_bytes(head, "little"))).get("id", ""))
         return out
 
     @property
