@@ -165,7 +165,34 @@ class VLLM(Server):
     order = 0
 
     def dspark_rules(self, drafter: Any, head_type: str | None, target: Any = None) -> list[str]:
-        return _vllm_dspark(drafter, head_type, target)
+        if head_type in ("gated", "rnn"):
+            raise InteropError(
+                f"vllm: markov_head_type {head_type!r} is refused: vLLM's Qwen3 DSpark loader has no "
+                f"markov_head.{'gate_proj' if head_type == 'gated' else 'joint_proj'} and raises on it; "
+                "train a vanilla head or export with --server sglang"
+            )
+        arch = target_arch(target)
+        if arch in VLLM_NO_AUX_STATES:
+            raise InteropError(
+                f"vllm: target architecture {arch!r}: vLLM {VLLM_VERSION}'s {VLLM_NO_AUX_STATES[arch]} does not "
+                "implement SupportsEagle3, so it emits none of the hidden states a DSpark drafter taps (vLLM raises "
+                "'Model does not support EAGLE3 interface' on load); serve this drafter with "
+                "dspark_lightning.infer.decode, or export with --server deepspec"
+            )
+        notes = []
+        if embed_scale(drafter) != 1.0:
+            notes.append(
+                f"vllm: the target scales its token embeddings by {embed_scale(drafter):.4g}: wrote the scaled rows as "
+                "embed_tokens, which vLLM's Qwen3 DSpark loads as its own instead of sharing the target's"
+            )
+        if head_type is None:
+            notes.append("vllm: markov_rank 0 builds an empty Markov head in vLLM's Qwen3DSparkModel (not run here)")
+        if arch is not None and arch not in VLLM_CHECKED_TARGETS:
+            notes.append(
+                f"vllm: target architecture {arch!r}: the drafter taps its layers' hidden states, which vLLM must "
+                "emit for this architecture (its EAGLE-3 auxiliary states); not checked here"
+            )
+        return notes
 
     def dspark_additions(self, cfg: dict[str, Any], state: dict[str, torch.Tensor], drafter: Any) -> None:
         cfg["dflash_config"] = {**(cfg.get("dflash_config") or {}), "mask_token_id": drafter.mask_token_id}
@@ -180,7 +207,30 @@ class SGLang(Server):
     order = 1
 
     def dspark_rules(self, drafter: Any, head_type: str | None, target: Any = None) -> list[str]:
-        return _sglang_dspark(drafter, head_type, target)
+        if head_type is None:
+            raise InteropError(
+                "sglang: markov_rank 0 (a DFlash drafter) is refused: SGLang's DSpark model requires markov_rank > 0; "
+                "export without --server for a DFlash-method server"
+            )
+        if drafter.draft_vocab is not None:
+            n, v = drafter.draft_vocab.numel(), drafter.geometry.vocab_size
+            raise InteropError(
+                f"sglang: a reduced draft vocabulary is refused: SGLang DSpark builds markov_w2 as (vocab_size={v}, r) "
+                f"and shares the target's full lm_head, ours is ({n}, r); train with the full vocabulary"
+            )
+        if drafter.conf_head is None:
+            raise InteropError(
+                "sglang: a drafter without a confidence head is refused: SGLang builds one in every ragged-verify mode "
+                "but static, even with enable_confidence_head false, and raises on its missing weights; "
+                "train with a confidence head"
+            )
+        if embed_scale(drafter) != 1.0:
+            raise InteropError(
+                f"sglang: the target scales its token embeddings by {embed_scale(drafter):.4g} (Gemma) and the "
+                "drafter embeds with those scaled rows; SGLang's DSpark model is not checked to load a drafter's own "
+                "embed_tokens instead of the target's unscaled table; export --server vllm or deepspec"
+            )
+        return []
 
     def eagle3_additions(self, cfg: dict[str, Any], layer_ids: list[int]) -> list[str]:
         ids, note = sglang_aux_ids(layer_ids)
@@ -195,7 +245,12 @@ class DeepSpec(Server):
     order = 2
 
     def dspark_rules(self, drafter: Any, head_type: str | None, target: Any = None) -> list[str]:
-        return _deepspec_dspark(drafter, head_type, target)
+        if drafter.draft_vocab is not None:
+            raise InteropError(
+                "deepspec: a reduced draft vocabulary is refused: DeepSpec's Qwen3DSparkModel has a (vocab_size, d) "
+                "lm_head and reads no d2t; train with the full vocabulary"
+            )
+        return []
 
     def dspark_additions(self, cfg: dict[str, Any], state: dict[str, torch.Tensor], drafter: Any) -> None:
         cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": drafter.geometry.rope_theta}
@@ -216,7 +271,22 @@ class LlamaCpp(Server):
     in_all = False
 
     def dspark_rules(self, drafter: Any, head_type: str | None, target: Any = None) -> list[str]:
-        return _llamacpp_dspark(drafter, head_type, target)
+        if head_type is None:
+            raise InteropError(
+                "llamacpp: markov_rank 0 (a DFlash drafter) is refused: --spec-type draft-dspark asserts the Markov "
+                "weights, and llama.cpp's draft-dflash path (block_size - 1 drafts) is not checked against ours; "
+                "export --server vllm or deepspec"
+            )
+        if head_type != "vanilla":
+            raise InteropError(
+                f"llamacpp: markov_head_type {head_type!r} is refused: llama.cpp's converter and graph know the "
+                "vanilla Markov head only; train seq_head vanilla or export with --server sglang"
+            )
+        if target is not None:
+            from .llamacpp import check_target_arch
+
+            check_target_arch(target_arch(target))
+        return []
 
     def write(self, folder: Path, drafter: Any, target: Any = None, job: ExportJob | None = None) -> list[str]:
         """``draft.gguf`` (and with ``job.target_gguf`` ``target.gguf``): llama.cpp's converter on the generic
@@ -227,35 +297,6 @@ class LlamaCpp(Server):
 
     def eagle3_rules(self) -> None:
         raise InteropError("llamacpp: only --layout dspark-hf is converted for llama.cpp here (draft-dspark)")
-
-
-def _vllm_dspark(drafter: Any, head_type: str | None, target: Any = None) -> list[str]:
-    if head_type in ("gated", "rnn"):
-        raise InteropError(
-            f"vllm: markov_head_type {head_type!r} is refused: vLLM's Qwen3 DSpark loader has no "
-            f"markov_head.{'gate_proj' if head_type == 'gated' else 'joint_proj'} and raises on it; "
-            "train a vanilla head or export with --server sglang"
-        )
-    arch = target_arch(target)
-    if arch in VLLM_NO_AUX_STATES:
-        raise InteropError(
-            f"vllm: target architecture {arch!r}: vLLM {VLLM_VERSION}'s {VLLM_NO_AUX_STATES[arch]} does not implement "
-            "SupportsEagle3, so it emits none of the hidden states a DSpark drafter taps (vLLM raises 'Model does not "
-            "support EAGLE3 interface' on load); serve this drafter with dspark_lightning.infer.decode, or export with "
-            "--server deepspec"
-        )
-    notes = []
-    if embed_scale(drafter) != 1.0:
-        notes.append(
-            f"vllm: the target scales its token embeddings by {embed_scale(drafter):.4g}: wrote the scaled rows as "
-            "embed_tokens, which vLLM's Qwen3 DSpark loads as its own instead of sharing the target's"
-        )
-    if head_type is None:
-        notes.append("vllm: markov_rank 0 builds an empty Markov head in vLLM's Qwen3DSparkModel (not run here)")
-    if arch is not None and arch not in VLLM_CHECKED_TARGETS:
-        notes.append(f"vllm: target architecture {arch!r}: the drafter taps its layers' hidden states, which vLLM must "
-                     "emit for this architecture (its EAGLE-3 auxiliary states); not checked here")  # fmt: skip
-    return notes
 
 
 # Target architectures whose vLLM model emits the auxiliary hidden states a DSpark drafter taps (``SupportsEagle3`` in
@@ -273,61 +314,6 @@ def target_arch(target: Any) -> str | None:
         return None
     model = target.model
     return (getattr(model.config, "architectures", None) or [type(model).__name__])[0]
-
-
-def _sglang_dspark(drafter: Any, head_type: str | None, target: Any = None) -> list[str]:
-    if head_type is None:
-        raise InteropError(
-            "sglang: markov_rank 0 (a DFlash drafter) is refused: SGLang's DSpark model requires markov_rank > 0; "
-            "export without --server for a DFlash-method server"
-        )
-    if drafter.draft_vocab is not None:
-        n, v = drafter.draft_vocab.numel(), drafter.geometry.vocab_size
-        raise InteropError(
-            f"sglang: a reduced draft vocabulary is refused: SGLang DSpark builds markov_w2 as (vocab_size={v}, r) "
-            f"and shares the target's full lm_head, ours is ({n}, r); train with the full vocabulary"
-        )
-    if drafter.conf_head is None:
-        raise InteropError(
-            "sglang: a drafter without a confidence head is refused: SGLang builds one in every ragged-verify mode "
-            "but static, even with enable_confidence_head false, and raises on its missing weights; "
-            "train with a confidence head"
-        )
-    if embed_scale(drafter) != 1.0:
-        raise InteropError(
-            f"sglang: the target scales its token embeddings by {embed_scale(drafter):.4g} (Gemma) and the drafter "
-            "embeds with those scaled rows; SGLang's DSpark model is not checked to load a drafter's own embed_tokens "
-            "instead of the target's unscaled table; export --server vllm or deepspec"
-        )
-    return []
-
-
-def _deepspec_dspark(drafter: Any, head_type: str | None, target: Any = None) -> list[str]:
-    if drafter.draft_vocab is not None:
-        raise InteropError(
-            "deepspec: a reduced draft vocabulary is refused: DeepSpec's Qwen3DSparkModel has a (vocab_size, d) "
-            "lm_head and reads no d2t; train with the full vocabulary"
-        )
-    return []
-
-
-def _llamacpp_dspark(drafter: Any, head_type: str | None, target: Any = None) -> list[str]:
-    if head_type is None:
-        raise InteropError(
-            "llamacpp: markov_rank 0 (a DFlash drafter) is refused: --spec-type draft-dspark asserts the Markov "
-            "weights, and llama.cpp's draft-dflash path (block_size - 1 drafts) is not checked against ours; "
-            "export --server vllm or deepspec"
-        )
-    if head_type != "vanilla":
-        raise InteropError(
-            f"llamacpp: markov_head_type {head_type!r} is refused: llama.cpp's converter and graph know the vanilla "
-            "Markov head only; train seq_head vanilla or export with --server sglang"
-        )
-    if target is not None:
-        from .llamacpp import check_target_arch
-
-        check_target_arch(target_arch(target))
-    return []
 
 
 def dspark_additions(cfg: dict[str, Any], state: dict[str, torch.Tensor], drafter: Any, server: str | None) -> None:

@@ -33,9 +33,8 @@ if TYPE_CHECKING:
 class Scheduler:
     """Picks each request's verification length from the confidences; the base class of every scheduler.
 
-    Subclasses implement :meth:`__call__`. The other methods are hooks the engine calls at fixed points of a round;
-    each does nothing by default, so a scheduler overrides only the ones it uses (the engine skips the per-step ones a
-    scheduler does not override).
+    Subclasses implement :meth:`__call__`. The other methods are hooks the engine calls at fixed points of a round
+    (it skips the per-step ones a scheduler does not override):
 
     - :meth:`reset`: once, when an engine takes the scheduler.
     - :meth:`use_hardware`: the machine's :class:`~.hardware.HardwareProfile`, before the decoding loop, with the parts
@@ -82,9 +81,7 @@ def overrides(scheduler: Scheduler, hook: str) -> bool:
     return getattr(type(scheduler), hook, None) is not getattr(Scheduler, hook)
 
 
-class FunctionScheduler(Scheduler):
-    """A plain function ``conf -> lengths`` as a scheduler (no hooks)."""
-
+class FunctionScheduler(Scheduler):  # a plain function ``conf -> lengths`` as a scheduler (no hooks)
     def __init__(self, fn) -> None:
         self.fn = fn
 
@@ -265,10 +262,9 @@ class _SPSScheduler(Scheduler):
 
     ``timing="model"`` (default, reproducible): a step's time is modelled as 1 / SPS(B) for its B verified
     tokens plus the drafter's cost per round at its batch size, profiled once per (drafter, machine) and cached
-    (:mod:`dspark_lightning.infer.profiling.measure_draft_cost`; ``decode()`` hands it over in a
-    :class:`~.hardware.HardwareProfile`, :meth:`use_hardware`); ℓ
-    and the gate then depend only on the confidences and the tokens committed so far, so
-    the same call with the same seed gives the same output under any machine load. ``timing="live"`` uses this
+    (:mod:`dspark_lightning.infer.profiling.measure_draft_cost`, handed over by :meth:`use_hardware`); ℓ and the gate
+    then depend only on the confidences and the tokens committed so far, so the same call with the same seed gives
+    the same output under any machine load. ``timing="live"`` uses this
     run's wall clock instead (an EMA of drafting time, measured step rates): it adapts to the load of the
     moment and is not reproducible at T > 0.
     """
@@ -304,15 +300,13 @@ class _SPSScheduler(Scheduler):
             self.gate.reset()
 
     def wants_draft(self, R: int) -> bool:
-        """Whether the engine should run the drafter this step (see :class:`DraftGate`)."""
         if self.gate is None:
             return True
         plain = float(R * self.sps(R)) if self.sps is not None and R <= self.sps.max_tokens else None
         return self.gate.wants_draft(R, plain)
 
     def observe_step(self, drafted: bool, R: int, tokens: int, seconds: float, verified: int | None = None) -> None:
-        """The engine reports each finished step: drafted or not, batch size, committed tokens, wall time and
-        verified tokens B. Model timing replaces the wall time by 1 / SPS(B) (+ the drafting cost)."""
+        """Model timing replaces the wall time by 1 / SPS(B) (+ the drafting cost)."""
         if self.gate is None:
             return
         if self.timing == "model":
@@ -333,7 +327,6 @@ class _SPSScheduler(Scheduler):
         return frozenset(need)
 
     def use_hardware(self, profile: HardwareProfile) -> None:
-        """Take the SPS table (unless one was given) and the drafter's cost per round from ``profile``."""
         if self.sps is None:
             self.sps = profile.sps
         if profile.draft_cost is not None:
@@ -347,8 +340,7 @@ class _SPSScheduler(Scheduler):
             return self.fixed_cost
         return self.cost(R) if self.cost is not None else 0.0
 
-    def observe_draft_time(self, seconds: float) -> None:
-        """Live timing: the engine reports each step's drafting time (it does not depend on any token value)."""
+    def observe_draft_time(self, seconds: float) -> None:  # live timing's estimate (no token value enters it)
         self.draft_s = seconds if self.draft_s is None else 0.7 * self.draft_s + 0.3 * seconds
 
     def _table(self, R: int) -> SPSTable:
@@ -473,15 +465,9 @@ class AutoScheduler(_SPSScheduler):
 
     def __call__(self, conf: torch.Tensor) -> torch.Tensor:
         conf = conf.detach().cpu()
+        sps = self._table(conf.shape[0])  # refuses a scheduler without an SPS table
         if self.mode is None:
-            if self.sps is None:
-                raise RuntimeError(
-                    "AutoScheduler has no SPS table: pass sps=... or a HardwareProfile with one "
-                    "(use_hardware; decode() measures it)"
-                )
             self.mode = "global" if step_in_curve(self.sps) is not None else "prefix"
-        R = conf.shape[0]
-        sps = self._table(R)
         if self.mode == "prefix":
             return prefix_schedule(conf, sps)
         a = survival(conf)

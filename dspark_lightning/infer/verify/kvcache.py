@@ -195,13 +195,11 @@ class RaggedCache:
 
     # --- bookkeeping -----------------------------------------------------------------------
     @property
-    def owner(self) -> torch.Tensor:
-        """(rows, S) request id of each entry, -1 = free."""
+    def owner(self) -> torch.Tensor:  # (rows, S) request id of each entry, -1 = free
         return self._owner.used
 
     @property
-    def pos(self) -> torch.Tensor:
-        """(rows, S) token position of each entry."""
+    def pos(self) -> torch.Tensor:  # (rows, S) token position of each entry
         return self._pos.used
 
     @property
@@ -311,9 +309,6 @@ class RaggedCache:
             cols = (starts[:, None] + j).clamp(max=max(total - 1, 0))
             return Grid(rows, cols, valid, (1, total))
         row_of = {rid: i for i, rid in enumerate(self.slots)}
-        missing = [rid for rid in ids if rid not in row_of]
-        if missing:
-            raise KeyError(f"requests {missing} were not added to the cache")
         rows = torch.as_tensor([row_of[rid] for rid in ids], dtype=torch.long, device=self.device)
         return Grid(rows[:, None].expand(R, W), j[None, :].expand(R, W), valid, (self.rows, W))
 
@@ -333,11 +328,6 @@ class RaggedCache:
         live = (self.owner >= 0) & (self.owner <= top)
         lim = limit[self.owner.clamp(min=0, max=limit.numel() - 1)]
         self.owner.masked_fill_(live & (self.pos > lim), -1)
-
-    def live_bound(self, held: dict[int, int]) -> int:
-        """Most live entries one row can hold, from the host's count per request: the longest request (padded
-        batching) or all of them (flat): the ``live_max`` of :meth:`compact`."""
-        return sum(held.values()) if self.flat else max(held.values(), default=0)
 
     def compact(self, slack: float = 2.0, min_free: int = 16, live_max: int | None = None) -> bool:
         """Squeeze free entries out when the cache is more than ``slack`` x its live length (+ min_free).
@@ -418,11 +408,12 @@ class RequestCache:
         self.held = {}
 
     def _compact(self) -> None:
-        """Squeeze free entries out when they make up most of the cache (:meth:`RaggedCache.compact`)."""
-        self.kv.compact(live_max=self.kv.live_bound(self.held))
+        """:meth:`RaggedCache.compact` with ``live_max`` from the host's counts: the longest request (padded), all
+        of them (flat)."""
+        held = self.held.values()
+        self.kv.compact(live_max=sum(held) if self.kv.flat else max(held, default=0))
 
-    def _drop(self, ids: list[int]) -> None:
-        """Free every entry of requests ``ids`` (finished)."""
+    def _drop(self, ids: list[int]) -> None:  # finished requests
         if ids:
             self.kv.remove_requests(ids)
             for i in ids:
