@@ -23,8 +23,9 @@ from typing import Any
 import torch
 
 from .. import checks
-from ..checkpoint import check_chat_format, load_target_and_drafters, read_config
+from ..checkpoint import check_compatible, load_target_and_drafters, read_config
 from ..devices import resolve_device, resolve_dtype
+from ..drafters import CONVENTION
 from .acceptance.sampling import SamplingParams
 from .build import make_engine
 from .engine import Engine
@@ -118,17 +119,10 @@ def check_drafter_object(drafter, target) -> None:
     g = getattr(drafter, "geometry", None)
     if g is None:
         return
-    tg = target.geometry
-    for key in ("hidden_size", "vocab_size"):
-        if getattr(g, key, None) != getattr(tg, key):
-            raise ValueError(
-                f"the drafter's {key} is {getattr(g, key, None)}, target {target.name!r} has {getattr(tg, key)}"
-            )
-    if list(g.layer_ids) != list(tg.layer_ids):
-        raise ValueError(f"the drafter reads target layers {list(g.layer_ids)}, the target taps {list(tg.layer_ids)}")
     src = getattr(drafter, "source_dir", None)
-    if src is not None and (Path(src) / "config.json").is_file():
-        check_chat_format(read_config(Path(src)), target, str(src))
+    cfg = read_config(Path(src)) if src is not None and (Path(src) / "config.json").is_file() else {}
+    geometry = {k: getattr(g, k, None) for k in ("hidden_size", "vocab_size")} | {"layer_ids": list(g.layer_ids)}
+    check_compatible({**cfg, "geometry": geometry, "convention": CONVENTION}, target, src or "the drafter object")
 
 
 def decode(
