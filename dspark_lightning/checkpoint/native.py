@@ -188,7 +188,7 @@ def check_chat_format(cfg: dict[str, Any], target: Any, where: str) -> None:
     if any(recorded.get(k) != v for k, v in have.items()):
         raise DrafterLoadError(
             f"{where}: drafter was trained with chat format {recorded}, the target renders {have}; load the target "
-            "with chat=ChatFormat(**that) (the recipe's data.system_prompt)"
+            "with chat=ChatFormat(**that) (the recipe's target.system_prompt)"
         )
 
 
