@@ -36,7 +36,7 @@ class RegenConfig:
     retries: int = 3
     """backend openai: retries of a request that fails to connect, times out or gets a 5xx / 429 answer"""
     dtype: str | None = None
-    """precision of the target copy that writes the responses (null = the target's own, ``data.target_dtype``).
+    """precision of the target copy that writes the responses (null = the target's own, ``target.dtype``).
     ``bf16`` about doubles regeneration on a CPU with bf16 units (benchmarks/results/matrix.md, "Regeneration
     throughput"); the
     responses are then the bf16 target's, while features and labels still come from the target itself. ``fastest``:
