@@ -145,8 +145,20 @@ def _weights_metadata(wfile: Path) -> dict[str, str]:
 
 
 def check_compatible(cfg: dict[str, Any], target: Any, where: str) -> None:
-    """One-line errors for a drafter whose geometry does not match the target."""
-    g, tg = cfg["geometry"], target.geometry
+    """One-line errors for a drafter whose geometry, block convention or chat format does not match the target."""
+    check_geometry(cfg["geometry"], target, where)
+    if "convention" not in cfg:
+        raise DrafterLoadError(
+            f"{where}: config.json has no 'convention' key (the block convention the drafter was trained in)"
+        )
+    if cfg["convention"] != CONVENTION:
+        raise DrafterLoadError(f"{where}: block convention {cfg['convention']!r}, this runtime uses {CONVENTION!r}")
+    check_chat_format(cfg, target, where)
+
+
+def check_geometry(g: dict[str, Any], target: Any, where: str) -> None:
+    """The drafter's ``hidden_size``, ``vocab_size`` and ``layer_ids`` against the target's."""
+    tg = target.geometry
     for key in ("hidden_size", "vocab_size"):
         if g[key] != getattr(tg, key):
             raise DrafterLoadError(
@@ -156,13 +168,6 @@ def check_compatible(cfg: dict[str, Any], target: Any, where: str) -> None:
         raise DrafterLoadError(
             f"{where}: drafter was trained on target layers {g['layer_ids']}, target taps {list(tg.layer_ids)}"
         )
-    if "convention" not in cfg:
-        raise DrafterLoadError(
-            f"{where}: config.json has no 'convention' key (the block convention the drafter was trained in)"
-        )
-    if cfg["convention"] != CONVENTION:
-        raise DrafterLoadError(f"{where}: block convention {cfg['convention']!r}, this runtime uses {CONVENTION!r}")
-    check_chat_format(cfg, target, where)
 
 
 def recorded_target_args(path: str | Path) -> dict[str, Any]:

@@ -23,9 +23,8 @@ from typing import Any
 import torch
 
 from .. import checks
-from ..checkpoint import check_compatible, load_target_and_drafters, read_config
+from ..checkpoint import check_chat_format, check_geometry, load_target_and_drafters, read_config
 from ..devices import resolve_device, resolve_dtype
-from ..drafters import CONVENTION
 from .acceptance.sampling import SamplingParams
 from .build import make_engine
 from .engine import Engine
@@ -120,9 +119,10 @@ def check_drafter_object(drafter, target) -> None:
     if g is None:
         return
     src = getattr(drafter, "source_dir", None)
-    cfg = read_config(Path(src)) if src is not None and (Path(src) / "config.json").is_file() else {}
-    geometry = {k: getattr(g, k, None) for k in ("hidden_size", "vocab_size")} | {"layer_ids": list(g.layer_ids)}
-    check_compatible({**cfg, "geometry": geometry, "convention": CONVENTION}, target, src or "the drafter object")
+    where = src or "the drafter object"
+    check_geometry({k: getattr(g, k, None) for k in ("hidden_size", "vocab_size", "layer_ids")}, target, where)
+    if src is not None and (Path(src) / "config.json").is_file():
+        check_chat_format(read_config(Path(src)), target, where)
 
 
 def decode(
