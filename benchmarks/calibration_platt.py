@@ -23,7 +23,7 @@ def main() -> None:
     ap.add_argument("--heldout_fraction", type=float, default=0.5)
     a = ap.parse_args()
     ro = Rollouts.load(a.rollouts)
-    held = torch.isin(ro.prompt, torch.tensor(heldout_prompts(a.prompts_per_domain, a.domains, a.heldout_fraction)))
+    held = torch.isin(ro.prompt, torch.tensor(heldout_prompts([a.prompts_per_domain] * a.domains, a.heldout_fraction)))
     (zf, mf, _), (zh, mh, _) = ro.rows(~held), ro.rows(held)
     yf, yh = (mf >= 1).double(), (mh >= 1).double()
     T_sts = fit_sts(*ro.rows(~held)).temperatures[0]

@@ -21,7 +21,7 @@ one import that points up the package's floors (this module is a leaf the compon
 tests/unit/test_layering.py allows.
 
 Kinds: ``backbone``, ``seq_head``, ``conf_head``, ``drafter`` (models, ``drafters/``), ``scheduler``, ``verifier``,
-``proposer`` (the runtime, ``infer/``: a proposer factory ``(drafter, batching=, conf_temperatures=)`` named by a
+``proposer`` (the runtime, ``infer/``: a proposer factory ``(drafter, batching=, confidence=)`` named by a
 drafter class's ``proposer_name``), ``acceptance`` (verification rules, ``infer/``), ``prompt_source``
 (``data/prompts/sources.py``), ``regen_backend`` (how the target's answers are made,
 :class:`~dspark_lightning.data.regen.backend.RegenBackend`; ``data/regen/``), ``layout`` (readers of serving

@@ -17,6 +17,7 @@ from ..atomic import atomic_write
 from ..checkpoint import load_drafter_checked, load_target_and_drafters, read_config
 from ..data.prompts.sources import DOMAINS
 from ..devices import check_device_args
+from .confidence import choose, report, report_markdown
 from .files import load_rollouts, save_calibration
 from .report import calibration_markdown, plot_reliability
 from .rollouts import Rollouts, calibration_prompts, heldout_prompts, rollouts
@@ -36,6 +37,7 @@ def check_calibrate_args(
     min_class: int,
     report_dir: str | Path | None,
     device: str,
+    prompts: str | Path | None = None,
     dtype: str,
     drafter_dtype: str | None,
 ) -> None:
@@ -52,6 +54,8 @@ def check_calibrate_args(
     checks.at_least("--min_rows", min_rows, 0)
     checks.at_least("--min_class", min_class, 0)
     checks.output_dir("--report_dir", report_dir)
+    if prompts is not None:
+        checks.input_file("--prompts", prompts)
     check_device_args(device, dtype, drafter_dtype)
 
 
@@ -69,6 +73,7 @@ def calibrate(
     min_class: int = MIN_CLASS,
     report_dir: str | Path | None = None,
     rollouts_file: str | Path | None = None,
+    prompts: str | Path | None = None,
     device: str = "auto",
     dtype: str = "auto",
     drafter_dtype: str | None = "auto",
@@ -96,6 +101,8 @@ def calibrate(
         min_class: fewer surviving or failing rounds: copy the previous T
         report_dir: also write report JSON, PNGs and rollouts.pt
         rollouts_file: refit from a saved rollouts.pt (no decoding)
+        prompts: a responses JSONL to draw the pool from (a recipe's <work_dir>/responses_heldout.jsonl: the prompts
+            the drafter will serve); default: the built-in STS pool
         device: auto (CUDA when available) | cpu | cuda | cuda:N
         dtype: target: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
         drafter_dtype: drafter: auto (the faster of fp32/bf16 here) | bf16 | fp32
@@ -106,6 +113,7 @@ def calibrate(
         drafter, temperature=temperature, domains=domains, prompts_per_domain=prompts_per_domain,
         heldout_fraction=heldout_fraction, max_new_tokens=max_new_tokens, batch_size=batch_size, min_rows=min_rows,
         min_class=min_class, report_dir=report_dir, device=device, dtype=dtype, drafter_dtype=drafter_dtype,
+        prompts=prompts,
     )  # fmt: skip
     lock = locks.folder_lock(drafter, "calibrate") if locks.is_primary_process() else contextlib.nullcontext()
     with lock:
@@ -116,37 +124,47 @@ def calibrate(
         else:
             model = load_drafter_checked(drafter, target, drafter_dtype)
         checks.fits_positions(target, max_new_tokens + 1, "--max_new_tokens with a one-token prompt")
+        pool = calibration_prompts(list(domains), prompts_per_domain, prompts)
+        if not pool:
+            raise checks.UsageError(f"--prompts {prompts} holds no prompt of the domains {', '.join(domains)}")
         if ro is None:
-            prompts = calibration_prompts(list(domains), prompts_per_domain)
-            ro = rollouts(target, model, prompts, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+            flat = [text for texts in pool.values() for text in texts]
+            ro = rollouts(target, model, flat, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
                           batch_size=batch_size, progress=not quiet)  # fmt: skip
-        return _fit_and_write(ro, model, drafter, temperature=temperature, domains=list(domains),
+        return _fit_and_write(ro, model, drafter, temperature=temperature, pool=pool, prompts_file=prompts,
                               prompts_per_domain=prompts_per_domain, heldout_fraction=heldout_fraction,
                               max_new_tokens=max_new_tokens, seed=seed, min_rows=min_rows, min_class=min_class,
                               report_dir=report_dir, save_rollouts=rollouts_file is None, quiet=quiet)  # fmt: skip
 
 
 def _fit_and_write(
-    ro: Rollouts, model: Any, drafter: str | Path, *, temperature: float, domains: list[str], prompts_per_domain: int,
+    ro: Rollouts, model: Any, drafter: str | Path, *, temperature: float, pool: dict[str, list[str]],
+    prompts_file: str | Path | None, prompts_per_domain: int,
     heldout_fraction: float, max_new_tokens: int, seed: int, min_rows: int, min_class: int,
     report_dir: str | Path | None, save_rollouts: bool, quiet: bool,
 ) -> Path:  # fmt: skip
-    width, g = int(ro.z.shape[1]), getattr(model, "block_size", None)
+    width, g = int(ro.mu.shape[1]), getattr(model, "block_size", None)
     if g is not None and width != g:
         raise ValueError(f"the rollouts hold {width} confidences per round, drafter {drafter} drafts blocks of {g}: "
                          "they were recorded with another drafter; record them with this one")  # fmt: skip
-    held_ids = heldout_prompts(prompts_per_domain, len(domains), heldout_fraction)
+    held_ids = heldout_prompts([len(texts) for texts in pool.values()], heldout_fraction)
     held = torch.isin(ro.prompt, torch.tensor(held_ids, dtype=torch.long))
     if bool(held.all()):
         raise ValueError("every prompt is held out: lower --heldout_fraction or raise --prompts_per_domain")
-    res = fit_sts(*ro.rows(~held), min_rows=min_rows, min_class=min_class)
-    ones = torch.ones(len(res.temperatures), dtype=torch.float64)
-    heldout = None
-    if bool(held.any()):
-        heldout = tuple(position_reports(*ro.rows(held), t) for t in (ones, torch.tensor(res.temperatures)))
+    fit_rows = ro.confidence_rows(~held)
+    res = heldout = None
+    if fit_rows.z is not None:
+        res = fit_sts(*ro.rows(~held), min_rows=min_rows, min_class=min_class)
+        ones = torch.ones(len(res.temperatures), dtype=torch.float64)
+        if bool(held.any()):
+            heldout = tuple(position_reports(*ro.rows(held), t) for t in (ones, torch.tensor(res.temperatures)))
+    chosen, picked = choose(fit_rows, ro.prompt[~held] % 2)
+    scored = ro.confidence_rows(held if bool(held.any()) else ~held)
+    conf_report = report(scored, chosen, picked, fit=fit_rows)
     dataset = {
-        "domains": domains,
-        "prompts_per_domain": prompts_per_domain,
+        "domains": list(pool),
+        "prompts": "STS pool" if prompts_file is None else str(prompts_file),
+        "prompts_per_domain": {dom: len(texts) for dom, texts in pool.items()},
         "heldout_fraction": heldout_fraction,
         "rounds": int(ro.z.shape[0]),
         "fit_rounds": int((~held).sum()),
@@ -156,20 +174,27 @@ def _fit_and_write(
     }
     sha = read_config(drafter)["weights_sha256"]
     path = save_calibration(drafter, res, temperature=temperature, dataset=dataset, weights_sha256=sha,
-                            heldout=heldout)  # fmt: skip
+                            heldout=heldout, confidence=chosen, methods=picked,
+                            confidence_report=conf_report)  # fmt: skip
     doc = json.loads(path.read_text())
+    which = "held-out" if bool(held.any()) else "fit set"
+    table = report_markdown(conf_report, f"Confidence at T = {temperature:g}, {which} rounds ({len(scored.m)})")
     if not quiet:
-        print(calibration_markdown(doc))
+        if res is not None:
+            print(calibration_markdown(doc))
+        print(table)
     if report_dir:
         out = Path(report_dir)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write(out / "calibration_report.json", json.dumps(doc, indent=1) + "\n")
-        atomic_write(out / "calibration_report.md", calibration_markdown(doc) + "\n")
+        md = (calibration_markdown(doc) + "\n\n" if res is not None else "") + table
+        atomic_write(out / "calibration_report.md", md + "\n")
         if save_rollouts:
             ro.save(out / "rollouts.pt")
-        rows = held if heldout is not None else ~held
-        which = "held-out" if heldout is not None else "fit set"
-        plot_reliability(*ro.rows(rows), ones.tolist(), res.temperatures, out, title=f"{which}, T = {temperature:g}")
+        if res is not None:
+            rows = held if heldout is not None else ~held
+            plot_reliability(*ro.rows(rows), torch.ones(len(res.temperatures)).tolist(), res.temperatures, out,
+                             title=f"{which}, T = {temperature:g}")  # fmt: skip
     if not quiet:
-        print(f"[dspark-lightning] STS temperatures -> {path}", file=sys.stderr)
+        print(f"[dspark-lightning] calibration -> {path}", file=sys.stderr)
     return path

@@ -6,37 +6,51 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from ..checkpoint.calibration import write_calibration
+from ..checkpoint.calibration import ConfidenceMap, write_calibration
 from ..checks import UsageError, input_file
+from .confidence import ConfidenceRow
 from .rollouts import Rollouts
 from .sts import N_BINS, PositionReport, STSResult
 
 
 def save_calibration(
     drafter_dir: str | Path,
-    res: STSResult,
+    res: STSResult | None,
     *,
     temperature: float,
     dataset: dict,
     weights_sha256: str,
     heldout: tuple[list[PositionReport], list[PositionReport]] | None = None,
+    confidence: ConfidenceMap | None = None,
+    methods: list[str] | None = None,
+    confidence_report: list[ConfidenceRow] | None = None,
 ) -> Path:
-    """Write ``calibration_T<T>.json`` next to the weights; ``heldout`` = (raw, STS) reports on unseen prompts.
-    The file is replaced atomically: a full disk or a kill leaves the previous calibration whole."""
+    """Write ``calibration_T<T>.json`` next to the weights: the STS fit ``res`` (None for a drafter without a head),
+    ``heldout`` = its (raw, STS) reports on unseen prompts, and the chosen ``confidence`` map with the candidate each
+    position took and its held-out report. The file is replaced atomically: a full disk or a kill leaves the previous
+    calibration whole."""
     doc = {
-        "temperatures": res.temperatures,
+        "temperatures": None if res is None else res.temperatures,
         "sampling_temperature": float(temperature),
         "bins": N_BINS,
-        "grid": {"min": min(res.grid), "max": max(res.grid), "size": len(res.grid)},
         "dataset": dataset,
-        "rows_per_position": [r.rows for r in res.after],
-        "copied_positions": res.copied,
-        "before": [asdict(r) for r in res.before],
-        "after": [asdict(r) for r in res.after],
         "weights_sha256": weights_sha256,
     }
+    if res is not None:
+        doc |= {
+            "grid": {"min": min(res.grid), "max": max(res.grid), "size": len(res.grid)},
+            "rows_per_position": [r.rows for r in res.after],
+            "copied_positions": res.copied,
+            "before": [asdict(r) for r in res.before],
+            "after": [asdict(r) for r in res.after],
+        }
     if heldout is not None:
         doc["heldout"] = {"before": [asdict(r) for r in heldout[0]], "after": [asdict(r) for r in heldout[1]]}
+    if confidence is not None:
+        doc["confidence"] = confidence.to_dict()
+        doc["confidence_methods"] = methods
+    if confidence_report is not None:
+        doc["confidence_report"] = [asdict(r) for r in confidence_report]
     return write_calibration(drafter_dir, doc)
 
 

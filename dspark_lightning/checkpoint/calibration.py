@@ -7,8 +7,11 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from ..atomic import atomic_write
 
@@ -32,13 +35,16 @@ def write_calibration(drafter_dir: str | Path, doc: dict[str, Any]) -> Path:
     """Write ``doc`` (its ``temperatures`` and ``sampling_temperature`` at least) as the drafter's calibration file
     for that sampling temperature. Replaced atomically: a full disk or a kill leaves the previous calibration whole."""
     path = Path(drafter_dir) / calibration_file(doc["sampling_temperature"])
-    check_temperatures(doc.get("temperatures"), f"refusing to write {path}")
+    if doc.get("temperatures") is not None or "confidence" not in doc:
+        check_temperatures(doc.get("temperatures"), f"refusing to write {path}")
+    if "confidence" in doc:
+        ConfidenceMap.from_dict(doc["confidence"])  # refuses a malformed map before anything is written
     atomic_write(path, json.dumps(doc, indent=1) + "\n")
     return path
 
 
-def load_calibrations(drafter_dir: str | Path, weights_sha256: str) -> dict[float, list[float]]:
-    """{sampling temperature: STS temperatures} of every calibration file whose weights hash matches."""
+def _calibration_docs(drafter_dir: str | Path, weights_sha256: str) -> dict[float, dict[str, Any]]:
+    """{sampling temperature: checked calibration file} of every file whose weights hash matches."""
     out = {}
     for f in sorted(Path(drafter_dir).glob("calibration_T*.json")):
         try:
@@ -49,26 +55,113 @@ def load_calibrations(drafter_dir: str | Path, weights_sha256: str) -> dict[floa
             raise ValueError(f"calibration file {f} is not a JSON object (it holds a {type(doc).__name__}); "
                              "recalibrate or remove it")  # fmt: skip
         if doc.get("weights_sha256") != weights_sha256:
-            warnings.warn(f"{f} was fitted for other weights; ignoring it", stacklevel=2)
+            warnings.warn(f"{f} was fitted for other weights; ignoring it", stacklevel=3)
             continue
         temps, sampling = doc.get("temperatures"), doc.get("sampling_temperature")
-        check_temperatures(temps, f"calibration file {f}")
+        if temps is not None or "confidence" not in doc:  # a drafter without a head has a map, no STS
+            check_temperatures(temps, f"calibration file {f}")
         if not (_number(sampling) and sampling >= 0):
             raise ValueError(f"calibration file {f}: sampling_temperature must be a finite number >= 0, got {sampling}")
-        out[float(sampling)] = [float(t) for t in temps]
+        out[float(sampling)] = {**doc, "_path": str(f)}
     return out
 
 
-def temperatures_for(drafter: Any, sampling_temperature: float) -> list[float] | None:
-    """The STS temperatures for this serving temperature (first γ entries), or the drafter's fixed ones, or None."""
-    cals = getattr(drafter, "calibrations", None) or {}
+def load_calibrations(drafter_dir: str | Path, weights_sha256: str) -> dict[float, list[float]]:
+    """{sampling temperature: STS temperatures} of every calibration file whose weights hash matches."""
+    docs = _calibration_docs(drafter_dir, weights_sha256)
+    return {T: [float(t) for t in doc["temperatures"]] for T, doc in docs.items() if doc.get("temperatures")}
+
+
+@dataclass(frozen=True)
+class ConfidenceMap:
+    """Per-position map from what a drafter computes before drawing x_k to the conditional confidence ĉ_k:
+
+        ĉ_k = σ(head_k · z_k + margin_k · μ_k + bias_k)
+
+    z_k is the confidence head's logit, μ_k the draft's top-2 logit margin at position k (both known before x_k is
+    sampled, so any such map keeps verification lossless). STS is ``head = 1/T, margin = bias = 0``; an affine (Platt)
+    fit of the head sets ``head`` and ``bias``; vLLM's free estimator for drafters without a head sets ``margin`` and
+    ``bias`` only. :mod:`dspark_lightning.calibration` fits them; ``calibration_T<T>.json`` holds the chosen one."""
+
+    head: tuple[float, ...]
+    margin: tuple[float, ...]
+    bias: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        lists = (self.head, self.margin, self.bias)
+        if not all(isinstance(v, list | tuple) for v in lists) or len({len(v) for v in lists}) != 1 or not self.head:
+            raise ValueError(f"a confidence map needs three equal-length lists (head, margin, bias), got {lists}")
+        if not all(_number(x) for v in lists for x in v):
+            raise ValueError(f"a confidence map holds finite numbers only, got {lists}")
+
+    @classmethod
+    def sts(cls, temperatures: list[float]) -> ConfidenceMap:
+        check_temperatures(temperatures, "STS map")
+        n = len(temperatures)
+        return cls(tuple(1.0 / float(t) for t in temperatures), (0.0,) * n, (0.0,) * n)
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> ConfidenceMap:
+        return cls(*(tuple(doc[k]) for k in ("head", "margin", "bias")))
+
+    def to_dict(self) -> dict[str, list[float]]:
+        return {"head": list(self.head), "margin": list(self.margin), "bias": list(self.bias)}
+
+    def __len__(self) -> int:
+        return len(self.head)
+
+    @property
+    def reads_head(self) -> bool:
+        return any(h != 0 for h in self.head)
+
+    @property
+    def reads_margin(self) -> bool:
+        return any(m != 0 for m in self.margin)
+
+    def logit(self, k: int, z: torch.Tensor | None, margin: torch.Tensor | None) -> torch.Tensor:
+        """The logit of ĉ_k (0-based k) from the head logits ``z`` and margins ``margin`` (R,) of position k."""
+        ref = z if z is not None else margin
+        out = torch.full_like(ref, self.bias[k], dtype=torch.float32)
+        if self.head[k]:
+            out = out + self.head[k] * z.float()
+        if self.margin[k]:
+            out = out + self.margin[k] * margin.float()
+        return out
+
+    def first(self, n: int) -> ConfidenceMap:
+        """The map of a block of the first ``n`` positions."""
+        if n > len(self):
+            raise ValueError(f"a confidence map of {len(self)} positions cannot serve a block of {n}")
+        return ConfidenceMap(self.head[:n], self.margin[:n], self.bias[:n])
+
+
+def load_confidence_maps(drafter_dir: str | Path, weights_sha256: str) -> dict[float, ConfidenceMap]:
+    """{sampling temperature: chosen confidence map} of the calibration files whose weights hash matches: the file's
+    ``confidence`` map where it has one, else its STS temperatures."""
+    out = {}
+    for T, doc in _calibration_docs(drafter_dir, weights_sha256).items():
+        try:
+            cmap = doc.get("confidence")
+            out[T] = ConfidenceMap.from_dict(cmap) if cmap is not None else ConfidenceMap.sts(doc["temperatures"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"calibration file {doc['_path']}: bad confidence map ({exc}); recalibrate or remove "
+                             "it") from None  # fmt: skip
+    return out
+
+
+def confidence_for(drafter: Any, sampling_temperature: float) -> ConfidenceMap | None:
+    """The confidence map for this serving temperature (first γ positions): the drafter's calibration file for it
+    (its chosen map, or the STS temperatures of a file without one), else None (raw confidences)."""
+    maps = getattr(drafter, "confidence_maps", None) or {
+        T: ConfidenceMap.sts(temps) for T, temps in (getattr(drafter, "calibrations", None) or {}).items()
+    }
     g = getattr(drafter, "block_size", None)
-    for T, temps in cals.items():
+    for T, cmap in maps.items():
         if abs(T - float(sampling_temperature)) < 1e-6:
-            return temps[:g]
-    if cals:
+            return cmap.first(g) if g is not None else cmap
+    if maps:
         warnings.warn(
-            f"no STS calibration for T = {sampling_temperature:g} (have {sorted(cals)}); using raw confidences",
+            f"no calibration for T = {sampling_temperature:g} (have {sorted(maps)}); using raw confidences",
             stacklevel=3,
         )
-    return getattr(drafter, "conf_temperatures", None)
+    return None

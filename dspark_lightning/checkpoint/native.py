@@ -27,7 +27,7 @@ from ..drafters import CONVENTION, Drafter, build_drafter
 from ..drafters.drafter import check_draft_vocab
 from ..locks import LOCK_FILE
 from ..targets import ChatFormat, load_target
-from .calibration import load_calibrations
+from .calibration import load_calibrations, load_confidence_maps
 from .files import (
     EXPORT_TAG,
     FORMAT_VERSION,
@@ -157,17 +157,28 @@ def check_compatible(cfg: dict[str, Any], target: Any, where: str) -> None:
 
 
 def check_geometry(g: dict[str, Any], target: Any, where: str) -> None:
-    """The drafter's ``hidden_size``, ``vocab_size`` and ``layer_ids`` against the target's."""
+    """The drafter's ``hidden_size`` and ``vocab_size`` against the target's; a target that taps other layers than
+    the drafter's ``layer_ids`` is re-tapped to them (:meth:`~dspark_lightning.targets.Target.tap`: taps are which
+    hidden states the target returns, not weights). Layers the target cannot tap, or a target object without
+    ``tap``, are refused in one line."""
     tg = target.geometry
     for key in ("hidden_size", "vocab_size"):
         if g[key] != getattr(tg, key):
             raise DrafterLoadError(
                 f"{where}: drafter {key}={g[key]} does not match target {target.name!r} {key}={getattr(tg, key)}"
             )
-    if list(g["layer_ids"]) != list(tg.layer_ids):
+    ids = list(g["layer_ids"])
+    if ids == list(tg.layer_ids):
+        return
+    tap = getattr(target, "tap", None)
+    try:
+        if tap is None:
+            raise ValueError(f"it taps {list(tg.layer_ids)} and cannot be re-tapped")
+        tap(ids)
+    except ValueError as exc:
         raise DrafterLoadError(
-            f"{where}: drafter was trained on target layers {g['layer_ids']}, target taps {list(tg.layer_ids)}"
-        )
+            f"{where}: drafter was trained on target layers {ids}, which target {target.name!r} cannot tap ({exc})"
+        ) from None
 
 
 def recorded_target_args(path: str | Path) -> dict[str, Any]:
@@ -206,7 +217,9 @@ def load_drafter(
     device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
 ) -> Drafter:
-    """Rebuild an exported drafter. ``target`` defaults to the one recorded in config.json.
+    """Rebuild an exported drafter. ``target`` defaults to the one recorded in config.json, loaded with the tapped
+    layers and chat format the drafter was trained with; a ``target`` given that taps other layers is re-tapped to the
+    drafter's (:func:`check_geometry`), so ``load_drafter(path)`` and ``load_target(name)`` compose in ``decode()``.
 
     ``device`` (``map_location`` is its older name): where the drafter runs, default the target's device (the
     drafter shares the target's embedding and LM head, so both must be on one device). ``dtype``: the drafter's
@@ -246,6 +259,7 @@ def load_drafter(
     drafter = place_drafter(drafter, target, device if device is not None else map_location, dtype)
     drafter.source_dir = str(path)
     drafter.calibrations = load_calibrations(path, cfg["weights_sha256"])  # {sampling T: STS temperatures}
+    drafter.confidence_maps = load_confidence_maps(path, cfg["weights_sha256"])  # {sampling T: chosen map}
     return drafter.eval()
 
 
@@ -303,8 +317,9 @@ def load_target_and_drafters(
 ) -> tuple[Any, list[Drafter]]:  # fmt: skip
     """The one way to load a target and its drafters: ``target`` (a loaded target is used as it is; a name or
     directory; None: the one the first drafter records) with the tapped layers and chat format the first drafter was
-    trained with, then every drafter beside it (:func:`load_drafter_checked`). Every failure is one line naming the
-    file or the target."""
+    trained with, then every drafter beside it (:func:`load_drafter_checked`; a loaded target is re-tapped to the
+    drafters' layers, which must be one set: :func:`check_same_taps`). Every failure is one line naming the file or
+    the target."""
     from ..targets import load_target_checked
 
     first = drafters[0] if drafters else None
@@ -314,7 +329,29 @@ def load_target_and_drafters(
         target = read_config(Path(first)).get("target", {}).get("name")
         if not target:
             raise UsageError(f"drafter {first} records no target of ours; give --target")
+    check_same_taps(drafters)
     if isinstance(target, str | os.PathLike):
         recorded = recorded_target_args(first) if first is not None else {}
         target = load_target_checked(str(target), dtype=dtype, device=device, **recorded)
     return target, [load_drafter_checked(d, target, drafter_dtype) for d in drafters]
+
+
+def check_same_taps(drafters: Sequence[str | os.PathLike]) -> None:
+    """Drafters loaded beside one target must read the same target layers: the target taps one set at a time
+    (:meth:`~dspark_lightning.targets.Target.tap`). Checked on their config.json before anything is loaded; a
+    folder whose config cannot be read is reported by its load."""
+    seen: dict[tuple[int, ...], str | os.PathLike] = {}
+    for d in drafters:
+        try:
+            ids = recorded_target_args(d).get("layer_ids")
+        except Exception:  # noqa: BLE001 - a folder that cannot be read fails its own load, in one line
+            continue
+        if ids is None:
+            continue
+        seen.setdefault(tuple(ids), d)
+    if len(seen) > 1:
+        (a, da), (b, db) = list(seen.items())[:2]
+        raise UsageError(
+            f"drafters {da} and {db} read different target layers ({list(a)} and {list(b)}); one target taps one "
+            "set at a time: load them in separate runs"
+        )

@@ -18,8 +18,6 @@ training seeds.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -28,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ..data.prompts.evalsets import heldout_prompts as heldout_prompts  # read by data-curve and its benchmarks
 from ..data.prompts.sources import DOMAINS as SETS
 
 FLOORS = {"tau": 1.0, "A_1": 0.0}  # the value of a drafter that never drafts right
@@ -79,24 +78,6 @@ class ArmResult:
     def from_json(cls, doc: dict[str, Any]) -> ArmResult:
         counts = {s: [Counts(**c) for c in cs] for s, cs in doc["counts"].items()}
         return cls(Arm(**doc["arm"]), doc["steps"], counts, doc.get("info", {}))
-
-
-def heldout_prompts(path: str | Path, per_set: int, sets: Sequence[str] = SETS) -> dict[str, list[str]]:
-    """``per_set`` first user turns per domain of a recipe's held-out responses (``responses_heldout.jsonl``), in a
-    fixed order (sha256 of the record id), so every arm and every rerun decodes the same prompts."""
-    from ..data.prompts.sources import _turn_texts
-
-    by_set: dict[str, list[tuple[bytes, str]]] = {s: [] for s in sets}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                rec = json.loads(line)
-                dom = rec.get("domain") or "chat"
-                if dom in by_set:
-                    key = hashlib.sha256(str(rec.get("id", "")).encode()).digest()
-                    by_set[dom].append((key, _turn_texts(rec.get("turns"))[0]))
-    out = {s: [text for _, text in sorted(rows)[:per_set]] for s, rows in by_set.items()}
-    return {s: ps for s, ps in out.items() if ps}
 
 
 def decode_counts(target: Any, drafter: Any, prompts: Sequence[str], *, gamma: int, max_new_tokens: int,

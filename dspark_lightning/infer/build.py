@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from ..checkpoint.calibration import temperatures_for
+from ..checkpoint.calibration import confidence_for
 from .acceptance.sampling import SamplingParams
 from .engine import Engine
 from .hardware import HardwareProfile
@@ -22,8 +22,8 @@ def make_engine(target, drafter, params: SamplingParams, *, scheduler: Any = "st
                 calibrated: bool = True, verifier: str = "auto", acceptance: str = "rejection",
                 hardware: HardwareProfile | None = None) -> Engine:  # fmt: skip
     """The engine ``decode()`` drives (also driven directly by the closed-loop serving benchmark)."""
-    temps = temperatures_for(drafter, params.temperature) if calibrated and drafter is not None else None
-    proposer = make_proposer(drafter, batching=batching, conf_temperatures=temps) if drafter is not None else None
+    temps = confidence_for(drafter, params.temperature) if calibrated and drafter is not None else None
+    proposer = make_proposer(drafter, batching=batching, confidence=temps) if drafter is not None else None
     engine = Engine(
         target,
         proposer,

@@ -255,7 +255,13 @@ class Engine:
         drafts = proposal.tokens if proposal is not None else batch.anchors[:, None][:, :0]
         q = proposal.q if proposal is not None else p[:, :0]
         res = self.acceptance.accept(batch.requests, drafts, q, p, lengths)
-        result = _to_host(res, drafts, survivals, None if proposal is None else proposal.conf_logits)
+        result = _to_host(
+            res,
+            drafts,
+            survivals,
+            None if proposal is None else proposal.conf_logits,
+            None if proposal is None else proposal.margins,
+        )
         self.clock.settle()  # every interval marked so far has finished
         return result
 
@@ -277,7 +283,8 @@ class Engine:
                 new, ell_eff, m_eff, stopped = [*drafts, y], ell[i], m, y in self.stop_ids
             survivals = None if result.survival is None else result.survival[i]
             z = None if result.conf_logits is None else result.conf_logits[i]
-            self.log.add(r.index, ell_eff, m_eff, len(new), survivals, z)
+            mu = None if result.margins is None else result.margins[i]
+            self.log.add(r.index, ell_eff, m_eff, len(new), survivals, z, mu)
             before = len(r.output)
             self._append_tokens(r, new, stopped)
             committed.append((r, r.output[before:]))
@@ -385,17 +392,21 @@ class _HostRound:
     drafts: list[list[int]]
     survival: torch.Tensor | None  # (R, γ) float32, for the round log
     conf_logits: torch.Tensor | None  # (R, γ) float32
+    margins: torch.Tensor | None = None  # (R, γ) float32
 
 
-def _to_host(res: Acceptance, drafts: torch.Tensor, a: torch.Tensor | None, z: torch.Tensor | None) -> _HostRound:
-    """Pack m, y, the drafts, the survivals and the confidence logits into one float64 tensor (token ids are
-    exact in float64) and move it once: on an accelerator every ``.tolist()`` / ``.cpu()`` is a synchronisation."""
+def _to_host(res: Acceptance, drafts: torch.Tensor, a: torch.Tensor | None, z: torch.Tensor | None,
+             margins: torch.Tensor | None = None) -> _HostRound:  # fmt: skip
+    """Pack m, y, the drafts, the survivals, the confidence logits and the draft margins into one float64 tensor
+    (token ids are exact in float64) and move it once: on an accelerator every ``.tolist()`` / ``.cpu()`` is a
+    synchronisation."""
     R, g = drafts.shape
-    parts = [res.accepted[:, None], res.next_token[:, None], drafts]
-    parts += [t for t in (a, z) if t is not None]
+    extra = (a, z, margins)
+    parts = [res.accepted[:, None], res.next_token[:, None], drafts, *(t for t in extra if t is not None)]
     packed = torch.cat([t.double() for t in parts], 1).cpu()
     ints = packed[:, : 2 + g].long()
-    floats = packed[:, 2 + g :].float()
-    a_h = floats[:, :g] if a is not None else None
-    z_h = floats[:, -g:] if z is not None else None
-    return _HostRound(ints[:, 0].tolist(), ints[:, 1].tolist(), ints[:, 2:].tolist(), a_h, z_h)
+    floats, host = packed[:, 2 + g :].float(), []
+    for t in extra:
+        host.append(None if t is None else floats[:, :g])
+        floats = floats if t is None else floats[:, g:]
+    return _HostRound(ints[:, 0].tolist(), ints[:, 1].tolist(), ints[:, 2:].tolist(), *host)

@@ -22,11 +22,21 @@ class RoundLog:
     request: list[int] = field(default_factory=list)  # request index (prompt order)
     survival: list[torch.Tensor] = field(default_factory=list)  # (γ,) a_{i,k} the scheduler saw (empty w/o drafter)
     conf_logits: list[torch.Tensor] = field(default_factory=list)  # (γ,) raw confidence logits (drafters with a head)
+    margins: list[torch.Tensor] = field(default_factory=list)  # (γ,) top-2 logit margins of the draft laws
     step_tokens: list[int] = field(default_factory=list)  # per batched step: B = sum_r (1 + l_r)
     step_requests: list[int] = field(default_factory=list)  # per batched step: R
     skipped_steps: int = 0  # steps where the scheduler skipped the drafter (l = 0 for every request, no draft)
 
-    def add(self, request: int, ell: int, m: int, e: int, a: torch.Tensor | None, z: torch.Tensor | None = None):
+    def add(
+        self,
+        request: int,
+        ell: int,
+        m: int,
+        e: int,
+        a: torch.Tensor | None,
+        z: torch.Tensor | None = None,
+        margin: torch.Tensor | None = None,
+    ):
         self.request.append(request)
         self.ell.append(ell)
         self.accepted.append(m)
@@ -35,6 +45,8 @@ class RoundLog:
             self.survival.append(a)
         if z is not None:
             self.conf_logits.append(z)
+        if margin is not None:
+            self.margins.append(margin)
 
 
 def position_rates(ell: torch.Tensor, m: torch.Tensor, g: int) -> tuple[list[float | None], list[float | None]]:

@@ -84,7 +84,7 @@ class OracleDrafter(StatelessProposer):
     def __init__(self, target, block_size: int, mix: float) -> None:
         self.target, self.block_size, self.mix = target, block_size, mix
 
-    def make_proposer(self, batching="padded", conf_temperatures=None):
+    def make_proposer(self, batching="padded", confidence=None):
         return self
 
     def propose(self, ids, anchors, anchor_pos, params, generator=None, requests=None):

@@ -76,11 +76,11 @@ def test_sts_copies_the_temperature_when_no_round_survives_a_position():
 def test_heldout_prompts_interleave_within_each_domain():
     from dspark_lightning.calibration import heldout_prompts
 
-    assert heldout_prompts(4, 2, 0.5) == [1, 3, 5, 7]
-    assert heldout_prompts(4, 3, 0.25) == [3, 7, 11]
-    assert heldout_prompts(5, 1, 0.0) == []
+    assert heldout_prompts([4, 4], 0.5) == [1, 3, 5, 7]
+    assert heldout_prompts([4, 4, 4], 0.25) == [3, 7, 11]
+    assert heldout_prompts([5], 0.0) == []
     with pytest.raises(ValueError, match="heldout_fraction"):
-        heldout_prompts(4, 1, 1.0)
+        heldout_prompts([4], 1.0)
 
 
 def test_rollouts_round_trip(tmp_path):

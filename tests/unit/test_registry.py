@@ -118,7 +118,7 @@ def test_proposers_come_from_the_registry_by_the_drafter_class_name(registered):
         pass
 
     @registered("proposer", "_test_toy")
-    def toy_proposer(drafter, batching="padded", conf_temperatures=None):
+    def toy_proposer(drafter, batching="padded", confidence=None):
         return SimpleNamespace(drafter=drafter, batching=batching)
 
     made = make_proposer(SubToy(), batching="flat")

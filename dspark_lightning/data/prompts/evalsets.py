@@ -10,9 +10,13 @@ conversations.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
+from collections.abc import Sequence
+from pathlib import Path
 
-from .sources import PromptRecord, build_source, split_of
+from .sources import DOMAINS, PromptRecord, _turn_texts, build_source, split_of
 
 EVAL_SETS = {
     "math": {"source": {"name": "gsm_symbolic"}, "skip": 80},
@@ -60,3 +64,19 @@ def held_out_texts(per_domain: int = 200) -> dict[str, list[str]]:
         for dom, spec in sets.items():
             out[f"{kind}:{dom}"] = [t for r in _records(spec, per_domain) for t in r.turns]
     return out
+
+
+def heldout_prompts(path: str | Path, per_set: int, sets: Sequence[str] = DOMAINS) -> dict[str, list[str]]:
+    """``per_set`` first user turns per domain of a recipe's held-out responses (``responses_heldout.jsonl``), in a
+    fixed order (sha256 of the record id), so every arm and every rerun decodes the same prompts."""
+    by_set: dict[str, list[tuple[bytes, str]]] = {s: [] for s in sets}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                rec = json.loads(line)
+                dom = rec.get("domain") or "chat"
+                if dom in by_set:
+                    key = hashlib.sha256(str(rec.get("id", "")).encode()).digest()
+                    by_set[dom].append((key, _turn_texts(rec.get("turns"))[0]))
+    out = {s: [text for _, text in sorted(rows)[:per_set]] for s, rows in by_set.items()}
+    return {s: ps for s, ps in out.items() if ps}

@@ -132,8 +132,8 @@ class ChainProposer(ProposerBase):
 
 
 @register("proposer", "chain")
-def chain_proposer(drafter: ChainDrafter, batching: str = "padded", conf_temperatures=None) -> ChainProposer:
+def chain_proposer(drafter: ChainDrafter, batching: str = "padded", confidence=None) -> ChainProposer:
     """The proposer of the chain drafters (:class:`ChainDrafter` ``proposer_name = "chain"``)."""
-    if conf_temperatures is not None:
+    if confidence is not None:
         raise ValueError(f"{drafter.registered_name} has no confidence head to calibrate")
     return ChainProposer(drafter, batching=batching)

@@ -10,14 +10,15 @@ position; after each round :meth:`BlockProposer.extend` appends the anchor and a
 features taken from the target's verification pass (docs/algorithm.md §3.7), so nothing is recomputed.
 
 Other drafter families plug in on this (runtime) side through the one registry: ``@register("proposer", name)`` on a
-factory ``(drafter, batching, conf_temperatures) -> proposer``, and ``proposer_name = name`` on the drafter class. A
+factory ``(drafter, batching, confidence) -> proposer``, and ``proposer_name = name`` on the drafter class. A
 proposer is a :class:`~.protocols.Proposer`: ``block_size`` and the ``add / remove / extend / propose`` methods (as the
 chain drafters' :class:`~.chain.ChainProposer` has them); ``extend`` also receives ``hidden=``
 (the target's final hidden states) and ``propose`` receives ``requests=`` (prompt and output token lists) for proposers
 that need them. :class:`~.proposer.ProposerBase` holds what the proposers with a drafter context cache share (its
 per-request bookkeeping, the draft-vocabulary mapping), :class:`~.proposer.StatelessProposer` is the base of one
 without a cache. The model layer (``drafters/``) never imports the runtime: it names its proposer. A third-party drafter
-may instead carry a ``make_proposer(batching, conf_temperatures)`` method.
+may instead carry a ``make_proposer(batching, confidence)`` method (``confidence``: the drafter's calibrated
+:class:`~dspark_lightning.checkpoint.calibration.ConfidenceMap` for this serving temperature, or None).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ...checkpoint.calibration import ConfidenceMap
 from ...drafters.backbones import per_layer_masks
 from ...registry import create, register
 from ..acceptance.sampling import SamplingParams, probs, sample
@@ -42,7 +44,8 @@ class Proposal:
     q: torch.Tensor  # (R, γ, V) fp32 laws the tokens were sampled from
     conf: torch.Tensor  # (R, γ) conditional confidences ĉ_k in [0, 1], each computed before x_k was sampled
     logits: torch.Tensor  # (R, γ, V) final draft logits z_k
-    conf_logits: torch.Tensor | None = None  # (R, γ) raw confidence-head logits (before STS), if there is a head
+    conf_logits: torch.Tensor | None = None  # (R, γ) raw confidence-head logits (before calibration), with a head
+    margins: torch.Tensor | None = None  # (R, γ) top-2 margins of the draft logits z_k (known before x_k is drawn)
 
 
 class Stopwatch:
@@ -81,14 +84,14 @@ def _head_product(drafter, weight: torch.Tensor) -> Linear | None:
     return None if table is None else Linear(weight, None, table)
 
 
-def make_proposer(drafter, batching: str = "padded", conf_temperatures=None):
+def make_proposer(drafter, batching: str = "padded", confidence=None):
     """The inference-side proposer of ``drafter``: the registered proposer its class names (``proposer_name``), else
     its own ``make_proposer`` method (third-party drafters)."""
     name = getattr(drafter, "proposer_name", None)
     if name is not None:
-        return create("proposer", name, drafter, batching=batching, conf_temperatures=conf_temperatures)
+        return create("proposer", name, drafter, batching=batching, confidence=confidence)
     if hasattr(drafter, "make_proposer"):
-        return drafter.make_proposer(batching=batching, conf_temperatures=conf_temperatures)
+        return drafter.make_proposer(batching=batching, confidence=confidence)
     raise TypeError(f"{type(drafter).__name__} is not a drafter decode() can run (no proposer registered for it)")
 
 
@@ -98,18 +101,20 @@ class BlockProposer(ProposerBase):
     Args:
         drafter: the composed drafter (eval mode, frozen).
         batching: ``padded`` or ``flat``: how requests share the drafter's forward (see :mod:`.kvcache`).
-        conf_temperatures: per-position STS temperatures (ĉ_k = σ(logit_k / T_k)); None = raw confidences.
+        confidence: a :class:`~dspark_lightning.checkpoint.calibration.ConfidenceMap` of ``block_size`` positions
+            (ĉ_k from the head's logit and the draft's top-2 margin); None = the raw head (or, without a head, the
+            draft's own top probability).
     """
 
-    def __init__(self, drafter, batching: str = "padded", conf_temperatures=None) -> None:
+    def __init__(self, drafter, batching: str = "padded", confidence: ConfidenceMap | None = None) -> None:
         bb = drafter.backbone
         super().__init__(drafter, [KVLayer() for _ in bb.layers], batching)
-        self.temps = None
-        if conf_temperatures is not None:
-            temps = torch.as_tensor(conf_temperatures, dtype=torch.float32, device=self.device)
-            if temps.shape != (self.block_size,) or bool((temps <= 0).any()):
-                raise ValueError(f"conf_temperatures must be {self.block_size} positive numbers, got {temps.tolist()}")
-            self.temps = temps
+        if confidence is not None:
+            if len(confidence) != self.block_size:
+                raise ValueError(f"a confidence map of {len(confidence)} positions for a block of {self.block_size}")
+            if confidence.reads_head and drafter.conf_head is None:
+                raise ValueError("the confidence map reads a confidence head this drafter does not have")
+        self.confidence = confidence
         self.head = _head_product(drafter, self.head_w)
         self.state: dict[int, torch.Tensor] | None = {} if getattr(bb, "context_state", False) else None
         self.clock = Stopwatch()  # clock.enable() -> per-component times (profile --breakdown draft)
@@ -188,7 +193,7 @@ class BlockProposer(ProposerBase):
         R = h.shape[0]
         prev = anchors
         state = sh.init_state(R, h) if sh is not None else None
-        toks, qs, confs, zs, raw = [], [], [], [], []
+        toks, qs, confs, zs, raw, margins = [], [], [], [], [], []
         clock = self.clock
         for k in range(g):
             z, feat = base[:, k], None
@@ -196,13 +201,20 @@ class BlockProposer(ProposerBase):
                 bias, feat, state = sh.step(h[:, k], prev, state)
                 z = z + bias
                 clock.lap("sequential")
+            logit = None
             if ch is not None:
                 logit = ch(h[:, k], feat).float()
                 raw.append(logit)
-                c = torch.sigmoid(logit if self.temps is None else logit / self.temps[k])
-                clock.lap("confidence")
+            top2 = z.float().topk(2, dim=-1).values
+            margin = top2[:, 0] - top2[:, 1]
+            margins.append(margin)
+            if self.confidence is not None:
+                c = torch.sigmoid(self.confidence.logit(k, logit, margin))
+            elif logit is not None:
+                c = torch.sigmoid(logit)
+            clock.lap("confidence")
             q = probs(z, params)  # (R, N) fp32: sampled from and tested against
-            if ch is None:
+            if ch is None and self.confidence is None:
                 c = draft_confidence(q, z, params)
             x = self._target_ids(sample(q, params, generator))
             clock.lap("sampling")
@@ -221,10 +233,11 @@ class BlockProposer(ProposerBase):
             conf=torch.stack(confs, 1),
             logits=z,
             conf_logits=torch.stack(raw, 1) if raw else None,
+            margins=torch.stack(margins, 1),
         )
 
 
 @register("proposer", "block")
-def block_proposer(drafter, batching: str = "padded", conf_temperatures=None) -> BlockProposer:
+def block_proposer(drafter, batching: str = "padded", confidence: ConfidenceMap | None = None) -> BlockProposer:
     """The proposer of every :class:`~dspark_lightning.drafters.Drafter` (``proposer_name = "block"``)."""
-    return BlockProposer(drafter, batching=batching, conf_temperatures=conf_temperatures)
+    return BlockProposer(drafter, batching=batching, confidence=confidence)

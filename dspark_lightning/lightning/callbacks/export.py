@@ -12,6 +12,7 @@ from torch import nn
 
 from ... import checks
 from ...checkpoint import save_drafter
+from ...data.prepare import DataPaths
 from ...data.prompts.sources import DOMAINS
 from ...export.plan import check_servable, check_servers, export_for_servers, serving_layout
 from ..config import as_config
@@ -47,6 +48,8 @@ class Calibration:
     """tokens per rollout (null = calibrate's default)"""
     domains: list[Literal[DOMAINS]] | None = None
     """prompt domains (null = all)"""
+    pool: Literal["heldout", "builtin"] = "heldout"
+    """heldout: the recipe's own held-out split (the prompts the drafter will serve); builtin: the STS pool"""
 
     def __post_init__(self) -> None:
         if not self.temperatures:
@@ -56,9 +59,12 @@ class Calibration:
         for key in ("prompts_per_domain", "max_new_tokens"):
             checks.at_least(f"export.calibrate.{key}", getattr(self, key), 1)
 
-    def runs(self) -> list[dict[str, Any]]:
-        """The keyword arguments of one :func:`~dspark_lightning.calibration.calibrate` per temperature."""
+    def runs(self, heldout: Path | None = None) -> list[dict[str, Any]]:
+        """The keyword arguments of one :func:`~dspark_lightning.calibration.calibrate` per temperature; ``heldout``:
+        the recipe's held-out responses file, the pool when ``pool`` is ``heldout`` and the file exists."""
         extra = {k: v for k in ("prompts_per_domain", "max_new_tokens", "domains") if (v := getattr(self, k))}
+        if self.pool == "heldout" and heldout is not None and heldout.is_file():
+            extra["prompts"] = heldout
         return [{"temperature": float(t), **extra} for t in self.temperatures]
 
 
@@ -132,7 +138,9 @@ class DrafterExport(L.Callback):
         if self.calibrate is not None:
             from ...calibration import calibrate
 
-            for kwargs in self.calibrate.runs():
+            work_dir = getattr(trainer.datamodule, "work_dir", None) if trainer.datamodule is not None else None
+            heldout = DataPaths(Path(work_dir)).responses("heldout") if work_dir else None
+            for kwargs in self.calibrate.runs(heldout):
                 print(
                     f"[dspark-lightning] calibrating the exported drafter at T = {kwargs['temperature']:g}", flush=True
                 )
