@@ -169,7 +169,7 @@ def kept_on_overwrite(name: str) -> bool:
     return (
         name not in own
         and not name.endswith(".gguf")
-        and not (name.startswith("calibration_T") and name.endswith(".json"))
+        and not (name.startswith(("calibration_T", "sglang_sts_T")) and name.endswith(".json"))
     )
 
 

@@ -107,7 +107,7 @@ def export_serving(
     )
     servers, left_out = writers(server, drafter, target)
     notes += left_out
-    job = ExportJob(dtype, int(num_anchors), target_gguf, strict=server != ALL)
+    job = ExportJob(dtype, int(num_anchors), target_gguf, strict=server != ALL, out=out)
     prepare_out(out, overwrite)
     write_layout(out, config, state, extra, _server_files(servers, job, drafter, target, notes))
     return ExportResult(out, layout, dtype, len(state), notes)

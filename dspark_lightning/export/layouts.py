@@ -93,7 +93,7 @@ class DSparkHFLayout(Layout):
             extra[CALIBRATION_FILE] = side
             notes.append(
                 f"per-position STS temperatures have no server config key: written to {CALIBRATION_FILE} "
-                "(read back by load_drafter; SGLang's scalar sts_temperatures is not set)"
+                "(read back by load_drafter; SGLang reads them from a file of its own, which --server sglang writes)"
             )
         return config, state, extra, notes
 

@@ -9,7 +9,9 @@ exists). The rules, and the server source each was read from, are tabled in docs
   them); ``dflash_config.mask_token_id`` (older V1 proposers read the mask token only there).
 - SGLang (``models/dspark.py``, ``llama_eagle3.py``, PR #25454): ``markov_rank > 0``; ``markov_w2`` of
   (vocab_size, r); a confidence head (built in every ragged-verify mode but static); EAGLE-3 aux ids in its
-  own convention (the target adds +1: always before PR #25454, since then only when the first id is 1).
+  own convention (the target adds +1: always before PR #25454, since then only when the first id is 1); the STS
+  table its ``--speculative-dspark-confidence-sts-path`` loads (``dspark_components/dspark_sts.py``), one file per
+  calibrated sampling temperature.
 - DeepSpec (``modeling/dspark/qwen3/``): the target's ``embed_tokens`` / ``lm_head`` saved in the checkpoint
   (``from_pretrained`` initialises absent ones at random), the full vocabulary, ``rope_parameters``.
 - llama.cpp (b11434: ``conversion/qwen.py`` ``DSparkModel``, ``src/models/dflash.cpp``): a vanilla Markov head (its
@@ -19,12 +21,14 @@ exists). The rules, and the server source each was read from, are tabled in docs
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..atomic import atomic_write
 from ..registry import get, names, register
 from .common import InteropError
 
@@ -40,6 +44,7 @@ class ExportJob:
     num_anchors: int = 512
     target_gguf: bool = False  # llama.cpp: also the target's own GGUF
     strict: bool = True  # False in an ``all`` folder: files a server cannot write become a note, the folder stays
+    out: Path | None = None  # the export's final folder (``write`` builds it elsewhere): notes name files there
 
 
 class Server:
@@ -236,6 +241,60 @@ class SGLang(Server):
         ids, note = sglang_aux_ids(layer_ids)
         cfg["eagle_config"] = {**cfg.get("eagle_config", {}), "eagle_aux_hidden_state_layer_ids": ids}
         return [note] if note else []
+
+    def write(self, folder: Path, drafter: Any, target: Any = None, job: ExportJob | None = None) -> list[str]:
+        """The STS tables SGLang loads (:func:`sglang_sts_files`) and a note naming the flag that loads them; without
+        a calibration, a note naming the command that fits one."""
+        if getattr(drafter, "conf_head", None) is None:
+            return []  # EAGLE-3 (a DSpark drafter without one is refused): no confidence to calibrate
+        docs, notes = sglang_sts_files(drafter)
+        if not docs and not notes:
+            return [
+                "sglang: no STS calibration, so SGLang's scheduler would rank raw confidences; fit one with "
+                "dspark-lightning calibrate --drafter DIR --temperature T, then export again"
+            ]
+        for name, doc in docs.items():
+            atomic_write(folder / name, json.dumps(doc, indent=1) + "\n")
+        where = (job.out if job else None) or Path("<export>")
+        if docs:
+            files = ", ".join(f"{where / n} (T = {d['sampling_temperature']:g})" for n, d in docs.items())
+            notes.append(
+                f"sglang: STS tables for {SGLANG_STS_FLAG} (one per server launch, applied to every request: pass "
+                f"the one of the sampling temperature served): {files}"
+            )
+        return notes
+
+
+SGLANG_STS_FLAG = "--speculative-dspark-confidence-sts-path"
+
+
+def sglang_sts_file(sampling_temperature: float) -> str:
+    """The name of the SGLang STS table fitted at this sampling temperature."""
+    return f"sglang_sts_T{float(sampling_temperature):g}.json"
+
+
+def sglang_sts_files(drafter: Any) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """{file name: document} of the STS tables SGLang loads, one per calibrated sampling temperature, and notes.
+
+    SGLang (0.5.23, ``srt/speculative/dspark_components/dspark_sts.py``: ``DSparkStsCalibration``,
+    ``load_sts_calibration_from_path``) reads a JSON object whose ``temperatures`` holds one positive number per
+    draft position, γ of them (``dspark_planner.py`` raises on another length); its other keys are optional, unknown
+    ones ignored. ``DSparkConfidenceHead.apply_sts`` (``srt/models/dspark.py``) scores position k with σ(z_k / T_k)
+    and the planner ranks their running product: the survival our STS fits (:mod:`dspark_lightning.calibration.sts`).
+    SGLang loads one table per server and has no key for the sampling temperature it was fitted at:
+    ``sampling_temperature`` (ignored there) says which it is.
+    """
+    gamma = int(drafter.block_size)
+    docs, notes = {}, []
+    for T, temps in sorted((getattr(drafter, "calibrations", None) or {}).items()):
+        if len(temps) < gamma:
+            notes.append(
+                f"sglang: the STS calibration at T = {T:g} has {len(temps)} temperatures for block size {gamma}, a "
+                "length SGLang refuses: no table written for it (recalibrate)"
+            )
+            continue
+        docs[sglang_sts_file(T)] = {"temperatures": [float(t) for t in temps[:gamma]], "sampling_temperature": T}
+    return docs, notes
 
 
 @register("server", "deepspec")
