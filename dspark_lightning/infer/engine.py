@@ -81,6 +81,7 @@ class Engine:
         self._gated = overrides(self.scheduler, "wants_draft")
         self._observes_steps = overrides(self.scheduler, "observe_step")
         self._observes_draft_time = overrides(self.scheduler, "observe_draft_time")
+        self._observes_rounds = overrides(self.scheduler, "observe_rounds")
         kernels = self.verifier.kernels if isinstance(self.verifier, KernelChoice) else None
         self.hardware = HardwareProfile(kernels=kernels)
         if hardware is not None:
@@ -184,6 +185,8 @@ class Engine:
         t_verified = clock.mark()
         clock.span(t_verify, t_verified, self._adder("verify"))
         result = self._accept(batch, proposal, p, lengths, survivals)
+        if drafting and self._observes_rounds:
+            self.scheduler.observe_rounds(self._conf_h, lengths, result.accepted)
         committed = self._commit(batch, result, lengths)
         if self.trace is not None:  # the anchor and the accepted drafts: the positions this round committed
             self.trace.extend(batch.ids, out.context, out.hidden, torch.tensor(result.accepted) + 1)
@@ -231,6 +234,7 @@ class Engine:
         there. Once it has, the drafting has finished on the device, so the ``drafted`` interval (two clock marks)
         is handed over before the scheduler reads it."""
         conf = proposal.conf.detach().float().cpu()
+        self._conf_h = conf  # what the scheduler saw, for its observe_rounds
         self.clock.span(*drafted, self._drafted)
         t0 = time.perf_counter()
         lengths = self.scheduler(conf).cpu().clamp(0, self.block_size)

@@ -232,7 +232,7 @@ def test_a_step_in_the_sps_curve_is_named():
     assert step_in_curve(SPSTable.from_points({1: 1.0, 2: 0.9})) is None  # too short to judge
     sched = HardwareAwareScheduler(step)
     conf = torch.full((1, 4), 0.5)
-    with pytest.warns(UserWarning, match="async_hardware_aware"):
+    with pytest.warns(UserWarning, match="auto looks ahead"):
         sched(conf)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -240,28 +240,67 @@ def test_a_step_in_the_sps_curve_is_named():
         HardwareAwareScheduler(smooth)(conf)
 
 
-def test_auto_scheduler_runs_what_the_measured_curve_calls_for():
-    """``auto`` (decode()'s default) runs Algorithm 1 on a smooth curve and the asynchronous global search on a curve
-    with a step at B = 1, where Algorithm 1 would stop before a block that pays; it never warns about the step."""
+def test_auto_scheduler_admits_blocks_that_pay_past_a_step_in_the_curve():
+    """``auto`` (decode()'s default) looks ahead along a request's block: on a curve with a step at B = 1, where
+    Algorithm 1 stops at ℓ = 0, it admits the block; where looking ahead cannot pay it is Algorithm 1."""
     import warnings
 
     from dspark_lightning.infer import HardwareAwareScheduler
-    from dspark_lightning.infer.schedule.schedulers import AutoScheduler
+    from dspark_lightning.infer.schedule.schedulers import AutoScheduler, lookahead_schedule, step_rates
 
     step = SPSTable.from_points({1: 26.4, 2: 15.8, 8: 15.8, 9: 14.0, 16: 12.0})
-    smooth = SPSTable.from_points({1: 33.3, 2: 30.1, 3: 27.3, 4: 21.0, 8: 17.2, 16: 10.7})
     conf = torch.tensor([[0.6, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9]])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        on_smooth, on_step = AutoScheduler(smooth, skip_draft=False), AutoScheduler(step, skip_draft=False)
-        assert on_smooth(conf).tolist() == HardwareAwareScheduler(smooth)(conf).tolist()
-        assert on_smooth.mode == "prefix"
-        picked = on_step(conf)
-    assert on_step.mode == "global"
-    assert picked.tolist() == [7]  # the global search on this step's confidences (no lag)
-    lagged = AsyncHardwareAwareScheduler(step, skip_draft=False)
-    assert [lagged(conf).tolist() for _ in range(3)] == [[0], [0], [7]]  # the async one, before and after its lag
+        picked = AutoScheduler(step, skip_draft=False, online=False)(conf)
+    assert picked.tolist() == [7]
     assert HardwareAwareScheduler(step)(conf).tolist() == [0]  # what the step costs Algorithm 1 here
+    worked = torch.tensor([[0.8, 0.7, 0.9]])
+    assert lookahead_schedule(worked, step_rates(WORKED)).tolist() == prefix_schedule(worked, WORKED).tolist() == [1]
     assert "auto" in names("scheduler")
     with pytest.raises(RuntimeError, match="no SPS table"):
         AutoScheduler()(conf)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_auto_admission_of_a_position_never_reads_later_confidences(seed):
+    """Non-anticipation (docs/algorithm.md §6): whether request r verifies position k may depend on ĉ_{r,1..k} and
+    on other requests, never on ĉ_{r,k+1..} (which depend on the token x_{r,k}). Appendix A's counterexample is one
+    case: c_2 = 0.9 or 0 must not decide whether x_1 is admitted."""
+    from dspark_lightning.infer.schedule.schedulers import lookahead_schedule, step_rates
+
+    g = torch.Generator().manual_seed(seed)
+    R, gamma = 1 + seed % 4, 5
+    pts = sorted({1, *torch.randint(2, 40, (6,), generator=g).tolist()})
+    sps = SPSTable.from_points(dict(zip(pts, sorted(torch.rand(len(pts), generator=g).tolist(), reverse=True),
+                                        strict=True)))  # fmt: skip
+    rates = step_rates(sps, extra=float(torch.rand(1, generator=g)) * 0.5)
+    conf = torch.rand(R, gamma, generator=g)
+    base = lookahead_schedule(conf, rates)
+    for r in range(R):
+        for k in range(gamma):
+            other = conf.clone()
+            other[r, k + 1 :] = torch.rand(gamma - k - 1, generator=g)
+            assert bool(lookahead_schedule(other, rates)[r] >= k + 1) == bool(base[r] >= k + 1)
+    appendix = SPSTable.from_points({1: 1.0, 2: 0.5, 3: 0.45})
+    picks = {c2: lookahead_schedule(torch.tensor([[0.8, c2]]), step_rates(appendix)).tolist() for c2 in (0.9, 0.0)}
+    assert picks[0.9][0] >= 1 if picks[0.0][0] >= 1 else picks[0.9][0] == 0
+
+
+def test_auto_corrects_miscalibrated_confidences_and_stops_drafting_where_it_loses():
+    """Rounds that accept far less than the head says shift its confidences down (online, from finished rounds),
+    until drafting no longer pays and the gate skips the drafter, probing back now and then."""
+    from dspark_lightning.infer.schedule.schedulers import AutoScheduler
+
+    sps = SPSTable.from_points({1: 30.0, 4: 28.0, 8: 20.0, 16: 10.0})
+    sched = AutoScheduler(sps, draft_cost=0.01, probe=4, max_probe=8)
+    conf = torch.full((1, 5), 0.9)
+    assert sched.wants_draft(1)  # nothing observed yet
+    first = sched(conf)
+    assert int(first[0]) >= 3
+    for _ in range(200):  # every round rejects its first draft
+        ell = sched(conf)
+        sched.observe_rounds(conf, ell, [0])
+    assert sched.online(conf)[0, 0] < 0.3
+    decisions = [sched.wants_draft(1) for _ in range(12)]
+    assert decisions.count(True) in (1, 2) and not decisions[0]  # skips, and probes after 4 skipped steps

@@ -72,8 +72,12 @@ class Scheduler:
     def observe_draft_time(self, seconds: float) -> None:
         """A drafted step's drafting time (with the drafter's last cache update)."""
 
+    def observe_rounds(self, conf: torch.Tensor, lengths: torch.Tensor, accepted: list[int]) -> None:
+        """A drafted step's outcome: the confidences ĉ (R, γ) this scheduler was called with, the lengths it chose
+        and each request's accepted drafts m_r (host). Later steps may learn from it (it is their past)."""
 
-HOOKS = ("reset", "use_hardware", "wants_draft", "observe_step", "observe_draft_time")
+
+HOOKS = ("reset", "use_hardware", "wants_draft", "observe_step", "observe_draft_time", "observe_rounds")
 
 
 def overrides(scheduler: Scheduler, hook: str) -> bool:
@@ -402,8 +406,8 @@ def warn_on_step(sps: SPSTable) -> None:
     s1, s2 = float(sps(torch.tensor(1.0))), float(sps(torch.tensor(2.0)))
     warnings.warn(
         f"the SPS curve has a step (SPS(1) = {s1:.1f}, SPS(2) = {s2:.1f}, flat after): hardware_aware (Algorithm 1) "
-        f"admits no draft unless a_1 > {s1 / s2 - 1:.2f}, even when the whole block would pay; async_hardware_aware "
-        "searches its budget globally (docs/inference.md)",
+        f"admits no draft unless a_1 > {s1 / s2 - 1:.2f}, even when the whole block would pay; auto looks ahead "
+        "along the block (docs/inference.md)",
         stacklevel=3,
     )
 
@@ -449,29 +453,197 @@ class AsyncHardwareAwareScheduler(_SPSScheduler):
         return admit_top(a, K, sps)
 
 
-@register("scheduler", "auto")
-class AutoScheduler(_SPSScheduler):
-    """The default: the admission rule this machine's measured SPS curve calls for.
+class OnlineCalibration:
+    """Per-position logit shifts learned from this run's finished rounds: ĉ'_k = σ(logit ĉ_k + δ_k).
 
-    Where the step-time curve is smooth, Algorithm 1 (as :class:`HardwareAwareScheduler`; its early break is exact
-    there). Where it has a step at B = 1 (one draft costs far more than each further one), Algorithm 1 stops before
-    blocks that pay, so the budget comes from the global search over the whole ranked pool (the search of
-    :class:`AsyncHardwareAwareScheduler`, on this step's own confidences) and the top candidates are admitted.
-    Decided once per scheduler from the table (``mode``); the draft gate, timing model and drafting cost are those of
-    the other hardware-aware schedulers, with the same arguments.
+    Each verified position k of a round that reached it (ℓ ≥ k, m ≥ k − 1) is one observation, y = 1[m ≥ k], and
+    moves δ_k by ``lr`` · (y − ĉ'_k) (online logistic regression of the intercept). A position seen fewer than
+    ``min_seen`` times borrows the shift of the deepest position seen that often (0 before any). Also keeps the
+    running mean of the corrected ĉ'_k at every position, drafted or verified (the lookahead's expectation of
+    positions not yet ranked). Lossless: the shifts and means of step t come from steps < t only.
     """
 
-    mode: str | None = None  # "prefix" (Algorithm 1) or "global", set on the first call
+    def __init__(self, lr: float = 0.05, min_seen: int = 8, clip: float = 4.0) -> None:
+        self.lr, self.min_seen, self.clip = lr, min_seen, clip
+        self.reset()
+
+    def reset(self) -> None:
+        self.shift: list[float] = []
+        self.seen: list[int] = []
+        self.mean: list[float] = []  # running mean of the corrected ĉ'_k
+        self.drafted = 0
+
+    def _grow(self, g: int) -> None:
+        while len(self.shift) < g:
+            self.shift.append(0.0)
+            self.seen.append(0)
+            self.mean.append(0.0)
+
+    def shifts(self, g: int) -> torch.Tensor:
+        self._grow(g)
+        out, carry = [], 0.0
+        for k in range(g):
+            carry = self.shift[k] if self.seen[k] >= self.min_seen else carry
+            out.append(self.shift[k] if self.seen[k] >= self.min_seen else carry)
+        return torch.tensor(out, dtype=torch.float64)
+
+    def __call__(self, conf: torch.Tensor) -> torch.Tensor:
+        c = conf.double().clamp(1e-6, 1 - 1e-6)
+        return torch.sigmoid(torch.logit(c) + self.shifts(c.shape[1]))
+
+    def expected(self, k: int) -> float | None:
+        """The running mean of ĉ'_k (0-based k), None before any drafted step."""
+        return self.mean[k] if self.drafted and k < len(self.mean) else None
+
+    def observe(self, conf: torch.Tensor, lengths: torch.Tensor, accepted: list[int]) -> None:
+        R, g = conf.shape
+        corrected = self(conf)
+        self.drafted += 1
+        w = 1.0 / min(self.drafted, 50)  # the mean of the last ~50 steps
+        for k, col in enumerate(corrected.mean(0).tolist()):
+            self.mean[k] = col if self.drafted == 1 else (1 - w) * self.mean[k] + w * col
+        for r in range(R):
+            m, ell = int(accepted[r]), int(lengths[r])
+            for k in range(min(ell, m + 1)):  # verified positions the round reached
+                p = float(torch.sigmoid(torch.logit(conf[r, k].double().clamp(1e-6, 1 - 1e-6)) + self.shift[k]))
+                y = 1.0 if m >= k + 1 else 0.0
+                self.shift[k] = max(-self.clip, min(self.clip, self.shift[k] + self.lr * (y - p)))
+                self.seen[k] += 1
+
+
+def step_rates(sps: SPSTable, extra: float = 0.0) -> list[float]:
+    """Steps per second at B = 0..max_tokens, with ``extra`` seconds added to every step (the drafting cost)."""
+    base = sps(torch.arange(sps.max_tokens + 1, dtype=torch.float64)).tolist()
+    return [1.0 / (1.0 / v + extra) if v > 0 else 0.0 for v in base]
+
+
+def lookahead_schedule(conf: torch.Tensor, rates: list[float], expected=None) -> torch.Tensor:
+    """Algorithm 1 whose stopping test looks ahead: candidate n (request r, position j) of the ranked pool is
+    admitted when admitting it and up to γ − j more positions of request r would beat stopping, valuing position
+    j + i at a_{r,j} · Π_{l≤i} e_{j+l}, with e_k = ``expected(k)`` (earlier rounds' mean confidence) or, without
+    one, r's own ĉ_{r,j}. The first candidate that fails stops the walk.
+
+    Non-anticipating like Algorithm 1: the test of (r, j) reads the candidates ranked at or above it, a_{r,j} and
+    ĉ_{r,j} (computed before x_{r,j} was drawn) and earlier rounds, never ĉ_{r,j+1}, which depends on x_{r,j}. With
+    no lookahead it is Algorithm 1. It admits blocks that pay where Algorithm 1 stops at the first step of a stepped
+    SPS curve (one more verified token costing much more than each of the next ones). ``rates``: steps per second
+    at B = 0, 1, ... (:func:`step_rates`), none beyond the list."""
+    R, g = conf.shape
+    c = conf.double().clamp(0, 1)
+    a = c.cumprod(-1)
+    values, req = ranked_pool(a)
+    if not len(values):
+        return torch.zeros(R, dtype=torch.long)
+    pos = torch.zeros(R, dtype=torch.long)  # positions admitted so far per request
+    limit = len(rates) - 1
+    B, tau = R, float(R)
+    for v, r in zip(values.tolist(), req.tolist(), strict=True):
+        j = int(pos[r])  # 0-based position of this candidate
+        if B + 1 > limit:
+            break
+        current = tau * rates[B]
+        best, extra, a_next = -1.0, 0.0, v
+        for i in range(0, min(g - j, limit - B)):  # admit it plus i further positions of request r
+            if i:
+                e = expected(j + i) if expected is not None else None
+                a_next *= float(c[r, j]) if e is None else e
+                extra += a_next
+            best = max(best, (tau + v + extra) * rates[B + 1 + i])
+        if best <= current:
+            break
+        tau += v
+        B += 1
+        pos[r] += 1
+    return pos
+
+
+@register("scheduler", "auto")
+class AutoScheduler(_SPSScheduler):
+    """The default: the verification length that pays on this machine, from confidences corrected by this run.
+
+    - ĉ is corrected online (:class:`OnlineCalibration`): a drafter whose confidences are miscalibrated for these
+      prompts (no calibration file, another serving temperature, another prompt distribution) is put right by the
+      rounds it has already run.
+    - ℓ: :func:`lookahead_schedule` on the whole-step SPS curve (target verification + drafting cost), which is
+      Algorithm 1 on a smooth curve and still admits the blocks that pay at a step of the curve.
+    - Whether to draft at all: the expected rate of drafting, (R + the plan's Σ a) over the modelled step time, with
+      R requests of the earlier rounds' mean survival, against plain decoding's R · SPS(R); a skipping gate drafts
+      again after ``probe`` skipped steps (doubling up to ``max_probe``) to refresh its estimate.
+
+    Every decision reads the current confidences as Algorithm 1 does and earlier steps otherwise, so the output law
+    is the target's; with ``timing="model"`` (default) nothing depends on the wall clock.
+    """
+
+    def __init__(
+        self,
+        sps: SPSTable | str | None = None,
+        context_len: int = 512,
+        include_draft_time: bool = True,
+        skip_draft: bool = True,
+        timing: str = "model",
+        draft_cost: float | None = None,
+        online: bool = True,
+        probe: int = 8,
+        max_probe: int = 64,
+    ) -> None:
+        super().__init__(sps, context_len, include_draft_time, False, timing, draft_cost)
+        checks.at_least("probe", probe, 1)
+        checks.at_least("max_probe", max_probe, 1)
+        self.skip_draft, self.online_on, self.probe, self.max_probe = skip_draft, online, probe, max_probe
+        self.online = OnlineCalibration()
+        self.reset()
+
+    def reset(self) -> None:
+        super().reset()
+        self.online.reset()
+        self.skipped, self.interval = 0, self.probe
+        self._rate_cache: dict = {}
+
+    def _conf(self, conf: torch.Tensor) -> torch.Tensor:
+        return self.online(conf) if self.online_on else conf.double()
+
+    def _rates(self, R: int) -> list[float]:
+        """Whole-step rates at B = 0..max (verification + the drafting cost at R requests), cached per R."""
+        if self.sps is None:
+            self._table(R)  # refuses a scheduler without an SPS table
+        extra = self.draft_cost(R) if self.timing == "model" else (self.draft_s or 0.0)
+        key = (R, extra)
+        if self._rate_cache.get("key") != key:
+            self._rate_cache = {"key": key, "rates": step_rates(self.sps, extra)}
+        return self._rate_cache["rates"]
 
     def __call__(self, conf: torch.Tensor) -> torch.Tensor:
         conf = conf.detach().cpu()
-        sps = self._table(conf.shape[0])  # refuses a scheduler without an SPS table
-        if self.mode is None:
-            self.mode = "global" if step_in_curve(self.sps) is not None else "prefix"
-        if self.mode == "prefix":
-            return prefix_schedule(conf, sps)
-        a = survival(conf)
-        return admit_top(a, global_capacity(a, sps), sps)
+        expected = self.online.expected if self.online_on else None
+        return lookahead_schedule(self._conf(conf), self._rates(conf.shape[0]), expected)
+
+    def observe_rounds(self, conf: torch.Tensor, lengths: torch.Tensor, accepted: list[int]) -> None:
+        self.online.observe(conf.detach().cpu(), lengths, accepted)
+
+    def drafting_pays(self, R: int) -> bool | None:
+        """Whether R requests with the earlier rounds' mean survival would commit tokens faster drafting than plain
+        (None before any drafted round, or when R is beyond the SPS table)."""
+        if self.sps is None or R > self.sps.max_tokens or not self.online.drafted:
+            return None
+        mean = torch.tensor(self.online.mean, dtype=torch.float64).clamp(0, 1)
+        rates = self._rates(R)
+        plan = lookahead_schedule(mean.expand(R, -1), rates, self.online.expected)
+        a = mean.cumprod(0)
+        gain = float(sum(a[: int(n)].sum() for n in plan))
+        return (R + gain) * rates[R + int(plan.sum())] > R * float(self.sps(R))
+
+    def wants_draft(self, R: int) -> bool:
+        if not self.skip_draft:
+            return True
+        pays = self.drafting_pays(R)
+        if pays is None or pays:
+            self.skipped, self.interval = 0, self.probe
+            return True
+        if self.skipped >= self.interval:  # probe: draft once to refresh the estimate
+            self.skipped, self.interval = 0, min(2 * self.interval, self.max_probe)
+            return True
+        self.skipped += 1
+        return False
 
 
 def build_scheduler(spec: Any) -> Scheduler:

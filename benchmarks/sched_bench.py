@@ -1,0 +1,161 @@
+"""Which verification length pays on this machine: every scheduler against plain decoding, prompt by prompt.
+
+    .venv/bin/python benchmarks/sched_bench.py --drafter outputs/smollm2_dspark/tb/version_0/drafter \\
+        --heldout outputs/smollm2_dspark/data/responses_heldout.jsonl --label make_run      (make sched-bench)
+
+Decodes the first ``--per_set`` prompts per set (math / code / chat) of a recipe's held-out responses (the sources
+it was trained on, prompts it never saw; data-curve's fixed order) with plain decoding, ``auto`` (the default),
+``hardware_aware``, ``threshold:θ`` and ``static:γ``. At batch 1 every prompt is decoded by every method back to
+back (the order rotating, so machine drift hits all alike); at batch B each group of B prompts is one call per
+method. Writes ``<out>/sched_bench.json`` (rows ``{drafter, set, batch, T, method, tok_s, tau, speedup}``, speedup
+over plain in the same run; with the CPU, commit and date), ``sched_bench.md`` and ``sched_bench.png``. At T = 0
+every method's output is compared with plain's (``greedy_equal``). Run it alone on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from dspark_lightning.atomic import atomic_write  # noqa: E402
+from dspark_lightning.checkpoint import load_target_and_drafters  # noqa: E402
+from dspark_lightning.data.prompts.evalsets import heldout_prompts  # noqa: E402
+from dspark_lightning.devices import cpu_model  # noqa: E402
+from dspark_lightning.infer import decode  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def methods(gammas: list[int], thresholds: list[float]) -> dict[str, object]:
+    """Method label -> the ``scheduler`` argument of ``decode()`` (None: plain decoding)."""
+    out: dict[str, object] = {"plain": None, "auto": "auto", "hardware_aware": "hardware_aware"}
+    out |= {f"threshold:{t:g}": {"name": "threshold", "threshold": t} for t in thresholds}
+    out |= {f"static:{g}": {"name": "static", "gamma": g} for g in gammas}
+    return out
+
+
+def run_set(target, drafter, prompts: list[str], *, batch: int, T: float, max_new_tokens: int,
+            table: dict[str, object]) -> dict[str, dict]:  # fmt: skip
+    """Every method on every group of ``batch`` prompts, back to back, the order rotating per group."""
+    names = list(table)
+    acc = {n: {"s": 0.0, "tokens": 0, "rounds": 0, "committed": 0, "equal": 0, "calls": 0} for n in names}
+    groups = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
+    for gi, group in enumerate(groups):
+        order = names[gi % len(names) :] + names[: gi % len(names)]
+        outs = {}
+        for name in order:
+            sched = table[name]
+            t0 = time.perf_counter()
+            res = decode(target, None if sched is None else drafter, group, max_new_tokens=max_new_tokens,
+                         temperature=T, scheduler="static" if sched is None else sched, seed=gi,
+                         batch_size=batch)  # fmt: skip
+            a = acc[name]
+            a["s"] += time.perf_counter() - t0
+            a["tokens"] += res.stats.generated_tokens
+            a["rounds"] += res.stats.rounds
+            a["committed"] += round(res.stats.tau * res.stats.rounds)
+            a["calls"] += 1
+            outs[name] = res.token_ids
+        for name in names:
+            acc[name]["equal"] += int(outs[name] == outs["plain"])
+    return acc
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    from dspark_lightning.plots import panel_grid, plt, save_figure
+
+    keys = sorted({(r["drafter"], r["batch"], r["T"]) for r in rows})
+    fig, axes = panel_grid(len(keys), panel=(6.0, 3.4))
+    for ax, (drafter, batch, T) in zip(axes, keys, strict=False):
+        sel = [r for r in rows if (r["drafter"], r["batch"], r["T"]) == (drafter, batch, T)]
+        sets = sorted({r["set"] for r in sel})
+        names = list(dict.fromkeys(r["method"] for r in sel))
+        width = 0.8 / len(sets)
+        for i, s in enumerate(sets):
+            vals = [next((r["speedup"] for r in sel if r["set"] == s and r["method"] == n), 0) for n in names]
+            ax.bar([j + i * width for j in range(len(names))], vals, width=width, label=s)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, rotation=60, fontsize=7)
+        ax.set_ylabel("speed-up over plain")
+        ax.set_title(f"{drafter}, batch {batch}, T = {T:g}", fontsize=9)
+        ax.legend(fontsize=7)
+    for ax in axes[len(keys) :]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    save_figure(fig, path, dpi=110)
+    plt.close(fig)
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| drafter | set | batch | T | method | tok/s | τ | speed-up | greedy equal |", "|---" * 9 + "|"]
+    for r in rows:
+        lines.append(f"| {r['drafter']} | {r['set']} | {r['batch']} | {r['T']:g} | {r['method']} | {r['tok_s']:.1f} "
+                     f"| {r['tau']:.2f} | {r['speedup']:.3f} | {r.get('greedy_equal', '—')} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--drafter", required=True)
+    ap.add_argument("--label", required=True, help="the drafter's name in the rows (make_run, long)")
+    ap.add_argument("--heldout", required=True, help="the recipe's <work_dir>/responses_heldout.jsonl")
+    ap.add_argument("--per_set", type=int, default=10)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    ap.add_argument("--gammas", type=int, nargs="+", default=[1, 2, 3, 4, 7])
+    ap.add_argument("--thresholds", type=float, nargs="+", default=[0.3, 0.5])
+    ap.add_argument("--max_new_tokens", type=int, default=128)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks/results/data/sched_bench"))
+    a = ap.parse_args()
+
+    target, (drafter,) = load_target_and_drafters(None, [a.drafter])
+    sets = heldout_prompts(a.heldout, a.per_set)
+    table = methods(a.gammas, a.thresholds)
+    warm = next(iter(sets.values()))[0]
+    for sched in ("auto", "static"):  # one-time profiles (kernels, SPS, drafting cost) before any timing
+        decode(target, drafter, [warm], max_new_tokens=8, scheduler=sched)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "sched_bench.json"
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    rows = [r for r in old.get("rows", []) if r["drafter"] != a.label]
+    for T in a.temperatures:
+        for batch in a.batches:
+            for s, prompts in sets.items():
+                acc = run_set(target, drafter, prompts, batch=batch, T=T, max_new_tokens=a.max_new_tokens,
+                              table=table)  # fmt: skip
+                plain = acc["plain"]["tokens"] / acc["plain"]["s"]
+                for name, x in acc.items():
+                    tok_s = x["tokens"] / x["s"]
+                    row = {"drafter": a.label, "set": s, "batch": batch, "T": T, "method": name,
+                           "tok_s": round(tok_s, 2), "tau": round(x["committed"] / x["rounds"], 3) if x["rounds"] else 1.0,
+                           "speedup": round(tok_s / plain, 3), "prompts": len(prompts)}  # fmt: skip
+                    if T == 0:
+                        row["greedy_equal"] = f"{x['equal']}/{x['calls']}"
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    doc = {
+        "command": "benchmarks/sched_bench.py " + " ".join(f"--{k} {v}" for k, v in vars(a).items()),
+        "cpu": cpu_model(),
+        "threads": int(os.environ.get("OMP_NUM_THREADS", 0)) or os.cpu_count(),
+        "commit": commit.strip(),
+        "date": datetime.date.today().isoformat(),
+        "max_new_tokens": a.max_new_tokens,
+        "rows": rows,
+    }
+    atomic_write(path, json.dumps(doc, indent=1) + "\n")
+    atomic_write(out / "sched_bench.md", markdown(rows) + "\n")
+    plot(rows, out / "sched_bench.png")
+    print(f"-> {path}")
+
+
+if __name__ == "__main__":
+    main()
