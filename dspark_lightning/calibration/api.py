@@ -17,7 +17,7 @@ from ..atomic import atomic_write
 from ..checkpoint import load_drafter_checked, load_target_and_drafters, read_config
 from ..data.prompts.sources import DOMAINS
 from ..devices import check_device_args
-from .confidence import choose, report, report_markdown
+from .confidence import choose, frontier, report, report_markdown
 from .files import load_rollouts, save_calibration
 from .report import calibration_markdown, plot_reliability
 from .rollouts import Rollouts, calibration_prompts, heldout_prompts, rollouts
@@ -161,6 +161,7 @@ def _fit_and_write(
     chosen, picked = choose(fit_rows, ro.prompt[~held] % 2)
     scored = ro.confidence_rows(held if bool(held.any()) else ~held)
     conf_report = report(scored, chosen, picked, fit=fit_rows)
+    replay = frontier(scored, chosen)
     dataset = {
         "domains": list(pool),
         "prompts": "STS pool" if prompts_file is None else str(prompts_file),
@@ -175,7 +176,7 @@ def _fit_and_write(
     sha = read_config(drafter)["weights_sha256"]
     path = save_calibration(drafter, res, temperature=temperature, dataset=dataset, weights_sha256=sha,
                             heldout=heldout, confidence=chosen, methods=picked,
-                            confidence_report=conf_report)  # fmt: skip
+                            confidence_report=conf_report, frontier=replay)  # fmt: skip
     doc = json.loads(path.read_text())
     which = "held-out" if bool(held.any()) else "fit set"
     table = report_markdown(conf_report, f"Confidence at T = {temperature:g}, {which} rounds ({len(scored.m)})")

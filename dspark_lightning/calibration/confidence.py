@@ -219,3 +219,23 @@ def report_markdown(rows: list[ConfidenceRow], title: str) -> str:
             f"| {f(r.ece_floor, True)} | {f(r.brier_raw)} → {f(r.brier_calibrated)} | {r.calibration} |"
         )
     return "\n".join(lines)
+
+
+def frontier(rows: Rows, cmap: ConfidenceMap | None, thresholds=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
+             gammas=None) -> list[dict]:  # fmt: skip
+    """Drafts verified per committed token against τ for static γ and for thresholds on the map's survival,
+    replayed on full-length rollouts: a round verified to ℓ ≤ its recorded length accepts min(m, ℓ) (each position's
+    acceptance test is the same draw whatever ℓ is), so every policy is scored on the same rounds. A threshold's
+    points lie above the static ones (more τ for the same drafts) exactly when the confidences rank."""
+    g = rows.width
+    a = survival(cmap, rows)
+
+    def point(policy: str, ell: torch.Tensor) -> dict:
+        ell = torch.minimum(ell, rows.ell)
+        committed = torch.minimum(rows.m, ell) + 1
+        return {"policy": policy, "drafts_per_token": round(float(ell.sum() / committed.sum()), 4),
+                "tau": round(float(committed.double().mean()), 4)}  # fmt: skip
+
+    out = [point(f"static:{k}", torch.full_like(rows.m, k)) for k in (gammas or range(0, g + 1))]
+    out += [point(f"threshold:{t:g}", (a >= t).long().cumprod(-1).sum(-1)) for t in thresholds]
+    return out

@@ -24,10 +24,12 @@ def save_calibration(
     confidence: ConfidenceMap | None = None,
     methods: list[str] | None = None,
     confidence_report: list[ConfidenceRow] | None = None,
+    frontier: list[dict] | None = None,
 ) -> Path:
     """Write ``calibration_T<T>.json`` next to the weights: the STS fit ``res`` (None for a drafter without a head),
     ``heldout`` = its (raw, STS) reports on unseen prompts, and the chosen ``confidence`` map with the candidate each
-    position took and its held-out report. The file is replaced atomically: a full disk or a kill leaves the previous
+    position took and its held-out report, and the ``frontier`` of static and threshold policies replayed on those
+    rounds (:func:`~.confidence.frontier`). The file is replaced atomically: a full disk or a kill leaves the previous
     calibration whole."""
     doc = {
         "temperatures": None if res is None else res.temperatures,
@@ -51,6 +53,8 @@ def save_calibration(
         doc["confidence_methods"] = methods
     if confidence_report is not None:
         doc["confidence_report"] = [asdict(r) for r in confidence_report]
+    if frontier is not None:
+        doc["frontier"] = frontier
     return write_calibration(drafter_dir, doc)
 
 

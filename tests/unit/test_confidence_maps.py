@@ -24,7 +24,7 @@ def synthetic(n=4000, g=3, head_noise=3.0, seed=0):
 def test_logistic_recovers_coefficients():
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(20000, 2, generator=gen, dtype=torch.float64)
-    y = (torch.rand(20000, generator=gen, dtype=torch.float64) < torch.sigmoid(1.5 * x[:, 0] - 0.5 * x[:, 1] + 0.3))
+    y = torch.rand(20000, generator=gen, dtype=torch.float64) < torch.sigmoid(1.5 * x[:, 0] - 0.5 * x[:, 1] + 0.3)
     w = logistic(x, y.double())
     assert torch.allclose(w, torch.tensor([1.5, -0.5, 0.3], dtype=torch.float64), atol=0.08)
 
@@ -74,3 +74,22 @@ def test_map_file_round_trip_and_refusals(tmp_path):
                                                                "confidence": [1, 2]}))  # fmt: skip
     with pytest.raises(ValueError, match="bad confidence map"):
         load_confidence_maps(tmp_path, "abc")
+
+
+def test_frontier_replays_policies_and_ranking_confidences_dominate_static():
+    """A static γ accepts min(m, γ); with confidences that rank, some threshold verifies fewer drafts per committed
+    token than a static γ for at least its τ."""
+    from dspark_lightning.calibration.confidence import frontier
+
+    rows = synthetic(head_noise=0.0)
+    cmap = fit_map("margin", rows)
+    pts = {p["policy"]: p for p in frontier(rows, cmap)}
+    m = rows.m.double()
+    assert pts["static:0"] == {"policy": "static:0", "drafts_per_token": 0.0, "tau": 1.0}
+    assert pts["static:3"]["tau"] == pytest.approx(float((m + 1).mean()), abs=1e-4)
+    assert pts["static:1"]["tau"] == pytest.approx(float((m.clamp(max=1) + 1).mean()), abs=1e-4)
+    static = [p for k, p in pts.items() if k.startswith("static:") and k != "static:0"]
+    thresholds = [p for k, p in pts.items() if k.startswith("threshold:")]
+    assert any(
+        t["tau"] >= s["tau"] and t["drafts_per_token"] < s["drafts_per_token"] for s in static for t in thresholds
+    )
