@@ -134,9 +134,10 @@ def main() -> None:
                 plain = acc["plain"]["tokens"] / acc["plain"]["s"]
                 for name, x in acc.items():
                     tok_s = x["tokens"] / x["s"]
+                    tau = round(x["committed"] / x["rounds"], 3) if x["rounds"] else 1.0
                     row = {"drafter": a.label, "set": s, "batch": batch, "T": T, "method": name,
-                           "tok_s": round(tok_s, 2), "tau": round(x["committed"] / x["rounds"], 3) if x["rounds"] else 1.0,
-                           "speedup": round(tok_s / plain, 3), "prompts": len(prompts)}  # fmt: skip
+                           "tok_s": round(tok_s, 2), "tau": tau, "speedup": round(tok_s / plain, 3),
+                           "prompts": len(prompts)}  # fmt: skip
                     if T == 0:
                         row["greedy_equal"] = f"{x['equal']}/{x['calls']}"
                     rows.append(row)
