@@ -181,6 +181,7 @@ def dspark_loss(
     target_lse: torch.Tensor | None = None,  # (N, γ) full-vocabulary log-sum-exp (draft-vocabulary space)
     target_top: torch.Tensor | None = None,  # (N, γ) full-vocabulary target argmax, as an index into the logits
     top_ce_weight: float = 0.0,
+    conf_label: str = "analytic",
 ) -> LossTerms:
     """The loss terms; ``target_logits`` None trains with the CE only. ``chunk_size``: anchor blocks per chunk of
     the per-token terms (None: one chunk), which bounds memory and changes no value (module docstring).
@@ -188,7 +189,8 @@ def dspark_loss(
     Draft-vocabulary space: ``logits`` and ``target_logits`` may cover only the N draft tokens (labels then index
     them, -1 = outside), with ``target_lse`` and ``target_top`` computed over the whole vocabulary; every term
     equals the full-vocabulary one (tests/unit/test_subset_loss.py). ``top_ce_weight``: weight of a CE to the
-    target's argmax token (the greedy label, free from the target logits)."""
+    target's argmax token (the greedy label, free from the target logits). ``conf_label``: what the confidence head
+    learns, ``analytic`` (c*, the T = 1 acceptance) or ``greedy`` (the top-1 agreement, the T = 0 event)."""
     if target_logits is None and soft_ce_weight:
         raise ValueError("the soft cross-entropy needs the target logits")
     vw = mask * weights.to(mask)  # (N, γ)
@@ -208,7 +210,8 @@ def dspark_loss(
     soft_ce = (vw * soft_tok).sum() / z if soft_ce_weight else zero
     conf, conf_prob = zero, None
     if conf_logits is not None:
-        bce = F.binary_cross_entropy_with_logits(conf_logits.float(), acc, reduction="none")
+        label = acc if conf_label == "analytic" else agree  # Σ min(p_d, p_t), or the greedy event 1[argmaxes agree]
+        bce = F.binary_cross_entropy_with_logits(conf_logits.float(), label, reduction="none")
         conf = (vw * bce).sum() / z
         conf_prob = torch.sigmoid(conf_logits.detach().float())
     total = ce_weight * ce + (l1_weight * l1 if target_logits is not None else 0) + conf_weight * conf

@@ -116,6 +116,11 @@ def check_dspark(drafter: Any, trained: bool = True) -> list[str]:
         )
     if conf is not None and type(conf) is not ConfidenceHead:
         raise InteropError(f"confidence head {_name(conf)!r} has no server counterpart")
+    if conf is not None and conf.draft_features:
+        raise InteropError(
+            f"a confidence head that reads the draft's {' and '.join(conf.draft_features)} (draft_features) has no "
+            "server counterpart: servers' heads read [h_k ; W1[x_{k-1}]] only"
+        )
     if conf is not None and conf.token_dim == 0:
         raise InteropError(
             "Markov-free confidence head sigmoid(w.h_k): servers require confidence_head_with_markov=true, "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import torch
 
@@ -85,7 +85,10 @@ class LossConfig:
     l1_weight: float = 0.9
     """weight of the full L1 distance to the target distribution"""
     conf_weight: float = 1.0
-    """weight of the confidence BCE against the detached analytic acceptance"""
+    """weight of the confidence BCE against the detached acceptance label"""
+    conf_label: Literal["analytic", "greedy"] = "analytic"
+    """the confidence head's label: analytic, Σ min(p_d, p_t) (the acceptance probability at T = 1, the paper's);
+    greedy, 1[argmax p_d = argmax p_t] (the event of T = 0 serving)"""
     soft_ce_weight: float = 0.0
     """weight of the soft cross-entropy to the target distribution (EAGLE-3's loss)"""
     top_ce_weight: float = 0.0

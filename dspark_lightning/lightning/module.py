@@ -279,6 +279,7 @@ class DSparkModule(L.LightningModule):
             target_lse=lse,
             target_top=top,
             top_ce_weight=c.top_ce_weight,
+            conf_label=c.conf_label,
         )
         self._step_anchors = valid.sum()  # a device tensor: no host read
         return terms, v, B

@@ -71,6 +71,11 @@ def test_loss_by_hand():
     # the BCE term alone sends no gradient into the draft logits
     dz = torch.autograd.grad(dspark_loss(z, zt, labels, v, w, conf, 0.0, 0.0, 1.0).total, z, allow_unused=True)[0]
     assert dz is None or dz.abs().max() == 0
+    # the greedy label (T = 0 serving): 1 where the argmaxes agree, here (0 vs 1, 1 vs 1, 0 vs 0)
+    greedy = dspark_loss(z, zt, labels, v, w, conf, 0.0, 0.0, 1.0, conf_label="greedy")
+    agree = torch.tensor([[0.0, 1.0], [1.0, 1.0]])
+    bce = sum(x * F.binary_cross_entropy_with_logits(conf[b, k].detach(), agree[b, k]).item() for b, k, x in vw) / Z
+    assert greedy.conf.item() == pytest.approx(bce, rel=1e-5)
 
 
 def test_expected_tau():

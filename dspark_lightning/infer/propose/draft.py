@@ -203,7 +203,7 @@ class BlockProposer(ProposerBase):
                 clock.lap("sequential")
             logit = None
             if ch is not None:
-                logit = ch(h[:, k], feat).float()
+                logit = ch(h[:, k], feat, z).float()
                 raw.append(logit)
             top2 = z.float().topk(2, dim=-1).values
             margin = top2[:, 0] - top2[:, 1]
