@@ -3,14 +3,13 @@ both run in decode() with greedy output equal to plain decoding, and the head re
 
 import pytest
 import torch
+from infer_helpers import make_drafter
 
 from dspark_lightning.checkpoint.calibration import ConfidenceMap
 from dspark_lightning.export.common import InteropError
 from dspark_lightning.export.dspark_hf import check_dspark
 from dspark_lightning.infer import decode
 from dspark_lightning.infer.propose.draft import make_proposer
-
-from infer_helpers import make_drafter
 
 
 def test_draft_features_are_the_margin_and_entropy_of_the_logits(tiny_target):
