@@ -57,7 +57,8 @@ def test_calibrate_on_a_full_disk_keeps_the_previous_calibration(drafter_dir, tm
     g = torch.Generator().manual_seed(0)
     n = 600  # 16 prompts x 3 domains (the defaults), half held out
     Rollouts(torch.randn(n, 3, generator=g).double(), torch.randint(0, 4, (n,), generator=g),
-             torch.full((n,), 3), torch.arange(n) % 48).save(tmp_path / "rollouts.pt")  # fmt: skip
+             torch.full((n,), 3), torch.arange(n) % 48, torch.rand(n, 3, generator=g).double() * 4,
+             ).save(tmp_path / "rollouts.pt")  # fmt: skip
     args = ["calibrate", "--drafter", str(drafter_dir), "--rollouts", str(tmp_path / "rollouts.pt")]
     args += ["--min_rows", "10", "--min_class", "1"]
     code, _, err = run_main(args, capsys)

@@ -67,7 +67,8 @@ def extend_workspace(root: Path) -> Path:
     g = torch.Generator().manual_seed(0)
     n = 480  # 16 prompts x 3 domains (calibrate's defaults), half held out
     Rollouts(torch.randn(n, 2, generator=g).double(), torch.randint(0, 3, (n,), generator=g),
-             torch.full((n,), 2), torch.arange(n) % 48).save(root / "rollouts.pt")  # fmt: skip
+             torch.full((n,), 2), torch.arange(n) % 48, torch.rand(n, 2, generator=g).double() * 4,
+             ).save(root / "rollouts.pt")  # fmt: skip
     shutil.copytree(root / "drafter", root / "cal")
     (root / "cal" / "calibration_T1.json").write_text('{"previous": true}\n')
     for rel in ("prev/r.json", "prev/sps.json", "evalout/tau_table.json", "benchout/bench.json",

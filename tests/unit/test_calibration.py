@@ -87,11 +87,14 @@ def test_rollouts_round_trip(tmp_path):
     from dspark_lightning.calibration import Rollouts
 
     z, m, ell = synthetic_rounds(n=50)
-    ro = Rollouts(z, m, ell, torch.arange(50) % 5)
+    ro = Rollouts(z, m, ell, torch.arange(50) % 5, z.abs())
     ro.save(tmp_path / "r.pt")
     back = Rollouts.load(tmp_path / "r.pt")
-    for k in ("z", "m", "ell", "prompt"):
+    for k in ("z", "m", "ell", "prompt", "mu"):
         assert torch.equal(getattr(back, k), getattr(ro, k))
+    Rollouts(z, m, ell, ro.prompt).save(tmp_path / "old.pt")  # written before margins were logged
+    with pytest.raises(ValueError, match="record them again"):
+        Rollouts.load(tmp_path / "old.pt").confidence_rows(torch.ones(50, dtype=torch.bool))
     zs, ms, es = back.rows(back.prompt == 2)
     assert zs.shape == (10, 4) and torch.equal(ms, m[2::5])
 
