@@ -110,7 +110,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--gammas", type=int, nargs="+", default=[1, 2, 3, 4, 7])
-    ap.add_argument("--thresholds", type=float, nargs="+", default=[0.3, 0.5])
+    ap.add_argument("--thresholds", type=float, nargs="+", default=[0.3])
     ap.add_argument("--max_new_tokens", type=int, default=128)
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/data/sched_bench"))
     a = ap.parse_args()
@@ -125,7 +125,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "sched_bench.json"
     old = json.loads(path.read_text()) if path.is_file() else {}
-    rows = [r for r in old.get("rows", []) if r["drafter"] != a.label]
+    redo = {(a.label, float(T), b) for T in a.temperatures for b in a.batches}
+    rows = [r for r in old.get("rows", []) if (r["drafter"], float(r["T"]), r["batch"]) not in redo]
     for T in a.temperatures:
         for batch in a.batches:
             for s, prompts in sets.items():
