@@ -107,17 +107,21 @@ def main() -> None:
     ap.add_argument("--label", required=True, help="the drafter's name in the rows (make_run, long)")
     ap.add_argument("--heldout", required=True, help="the recipe's <work_dir>/responses_heldout.jsonl")
     ap.add_argument("--per_set", type=int, default=10)
+    ap.add_argument("--sets", nargs="+", default=["math", "code", "chat"])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
     ap.add_argument("--gammas", type=int, nargs="+", default=[1, 2, 3, 4, 7])
     ap.add_argument("--thresholds", type=float, nargs="+", default=[0.3])
     ap.add_argument("--max_new_tokens", type=int, default=128)
+    ap.add_argument("--methods", nargs="*", default=None, help="a subset of the method labels (plain always runs)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/data/sched_bench"))
     a = ap.parse_args()
 
     target, (drafter,) = load_target_and_drafters(None, [a.drafter])
-    sets = heldout_prompts(a.heldout, a.per_set)
+    sets = heldout_prompts(a.heldout, a.per_set, tuple(a.sets))
     table = methods(a.gammas, a.thresholds)
+    if a.methods:
+        table = {k: v for k, v in table.items() if k in a.methods or k == "plain"}
     warm = next(iter(sets.values()))[0]
     for sched in ("auto", "static"):  # one-time profiles (kernels, SPS, drafting cost) before any timing
         decode(target, drafter, [warm], max_new_tokens=8, scheduler=sched)
@@ -125,8 +129,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "sched_bench.json"
     old = json.loads(path.read_text()) if path.is_file() else {}
-    redo = {(a.label, float(T), b) for T in a.temperatures for b in a.batches}
-    rows = [r for r in old.get("rows", []) if (r["drafter"], float(r["T"]), r["batch"]) not in redo]
+    redo = {(a.label, float(T), b, s) for T in a.temperatures for b in a.batches for s in a.sets}
+    rows = [r for r in old.get("rows", []) if (r["drafter"], float(r["T"]), r["batch"], r["set"]) not in redo]
     for T in a.temperatures:
         for batch in a.batches:
             for s, prompts in sets.items():

@@ -456,36 +456,46 @@ class AsyncHardwareAwareScheduler(_SPSScheduler):
 class OnlineCalibration:
     """Per-position logit shifts learned from this run's finished rounds: ĉ'_k = σ(logit ĉ_k + δ_k).
 
-    Each verified position k of a round that reached it (ℓ ≥ k, m ≥ k − 1) is one observation, y = 1[m ≥ k], and
-    moves δ_k by ``lr`` · (y − ĉ'_k) (online logistic regression of the intercept). A position seen fewer than
-    ``min_seen`` times borrows the shift of the deepest position seen that often (0 before any). Also keeps the
-    running mean of the corrected ĉ'_k at every position, drafted or verified (the lookahead's expectation of
-    positions not yet ranked). Lossless: the shifts and means of step t come from steps < t only.
+    Each verified position k of a round that reached it (ℓ ≥ k, m ≥ k − 1) is one observation of the outcome
+    y = 1[m ≥ k] beside the prediction ĉ_k. δ_k moves the mean prediction onto the observed rate, with ``prior``
+    pseudo-observations at the prediction itself: δ_k = logit((Σy + prior·p̄) / (n + prior)) − logit(p̄), p̄ the mean
+    ĉ_k of those rounds. A position with no observation borrows the shift of the deepest position observed (0 before
+    any). Also keeps the running mean of the corrected ĉ'_k at every position, drafted or verified (the lookahead's
+    expectation of positions not yet ranked). Lossless: the shifts and means of step t come from steps < t only.
     """
 
-    def __init__(self, lr: float = 0.05, min_seen: int = 8, clip: float = 4.0) -> None:
-        self.lr, self.min_seen, self.clip = lr, min_seen, clip
+    def __init__(self, prior: float = 8.0, clip: float = 4.0) -> None:
+        self.prior, self.clip = prior, clip
         self.reset()
 
     def reset(self) -> None:
-        self.shift: list[float] = []
-        self.seen: list[int] = []
+        self.n: list[int] = []  # observations per position
+        self.y: list[float] = []  # their outcomes, summed
+        self.p: list[float] = []  # their predictions ĉ_k, summed
         self.mean: list[float] = []  # running mean of the corrected ĉ'_k
         self.drafted = 0
+        self._shift: torch.Tensor | None = None
 
     def _grow(self, g: int) -> None:
-        while len(self.shift) < g:
-            self.shift.append(0.0)
-            self.seen.append(0)
+        while len(self.n) < g:
+            self.n.append(0)
+            self.y.append(0.0)
+            self.p.append(0.0)
             self.mean.append(0.0)
 
     def shifts(self, g: int) -> torch.Tensor:
+        if self._shift is not None and len(self._shift) == g:
+            return self._shift
         self._grow(g)
         out, carry = [], 0.0
         for k in range(g):
-            carry = self.shift[k] if self.seen[k] >= self.min_seen else carry
-            out.append(self.shift[k] if self.seen[k] >= self.min_seen else carry)
-        return torch.tensor(out, dtype=torch.float64)
+            if self.n[k]:
+                pbar = min(max(self.p[k] / self.n[k], 1e-4), 1 - 1e-4)
+                rate = (self.y[k] + self.prior * pbar) / (self.n[k] + self.prior)
+                carry = max(-self.clip, min(self.clip, math.log(rate / (1 - rate)) - math.log(pbar / (1 - pbar))))
+            out.append(carry)
+        self._shift = torch.tensor(out, dtype=torch.float64)
+        return self._shift
 
     def __call__(self, conf: torch.Tensor) -> torch.Tensor:
         c = conf.double().clamp(1e-6, 1 - 1e-6)
@@ -501,14 +511,15 @@ class OnlineCalibration:
         self.drafted += 1
         w = 1.0 / min(self.drafted, 50)  # the mean of the last ~50 steps
         for k, col in enumerate(corrected.mean(0).tolist()):
-            self.mean[k] = col if self.drafted == 1 else (1 - w) * self.mean[k] + w * col
+            self.mean[k] = (1 - w) * self.mean[k] + w * col
+        c = conf.double().clamp(1e-6, 1 - 1e-6).tolist()
         for r in range(R):
             m, ell = int(accepted[r]), int(lengths[r])
             for k in range(min(ell, m + 1)):  # verified positions the round reached
-                p = float(torch.sigmoid(torch.logit(conf[r, k].double().clamp(1e-6, 1 - 1e-6)) + self.shift[k]))
-                y = 1.0 if m >= k + 1 else 0.0
-                self.shift[k] = max(-self.clip, min(self.clip, self.shift[k] + self.lr * (y - p)))
-                self.seen[k] += 1
+                self.n[k] += 1
+                self.y[k] += 1.0 if m >= k + 1 else 0.0
+                self.p[k] += c[r][k]
+        self._shift = None
 
 
 def step_rates(sps: SPSTable, extra: float = 0.0) -> list[float]:
