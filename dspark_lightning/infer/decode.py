@@ -113,8 +113,9 @@ def resolve(target, drafter, device=None, dtype=None, drafter_dtype=None):
 
 
 def check_drafter_object(drafter, target) -> None:
-    """A drafter object must fit the target as a drafter loaded from a path must (geometry, tapped layers, chat
-    format of the export it came from)."""
+    """A drafter object must fit the target as a drafter loaded from a path must (geometry, chat format of the export
+    it came from); a target tapping other layers than the drafter reads is re-tapped to them
+    (:func:`~dspark_lightning.checkpoint.check_geometry`), before the engine, which reads the taps, is built."""
     g = getattr(drafter, "geometry", None)
     if g is None:
         return

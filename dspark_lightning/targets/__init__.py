@@ -69,6 +69,8 @@ def load_target(
     ``target`` is an embedded name (``smollm2-135m-instruct``, ``tiny-debug``), a local HF model
     directory, a hub id present in the offline cache, an already-loaded HF causal LM (pass its
     ``tokenizer``), or a :class:`Target` (returned as is). Loads are memoised per process.
+    ``layer_ids``: the decoder layers whose outputs the target returns (default: :func:`default_layer_ids`); a loaded
+    target can be re-tapped (:meth:`Target.tap`), as ``load_drafter`` and ``decode()`` do for a drafter of other taps.
     ``dtype`` and ``device`` follow :mod:`dspark_lightning.devices` (``"auto"``: bf16 on CUDA, fp32 on CPU).
     """
     from ..devices import resolve_device, resolve_dtype
@@ -98,7 +100,9 @@ def load_target(
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kw).to(device)
             tok = tokenizer or AutoTokenizer.from_pretrained(path, **kw)
             _CACHE[key] = Target(model, tok, name, layer_ids, chat)
-        return _CACHE[key]
+        loaded = _CACHE[key]
+        # a memoised target that met a drafter of other taps since (Target.tap) taps what this call asks for again
+        return loaded.tap(layer_ids if layer_ids is not None else default_layer_ids(loaded.geometry.num_layers))
 
 
 def load_target_checked(name: str, **kwargs: Any) -> Any:

@@ -13,9 +13,9 @@ One target can serve several threads at once: the tapped outputs of a forward ar
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -189,10 +189,36 @@ class Target(nn.Module):
         self.chat = chat or ChatFormat()
         self._said_untemplated = False
         self._head_steps = head_steps(cfg)
-        layers = self.decoder_layers
-        for lid in sorted(set(ids)):
-            layers[lid].register_forward_hook(_capture_hook(lid))
+        self._tap_hooks = self._hook_layers(ids)
         self.check_head()
+
+    # --- taps ------------------------------------------------------------------------------
+    def _hook_layers(self, ids: list[int]) -> list[Any]:
+        """A capture hook on each distinct tapped layer; returns the hook handles."""
+        layers = self.decoder_layers
+        return [layers[lid].register_forward_hook(_capture_hook(lid)) for lid in sorted(set(ids))]
+
+    def tap(self, layer_ids: Sequence[int]) -> Target:
+        """Tap ``layer_ids`` from now on: which decoder layers' outputs :meth:`forward` returns as ``context``
+        (``geometry.layer_ids``). Taps are not weights, so one loaded model serves a drafter trained on any taps;
+        ``load_drafter``, ``decode()`` and ``checkpoint.load_target_and_drafters`` re-tap a target to the layers its
+        drafter reads. The ids are checked (:func:`check_layer_ids`) before anything changes.
+
+        The target then serves drafters of those taps only: an engine built earlier keeps the taps it was built with
+        (``decode()`` builds one per call), and threads sharing the target must share its taps (re-tapping while
+        another thread runs a forward of it is not supported).
+        """
+        if not isinstance(layer_ids, list | tuple) or any(isinstance(i, bool) or not isinstance(i, int)
+                                                         for i in layer_ids):  # fmt: skip
+            raise ValueError(f"layer_ids must be a list of layer numbers (integers), got {layer_ids!r}")
+        ids = check_layer_ids(list(layer_ids), self.geometry.num_layers)
+        if tuple(ids) == self.geometry.layer_ids:
+            return self
+        for handle in self._tap_hooks:
+            handle.remove()
+        self._tap_hooks = self._hook_layers(ids)
+        self.geometry = replace(self.geometry, layer_ids=tuple(ids))
+        return self
 
     # --- structure -------------------------------------------------------------------------
     @property
