@@ -122,9 +122,10 @@ def main() -> None:
     table = methods(a.gammas, a.thresholds)
     if a.methods:
         table = {k: v for k, v in table.items() if k in a.methods or k == "plain"}
-    warm = next(iter(sets.values()))[0]
-    for sched in ("auto", "static"):  # one-time profiles (kernels, SPS, drafting cost) before any timing
-        decode(target, drafter, [warm], max_new_tokens=8, scheduler=sched)
+    warm = next(iter(sets.values()))
+    for batch in a.batches:  # one-time profiles (kernels, SPS, drafting cost up to this batch) before any timing
+        for sched in ("auto", "static"):
+            decode(target, drafter, (warm * batch)[:batch], max_new_tokens=8, scheduler=sched, batch_size=batch)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "sched_bench.json"

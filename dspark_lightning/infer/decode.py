@@ -354,8 +354,36 @@ def _result(engine: Engine, target, total_s: float) -> DecodeResult:
     engine.settle_timings()
     time_s = {**engine.time_s, "total": total_s}
     stats = summarize(engine.log, engine.block_size, generated, len(reqs), time_s)
+    check_profile(getattr(engine.scheduler, "sps", None), engine.log.step_tokens, time_s["verify"])
     outputs, reasons = [list(r.output) for r in reqs], [r.finish_reason for r in reqs]
     return DecodeResult(texts, outputs, reasons, stats, per, engine.log)
+
+
+_SAID_STALE: set[str] = set()
+
+
+def check_profile(sps, step_tokens: list[int], verify_s: float, factor: float = 1.6, min_steps: int = 32) -> None:
+    """Warn (once per table) when this call's verification steps ran ``factor`` times faster than the SPS table
+    says: a table measured while the machine was busy, which makes every hardware-aware choice too timid. Slower
+    steps are not warned about (this machine may be busy now)."""
+    if sps is None or len(step_tokens) < min_steps or verify_s <= 0:
+        return
+    fits = [b for b in step_tokens if b <= sps.max_tokens]
+    if len(fits) < min_steps:
+        return
+    modelled = float((1.0 / sps(torch.tensor(fits, dtype=torch.float64))).sum()) * len(step_tokens) / len(fits)
+    key = str(sps.meta.get("date", id(sps)))
+    if verify_s * factor < modelled and key not in _SAID_STALE:
+        import warnings
+
+        _SAID_STALE.add(key)
+        warnings.warn(
+            f"this call verified {modelled / verify_s:.1f}x faster than the SPS table measured on "
+            f"{sps.meta.get('date', '?')} says (a table taken while the machine was busy?): the hardware-aware "
+            "schedulers then verify too little; delete $DSPARK_CACHE/sps (default ~/.cache/dspark_lightning/sps) to "
+            "measure it again, alone on the machine",
+            stacklevel=3,
+        )
 
 
 def _text(tokenizer, ids: list[int], stop_strings: list[str]) -> str:

@@ -304,3 +304,24 @@ def test_auto_corrects_miscalibrated_confidences_and_stops_drafting_where_it_los
     assert sched.online(conf)[0, 0] < 0.1
     decisions = [sched.wants_draft(1) for _ in range(12)]
     assert decisions.count(True) in (1, 2) and not decisions[0]  # skips, and probes after 4 skipped steps
+
+
+def test_a_table_measured_on_a_busy_machine_is_named_once():
+    """decode() warns when its verification steps ran far faster than the cached SPS table says (a table measured
+    under load makes the hardware-aware schedulers timid); slower steps are this machine's load now, not warned."""
+    import warnings
+
+    from dspark_lightning.infer.decode import check_profile
+
+    slow = SPSTable(tokens=[1, 8], sps=[10.0, 5.0], meta={"date": "busy-day"})
+    steps = [2] * 40
+    modelled = sum(1 / float(slow(torch.tensor(2.0))) for _ in steps)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_profile(slow, steps, modelled * 2.0)  # slower than the table: no warning
+        check_profile(slow, steps[:10], modelled / 10)  # too few steps to judge
+    with pytest.warns(UserWarning, match="faster than the SPS table measured on busy-day"):
+        check_profile(slow, steps, modelled / 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_profile(slow, steps, modelled / 3)  # once per table
