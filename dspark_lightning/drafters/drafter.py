@@ -212,7 +212,10 @@ class Drafter(SharesTargetParts, nn.Module):
         if self.seq_head is not None:
             bias, feat = self.seq_head.teacher_forced(h, prev)
             logits = logits + bias
-        conf = None if self.conf_head is None else self.conf_head(h, feat, logits).view(B, A, g)
+        conf = None
+        if self.conf_head is not None:  # a head that reads the draft logits says so (draft_features)
+            extra = (logits,) if getattr(self.conf_head, "draft_features", ()) else ()
+            conf = self.conf_head(h, feat, *extra).view(B, A, g)
         if full_vocab:
             logits = self.full_logits(logits)  # (B*A, γ, V), -inf outside a reduced draft vocabulary
         return DraftOutput(logits=logits.view(B, A, g, -1), conf_logits=conf, hidden=h.view(B, A, g, -1))

@@ -119,4 +119,3 @@ def test_export_after_fit_writes_the_tables_and_an_overwrite_drops_stale_ones(ti
     (native / "calibration_T1.json").unlink()  # recalibrated at T = 0 only
     export_for_servers(native, "dspark-hf", ["sglang"], log=lines.append)
     assert [p.name for p in done["sglang"].glob("sglang_sts_*")] == ["sglang_sts_T0.json"]
-

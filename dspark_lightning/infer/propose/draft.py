@@ -194,6 +194,7 @@ class BlockProposer(ProposerBase):
         prev = anchors
         state = sh.init_state(R, h) if sh is not None else None
         toks, qs, confs, zs, raw, margins = [], [], [], [], [], []
+        reads_logits = bool(getattr(ch, "draft_features", ()))
         clock = self.clock
         for k in range(g):
             z, feat = base[:, k], None
@@ -203,7 +204,7 @@ class BlockProposer(ProposerBase):
                 clock.lap("sequential")
             logit = None
             if ch is not None:
-                logit = ch(h[:, k], feat, z).float()
+                logit = (ch(h[:, k], feat, z) if reads_logits else ch(h[:, k], feat)).float()
                 raw.append(logit)
             top2 = z.float().topk(2, dim=-1).values
             margin = top2[:, 0] - top2[:, 1]
