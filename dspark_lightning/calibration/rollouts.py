@@ -12,6 +12,7 @@ import torch
 
 from ..atomic import atomic_writer
 from ..data.prompts.evalsets import calibration_records
+from ..data.prompts.evalsets import heldout_prompts as responses_prompts
 from ..infer import decode
 from .confidence import Rows
 
@@ -21,9 +22,7 @@ def calibration_prompts(domains: list[str], n: int, prompts_file: str | Path | N
     ``<work_dir>/responses_heldout.jsonl``: the prompts the drafter will serve) when given, else from the STS pool
     (disjoint from training and from `eval`'s sets). A domain the file lacks is left out."""
     if prompts_file is not None:
-        from ..eval.data_curve import heldout_prompts as file_prompts
-
-        return file_prompts(prompts_file, n, tuple(domains))
+        return responses_prompts(prompts_file, n, tuple(domains))
     return {dom: [r.turns[0] for r in calibration_records(dom, n)] for dom in domains}
 
 
