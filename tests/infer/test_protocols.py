@@ -158,7 +158,7 @@ def test_the_protocols_are_public_and_name_their_members():
     assert members(Verifier) == {"device", "prefill", "forward", "logits", "commit", "remove"}
     assert members(Proposer) == {"block_size", "add", "remove", "extend", "propose"}
     assert scheduler_members() == {"__call__", "reset", "reads_hardware", "needs_hardware", "use_hardware",
-                                   "wants_draft", "observe_step", "observe_draft_time"}  # fmt: skip
+                                   "wants_draft", "observe_step", "observe_draft_time", "observe_rounds"}  # fmt: skip
 
 
 def accessed_in_source() -> dict[str, set[str]]:
@@ -185,7 +185,7 @@ def test_the_source_takes_only_declared_attributes():
     for role, attrs in seen.items():
         assert attrs, f"no access to the {role} found: the reading of the source is broken"
         assert attrs <= declared(role), f"the engine takes {sorted(attrs - declared(role))} of its {role}"
-    assert {"wants_draft", "observe_step", "observe_draft_time", "__call__"} <= seen["scheduler"]
+    assert {"wants_draft", "observe_step", "observe_draft_time", "observe_rounds", "__call__"} <= seen["scheduler"]
 
 
 def record_scheduler(scheduler: Scheduler, seen: set[str]) -> Scheduler:

@@ -301,7 +301,7 @@ def test_auto_corrects_miscalibrated_confidences_and_stops_drafting_where_it_los
     for _ in range(200):  # every round rejects its first draft
         ell = sched(conf)
         sched.observe_rounds(conf, ell, [0])
-    assert sched.online(conf)[0, 0] < 0.1
+    assert sched.online(conf)[0, 0] < 0.3  # lowered until no draft is admitted (no more observations)
     decisions = [sched.wants_draft(1) for _ in range(12)]
     assert decisions.count(True) in (1, 2) and not decisions[0]  # skips, and probes after 4 skipped steps
 

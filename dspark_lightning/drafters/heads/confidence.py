@@ -34,13 +34,13 @@ class ConfidenceHead(nn.Module):
         geometry: TargetGeometry,
         token_dim: int = 0,
         detach_inputs: bool = False,
-        draft_features: Sequence[Literal["margin", "entropy"]] = (),
+        draft_features: Sequence[Literal["margin", "entropy"]] | None = None,
     ) -> None:
         super().__init__()
         self.hparams = capture_args(locals())
         self.token_dim = token_dim
         self.detach_inputs = detach_inputs
-        self.draft_features = tuple(draft_features)
+        self.draft_features = tuple(draft_features or ())
         bad = [f for f in self.draft_features if f not in ("margin", "entropy")]
         if bad or len(set(self.draft_features)) != len(self.draft_features):
             raise ValueError(f"draft_features are distinct names among margin, entropy; got {list(draft_features)}")
