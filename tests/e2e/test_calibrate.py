@@ -74,7 +74,7 @@ def test_temperatures_round_trip_and_change_the_schedule(drafter_dir):
     torch.testing.assert_close(a_cal[:, 0], torch.sigmoid(z_cal[:, 0] / 0.01))  # ĉ_1 = σ(z_1 / T*_1)
     # raw ĉ ≈ 0.5 never clears θ = 0.9; with T = 0.01 a positive first logit gives ĉ_1 ≈ 1, so drafts get verified
     assert raw.stats.mean_verify_len == 0 < cal.stats.mean_verify_len
-    with pytest.warns(UserWarning, match="no STS calibration for T = 0"):
+    with pytest.warns(UserWarning, match="no calibration for T = 0"):
         decode(target, drafter, prompts, max_new_tokens=4, temperature=0.0)
 
 
