@@ -609,6 +609,7 @@ class AutoScheduler(_SPSScheduler):
         self.online.reset()
         self.skipped, self.interval = 0, self.probe
         self._rate_cache: dict = {}
+        self._pays_cache: dict = {}
 
     def _conf(self, conf: torch.Tensor) -> torch.Tensor:
         return self.online(conf) if self.online_on else conf.double()
@@ -636,6 +637,12 @@ class AutoScheduler(_SPSScheduler):
         (None before any drafted round, or when R is beyond the SPS table)."""
         if self.sps is None or R > self.sps.max_tokens or not self.online.drafted:
             return None
+        key = (R, self.online.drafted)  # its inputs change only with R and after a drafted round
+        if self._pays_cache.get("key") != key:
+            self._pays_cache = {"key": key, "pays": self._drafting_pays(R)}
+        return self._pays_cache["pays"]
+
+    def _drafting_pays(self, R: int) -> bool:
         mean = torch.tensor(self.online.mean, dtype=torch.float64).clamp(0, 1)
         rates = self._rates(R)
         plan = lookahead_schedule(mean.expand(R, -1), rates, self.online.expected)
