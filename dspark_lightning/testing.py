@@ -212,37 +212,41 @@ def check_scheduler(spec: Any, seed: int = 0, **kwargs: Any) -> None:
 
 def check_server(spec: Any, seed: int = 0) -> None:
     """Conformance checks for a serving target (a registered ``server`` name, or a
-    :class:`~dspark_lightning.export.servers.Server` subclass): it is a ``Server``; its rules return notes (strings)
-    or refuse in one line that names the server; :meth:`~dspark_lightning.export.servers.Server.check` agrees with
-    them; its additions keep every key and tensor of the generic layout; its ``write`` returns notes; and, unless it
-    also writes llama.cpp's GGUF (that needs llama.cpp's converter), a ``--server`` export of a small DSpark drafter
-    is written (its own files leave the layout's alone) and reads back through ``load_drafter`` with the same
-    logits."""
+    :class:`~dspark_lightning.export.servers.Server` subclass): it is a ``Server`` that serves some layout; its rules
+    for ``dspark-hf`` (if it serves it) return notes (strings) or refuse in one line that names the server;
+    :meth:`~dspark_lightning.export.servers.Server.check` agrees with them; its additions keep every key and tensor of
+    the generic layout; its ``write`` returns notes; and, unless it also writes llama.cpp's GGUF (that needs
+    llama.cpp's converter), a ``--server`` export of a small DSpark drafter is written (its own files leave the
+    layout's alone) and reads back through ``load_drafter`` with the same logits."""
     from .checkpoint import load_drafter
     from .drafters import build_drafter
     from .export import InteropError, Server, export_serving, server_for
-    from .export.dspark_hf import dspark_config, dspark_state, head_type
+    from .export.dspark_hf import LAYOUT, dspark_config, dspark_state
     from .export.servers import ExportJob
 
     server = server_for(spec) if isinstance(spec, str) else spec()
     name = spec if isinstance(spec, str) else getattr(spec, "registry_name", getattr(spec, "__name__", str(spec)))
     assert isinstance(server, Server), f"{name}: a server subclasses dspark_lightning.export.Server"
+    assert server.layouts(), f"{name}: a server serves some layout (Server.rules: layout name -> Rules)"
+    if LAYOUT not in server.layouts():
+        return
+    rules = server.rules_for(LAYOUT)
     target = random_target()
     torch.manual_seed(seed)
     drafter = build_drafter(target, 4, backbone="dense", seq_head={"name": "vanilla", "rank": 8},
                             conf_head="linear", mask_token_id=1).eval()  # fmt: skip
-    head = head_type(drafter.seq_head)
     try:
-        notes = server.dspark_rules(drafter, head, target)
+        notes = rules.check(drafter, target)
     except InteropError as exc:
         assert "\n" not in str(exc) and str(exc).startswith(name), f"{name}: a refusal is one line naming the server"
-        assert server.check(drafter, target) == [str(exc)], f"{name}: check() must report what the rules refuse"
+        assert server.check(LAYOUT, drafter, target) == [str(exc)], f"{name}: check() must report what rules refuse"
         return
     assert isinstance(notes, list) and all(isinstance(n, str) for n in notes), f"{name}: rules return a list of notes"
-    assert server.check(drafter, target) == [], f"{name}: check() refuses what the rules accept"
+    assert server.check(LAYOUT, drafter, target) == [], f"{name}: check() refuses what the rules accept"
     cfg, state = dspark_config(drafter, target, torch.float32, 4), dspark_state(drafter)
     keys, tensors = set(cfg), set(state)
-    server.dspark_additions(cfg, state, drafter)
+    added = rules.add(cfg, state, drafter)
+    assert isinstance(added, list) and all(isinstance(n, str) for n in added), f"{name}: additions return notes"
     assert keys <= set(cfg) and tensors <= set(state), f"{name}: additions must keep the generic layout's entries"
     with tempfile.TemporaryDirectory() as tmp:  # not strict, as in an ``all`` folder: what it cannot write is a note
         written = server.write(Path(tmp), drafter, target, ExportJob(dtype="fp32", num_anchors=4, strict=False))

@@ -4,7 +4,8 @@ Our own format (save / load, hashes, placement) is :mod:`dspark_lightning.checkp
 
 - convert.py: :func:`export_drafter` / :func:`export_serving` to ``native``, ``dspark-hf`` (``Qwen3DSparkModel``,
   dspark_hf.py) or ``eagle3-hf`` (``LlamaForCausalLMEagle3``, eagle3_hf.py), exact per server with ``server``
-  (servers.py); a drafter a layout cannot represent raises :class:`InteropError` (common.py).
+  (servers.py: each server's :class:`Rules` keyed by layout name); a drafter a layout cannot represent raises
+  :class:`InteropError` (common.py).
 - layouts.py: the registered serving layouts (kind ``layout``): what ``export --layout`` writes, and the readers
   :func:`~dspark_lightning.checkpoint.load_drafter` uses for an HF-style config.json.
 
@@ -17,13 +18,14 @@ from __future__ import annotations
 from .common import InteropError
 from .convert import ExportResult, export_drafter, export_serving
 from .layouts import Layout, serving_layouts
-from .servers import ExportJob, Server, server_for, server_names
+from .servers import ExportJob, Rules, Server, server_for, server_names
 
 __all__ = [
     "ExportResult",
     "ExportJob",
     "InteropError",
     "Layout",
+    "Rules",
     "Server",
     "export_drafter",
     "export_serving",

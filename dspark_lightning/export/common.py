@@ -1,5 +1,5 @@
-"""Pieces every serving layout shares: the refusal error, weight renames, the target-derived config.json,
-dtypes, draft-vocabulary maps and the directory writer.
+"""Pieces every serving layout and server shares: the refusal error, weight renames, the target-derived config.json,
+the drafter's (scaled) embedding rows, dtypes, draft-vocabulary maps and the directory writer.
 
 The serving layouts are Hugging Face style directories (``config.json`` + ``model.safetensors``) whose config
 is a deep copy of the *target's* config with the drafter's keys written over it, as DeepSpec produces them.
@@ -20,6 +20,7 @@ from safetensors.torch import save
 
 from ..atomic import atomic_dir, atomic_write, recover_dir
 from ..checkpoint.files import EXPORT_TAG
+from ..checks import UsageError
 from ..locks import LOCK_FILE
 
 WEIGHTS_FILE = "model.safetensors"
@@ -46,8 +47,8 @@ TARGET_ONLY_KEYS = (
 )
 
 
-class InteropError(ValueError):
-    """A drafter that a serving layout cannot represent faithfully; the message says why in one line."""
+class InteropError(UsageError):
+    """A drafter that a serving layout or server cannot represent faithfully; the message says why in one line."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,20 @@ def geometry_keys(g: Any, num_layers: int, intermediate_size: int, dtype: torch.
         "rope_scaling": None,
         "torch_dtype": HF_DTYPE_NAMES[dtype],
     }
+
+
+def embed_scale(drafter: Any) -> float:
+    """The factor the target's embedding module multiplies its rows by (Gemma: sqrt(d)); the drafter embeds its block
+    tokens with that module, so a server must embed with the same scaled rows."""
+    scale = getattr(drafter.embed, "embed_scale", None)
+    return 1.0 if scale is None else float(scale)
+
+
+def scaled_embedding(drafter: Any) -> torch.Tensor:
+    """The rows the drafter's block input reads: the target's embedding times its scale (a copy)."""
+    w = drafter.embed.weight.detach()
+    scale = embed_scale(drafter)
+    return w.clone() if scale == 1.0 else w * torch.tensor(scale, dtype=w.dtype)
 
 
 def check_shared_head(drafter: Any, trained: bool = True) -> None:

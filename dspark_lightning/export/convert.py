@@ -20,7 +20,7 @@ from ..checkpoint.files import EXPORT_TAG, artifact_entry, read_config
 from ..checkpoint.native import load_target_and_drafters, save_drafter
 from ..registry import get
 from .common import EXPORT_DTYPES, InteropError, kept_on_overwrite, prepare_out, write_layout
-from .layouts import serving_layouts
+from .layouts import serving_layouts, vet
 from .servers import ALL, ExportJob, check_server, writers
 
 DEFAULT_NUM_ANCHORS = 512  # docs/algorithm.md §4; informational for serving, and our native export does not record it
@@ -97,16 +97,17 @@ def export_serving(
     target_gguf: bool = False,
 ) -> ExportResult:
     """Write an in-memory drafter in a registered serving layout (``dspark-hf``, ``eagle3-hf``, a plugin's), exact
-    for ``server``, then each server's own files."""
+    for ``server`` (its rules for that layout: refused if it has none), then each server's own files."""
     check_server(server)
     out, tdtype = Path(out), EXPORT_DTYPES[dtype]
     if layout not in serving_layouts():
         raise InteropError(f"{layout!r} is not a serving layout; choose from {', '.join(serving_layouts())}")
-    config, state, extra, notes = get("layout", layout).build(
+    notes = vet(layout, drafter, target, server)
+    config, state, extra, built = get("layout", layout).build(
         drafter, target, dtype=tdtype, num_anchors=int(num_anchors), with_target_vocab=with_target_vocab, server=server
     )
-    servers, left_out = writers(server, drafter, target)
-    notes += left_out
+    servers, left_out = writers(server, layout, drafter, target)
+    notes += built + left_out
     job = ExportJob(dtype, int(num_anchors), target_gguf, strict=server != ALL, out=out)
     prepare_out(out, overwrite)
     write_layout(out, config, state, extra, _server_files(servers, job, drafter, target, notes))

@@ -30,11 +30,12 @@ from .common import (
     check_shared_head,
     draft_ids_from_d2t,
     geometry_keys,
+    scaled_embedding,
     target_config,
     vocab_maps,
 )
-from .servers import scaled_embedding
 
+LAYOUT = "dspark-hf"  # its registered name (layouts.py), which servers key their rules by (servers.py)
 ARCH = "Qwen3DSparkModel"
 BASE_NAMES = (
     ("backbone.fc.", "fc."),

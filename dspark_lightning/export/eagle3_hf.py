@@ -23,6 +23,7 @@ from .common import (
     vocab_maps,
 )
 
+LAYOUT = "eagle3-hf"  # its registered name (layouts.py), which servers key their rules by (servers.py)
 ARCH = "LlamaForCausalLMEagle3"
 NAMES = NameMap(
     (

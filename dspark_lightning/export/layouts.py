@@ -3,9 +3,14 @@ written by ``export`` and, where :func:`~dspark_lightning.checkpoint.load_drafte
 
 A layout is a class registered with ``@register("layout", "name")`` (a plugin adds one without editing the package):
 
+- ``check(drafter, trained) -> notes``: refuse (:class:`~.common.InteropError`, one line) a drafter whose math the
+  layout cannot express; ``export`` runs it first, then the server's rules for the layout (:func:`vet`);
 - ``build(drafter, target, *, dtype, num_anchors, with_target_vocab, server) -> (config, state, extra, notes)``: the
-  config.json, the tensors, extra files (name -> JSON-able) and notes, with ``server``'s rules applied (servers.py);
-  ``export --layout name`` writes them (convert.py), then each server's own files;
+  config.json, the tensors, extra files (name -> JSON-able) and notes, with ``server``'s additions for this layout
+  written in (:func:`~.servers.add_for`); ``export --layout name`` writes them (convert.py), then each server's own
+  files;
+- ``server_rules``: server name -> :class:`~.servers.Rules`, the rules it brings for servers that have none of their
+  own for it (a plugin layout served by a built-in server); a server with neither refuses the layout;
 - ``claims(cfg) -> bool`` and ``read(path, cfg, target) -> Drafter``: a directory whose config.json names an HF
   architecture instead of our ``format_version`` is read by the first layout that claims it.
 
@@ -20,7 +25,7 @@ from typing import Any
 import torch
 
 from ..checkpoint.files import weights_sha256
-from ..registry import names, register
+from ..registry import get, names, register
 from .common import CALIBRATION_FILE, InteropError, cast_state
 from .dspark_hf import (
     KEEP_FP32,
@@ -28,21 +33,27 @@ from .dspark_hf import (
     check_dspark,
     dspark_config,
     dspark_state,
-    head_type,
     is_dspark_config,
     load_dspark_hf,
 )
+from .dspark_hf import LAYOUT as DSPARK_HF
+from .eagle3_hf import LAYOUT as EAGLE3_HF
 from .eagle3_hf import check_eagle3, eagle3_config, eagle3_state
-from .servers import dspark_additions, eagle3_additions, refuse_dspark, refuse_eagle3
+from .servers import Rules, add_for, apply_rules
 
 Built = tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, Any], list[str]]
 
 
 class Layout:
-    """A serving layout; a subclass overrides :meth:`build`, and :meth:`claims` / :meth:`read` if it is read back
-    (then ``reads = True``)."""
+    """A serving layout; a subclass overrides :meth:`build` (and :meth:`check`), and :meth:`claims` / :meth:`read` if
+    it is read back (then ``reads = True``)."""
 
     reads = False  # load_drafter asks it to claim directories
+    server_rules: dict[str, Rules] = {}  # server name -> the rules it brings for it (a subclass declares its own)
+
+    @staticmethod
+    def check(drafter: Any, trained: bool = True) -> list[str]:
+        return []
 
     @staticmethod
     def claims(cfg: dict[str, Any]) -> bool:
@@ -63,12 +74,20 @@ def serving_layouts() -> list[str]:
     return names("layout")
 
 
-@register("layout", "dspark-hf")
+def vet(layout: str, drafter: Any, target: Any, server: str | None, trained: bool = True) -> list[str]:
+    """What an export of ``drafter`` in ``layout`` for ``server`` must pass, in this order: the layout's own check,
+    then the server's rules for the layout (each ``in_all`` one's for ``all``). Notes, or the first refusal."""
+    notes = get("layout", layout).check(drafter, trained)
+    return notes + apply_rules(layout, drafter, target, server)
+
+
+@register("layout", DSPARK_HF)
 class DSparkHFLayout(Layout):
     """DeepSpec's ``Qwen3DSparkModel`` (what vLLM, SGLang and DeepSpec load; llama.cpp converts it), sharded or not;
     per-position STS temperatures go to a side file, as no server config has a key for them."""
 
     reads = True
+    check = staticmethod(check_dspark)
 
     @staticmethod
     def claims(cfg: dict[str, Any]) -> bool:
@@ -81,11 +100,10 @@ class DSparkHFLayout(Layout):
     @staticmethod
     def build(drafter: Any, target: Any, *, dtype: torch.dtype, num_anchors: int, with_target_vocab: bool,
               server: str | None) -> Built:  # fmt: skip
-        notes = check_dspark(drafter)
-        notes += refuse_dspark(drafter, head_type(drafter.seq_head), server, target)
+        check_dspark(drafter)  # what the layout cannot express is refused here too (its notes come from vet)
         state = dspark_state(drafter, with_target_vocab)
         config = dspark_config(drafter, target, dtype, num_anchors)
-        dspark_additions(config, state, drafter, server)
+        notes = add_for(DSPARK_HF, config, state, drafter, server)
         state = cast_state(state, dtype, keep_fp32=KEEP_FP32)
         extra = {}
         side = calibration_doc(drafter, weights_sha256(state))
@@ -98,16 +116,17 @@ class DSparkHFLayout(Layout):
         return config, state, extra, notes
 
 
-@register("layout", "eagle3-hf")
+@register("layout", EAGLE3_HF)
 class Eagle3HFLayout(Layout):
     """``LlamaForCausalLMEagle3`` (vLLM's and SGLang's EAGLE-3 loaders)."""
+
+    check = staticmethod(check_eagle3)
 
     @staticmethod
     def build(drafter: Any, target: Any, *, dtype: torch.dtype, num_anchors: int, with_target_vocab: bool,
               server: str | None) -> Built:  # fmt: skip
-        notes = check_eagle3(drafter)
-        refuse_eagle3(server)
-        state = cast_state(eagle3_state(drafter), dtype)
+        check_eagle3(drafter)
+        state = eagle3_state(drafter)
         config = eagle3_config(drafter, target, dtype)
-        notes += eagle3_additions(config, list(drafter.geometry.layer_ids), server)
-        return config, state, {}, notes
+        notes = add_for(EAGLE3_HF, config, state, drafter, server)
+        return config, cast_state(state, dtype), {}, notes

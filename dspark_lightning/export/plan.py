@@ -14,10 +14,11 @@ from typing import Any
 
 from ..drafters import Drafter
 from .common import InteropError
-from .dspark_hf import check_dspark, head_type
-from .eagle3_hf import check_eagle3
+from .dspark_hf import LAYOUT as DSPARK_HF
+from .eagle3_hf import LAYOUT as EAGLE3_HF
+from .layouts import vet
 from .llamacpp import LlamaCppUnavailable
-from .servers import refuse_dspark, refuse_eagle3, server_names
+from .servers import server_names
 
 SERVING_DIR = "serving"
 
@@ -34,23 +35,20 @@ def check_servers(servers: list[str]) -> list[str]:
 
 
 def serving_layout(drafter: Any) -> str:
-    return "dspark-hf" if isinstance(drafter, Drafter) else "eagle3-hf"
+    """The layout ``fit`` exports a drafter of this family in."""
+    return DSPARK_HF if isinstance(drafter, Drafter) else EAGLE3_HF
 
 
 def check_servable(drafter: Any, servers: list[str], target: Any = None) -> None:
     """Raise :class:`InteropError` in one line naming the servers and the option when ``drafter`` (trained or not)
-    could not be exported for one of ``servers``."""
+    could not be exported in its serving layout for one of ``servers`` (the layout's check, then each server's rules
+    for that layout, as ``export`` applies them)."""
     if not servers:
         return
+    layout = serving_layout(drafter)
     try:
-        if serving_layout(drafter) == "dspark-hf":
-            check_dspark(drafter, trained=False)
-            for server in servers:
-                refuse_dspark(drafter, head_type(drafter.seq_head), server, target)
-        else:
-            check_eagle3(drafter, trained=False)
-            for server in servers:
-                refuse_eagle3(server)
+        for server in servers:
+            vet(layout, drafter, target, server, trained=False)
     except InteropError as exc:
         raise InteropError(
             f"export.servers [{', '.join(servers)}]: {exc}; or train for no server: export: {{servers: []}}"

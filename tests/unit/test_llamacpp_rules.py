@@ -50,8 +50,15 @@ def test_eagle3_is_not_converted_for_llamacpp(tmp_path):
     three = load_target("tiny-debug", layer_ids=[1, 3, 5])  # an EAGLE-3 the HF-layout servers load
     e3 = create("drafter", "eagle3", three, block_size=3)
     export_serving(e3, three, "eagle3-hf", tmp_path / "vllm", server="vllm")
-    with pytest.raises(InteropError, match="llamacpp: only --layout dspark-hf"):
+    refusal = "server {} does not serve layout eagle3-hf (it serves: dspark-hf)"
+    with pytest.raises(InteropError) as e:
         export_serving(e3, three, "eagle3-hf", tmp_path / "out", server="llamacpp")
+    assert str(e.value) == refusal.format("llamacpp") and not (tmp_path / "out").exists()
+    res = export_serving(e3, three, "eagle3-hf", tmp_path / "all", server="all")  # the folder vLLM and SGLang load
+    left_out = {n for n in res.notes if "does not serve" in n}
+    assert left_out == {
+        f"no {s} files in this all-servers folder: {refusal.format(s)}" for s in ["deepspec", "llamacpp"]
+    }
 
 
 @pytest.mark.parametrize("arch,ok", [("LlamaForCausalLM", True), ("Qwen3ForCausalLM", True),

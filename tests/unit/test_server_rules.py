@@ -455,22 +455,25 @@ def test_vllm_export_says_when_the_targets_hidden_states_are_unchecked(tmp_path,
 
 
 def test_a_plugin_server_is_checked_and_written_like_the_built_in_ones(targets, tmp_path, registered):
-    """A third-party server registers a :class:`Server` subclass: ``fit``'s check, ``--server NAME`` exports and
-    ``all`` folders use its rules and additions, and :meth:`Server.check` lists the reasons a drafter is refused."""
-    from dspark_lightning.export import Server, server_names
+    """A third-party server registers a :class:`Server` subclass with its rules per layout: ``fit``'s check,
+    ``--server NAME`` exports and ``all`` folders use its rules and additions, :meth:`Server.check` lists the reasons a
+    drafter is refused, and a layout it has no rules for is refused in one line."""
+    from dspark_lightning.export import Rules, Server, server_names
     from dspark_lightning.export.plan import check_servable, check_servers
+
+    def needs_conf(drafter, target=None):
+        if drafter.conf_head is None:
+            raise InteropError("test-myserver: needs a confidence head")
+        return ["test-myserver: loads it with a caveat"]
+
+    def launch_keys(cfg, state, drafter):
+        cfg["my_server"] = {"block": drafter.block_size}
+        return []
 
     @registered("server", "test-myserver")
     class MyServer(Server):
         order = -1  # its rules run first among all's
-
-        def dspark_rules(self, drafter, head_type, target=None):
-            if drafter.conf_head is None:
-                raise InteropError("test-myserver: needs a confidence head")
-            return ["test-myserver: loads it with a caveat"]
-
-        def dspark_additions(self, cfg, state, drafter):
-            cfg["my_server"] = {"block": drafter.block_size}
+        rules = {"dspark-hf": Rules(needs_conf, launch_keys)}
 
         def write(self, folder, drafter, target=None, job=None):
             (folder / "launch.json").write_text(json.dumps({"num_speculative_tokens": drafter.block_size}))
@@ -483,13 +486,64 @@ def test_a_plugin_server_is_checked_and_written_like_the_built_in_ones(targets, 
     assert json.loads((res.path / "launch.json").read_text()) == {"num_speculative_tokens": 3}
     assert "test-myserver: wrote launch.json" in res.notes
     no_conf = drafter(t, conf=False)
-    assert (
-        MyServer().check(no_conf) == ["test-myserver: needs a confidence head"] and MyServer().check(drafter(t)) == []
-    )
+    assert MyServer().check("dspark-hf", no_conf) == ["test-myserver: needs a confidence head"]
+    assert MyServer().check("dspark-hf", drafter(t)) == [] and MyServer().layouts() == ["dspark-hf"]
     with pytest.raises(InteropError, match="test-myserver: needs a confidence head"):
         check_servable(no_conf, ["test-myserver"], t)
     with pytest.raises(InteropError, match="test-myserver: needs a confidence head"):
         export_serving(no_conf, t, "dspark-hf", tmp_path / "all", server="all")
+    t3 = targets[(1, 2, 3)]
+    with pytest.raises(InteropError) as e:
+        export_serving(eagle3(t3), t3, "eagle3-hf", tmp_path / "e", server="test-myserver")
+    assert str(e.value) == "server test-myserver does not serve layout eagle3-hf (it serves: dspark-hf)"
+    assert not (tmp_path / "e").exists()
+
+
+def test_a_plugin_layout_brings_rules_for_a_built_in_server(targets, tmp_path, registered):
+    """A layout registered from outside the package declares the rules a built-in server applies to it
+    (``Layout.server_rules``): ``--server vllm`` then checks, adds and notes them; a server it brings none for refuses
+    the layout in one line; the built-in layouts keep their rules."""
+    from dspark_lightning.export import Layout, Rules, server_for
+    from dspark_lightning.export.plan import check_servable
+    from dspark_lightning.export.servers import add_for
+
+    def vllm_check(drafter, target=None):
+        if drafter.conf_head is None:
+            raise InteropError("vllm: a backbone-only export without a confidence head is refused")
+        return ["vllm: loads the backbone only"]
+
+    def vllm_add(cfg, state, drafter):
+        cfg["dflash_config"] = {"mask_token_id": drafter.mask_token_id}
+        return ["vllm: wrote dflash_config"]
+
+    @registered("layout", "test-backbone")
+    class BackboneOnly(Layout):
+        server_rules = {"vllm": Rules(vllm_check, vllm_add)}
+
+        @staticmethod
+        def build(drafter, target, *, dtype, num_anchors, with_target_vocab, server):
+            state = {k: v.detach().to(dtype).clone() for k, v in drafter.state_dict().items() if "backbone." in k}
+            cfg = {"architectures": ["BackboneOnly"]}
+            notes = add_for("test-backbone", cfg, state, drafter, server)
+            return cfg, state, {}, notes
+
+    t = targets["four"]
+    assert "test-backbone" in server_for("vllm").layouts() and "test-backbone" not in server_for("sglang").layouts()
+    res = export_serving(drafter(t), t, "test-backbone", tmp_path / "v", server="vllm", dtype="fp32")
+    cfg = json.loads((res.path / "config.json").read_text())
+    assert cfg["dflash_config"] == {"mask_token_id": 1} and cfg["architectures"] == ["BackboneOnly"]
+    assert res.notes == ["vllm: loads the backbone only", "vllm: wrote dflash_config"]
+    with pytest.raises(InteropError, match="^vllm: a backbone-only export without a confidence head is refused$"):
+        export_serving(drafter(t, conf=False), t, "test-backbone", tmp_path / "n", server="vllm")
+    with pytest.raises(InteropError) as e:
+        export_serving(drafter(t), t, "test-backbone", tmp_path / "s", server="sglang")
+    assert str(e.value) == "server sglang does not serve layout test-backbone (it serves: dspark-hf, eagle3-hf)"
+    assert not (tmp_path / "n").exists() and not (tmp_path / "s").exists()
+    res = export_serving(drafter(t), t, "test-backbone", tmp_path / "all", server="all", dtype="fp32")
+    assert "vllm: wrote dflash_config" in res.notes and any(n.startswith("no sglang files") for n in res.notes)
+    _, cfg, _ = exported(drafter(t), t, tmp_path, "vllm")  # dspark-hf keeps vLLM's own rules
+    assert cfg["dflash_config"] == {"mask_token_id": 1}
+    check_servable(drafter(t), ["vllm", "sglang"], t)
 
 
 @pytest.mark.parametrize("name", ["vllm", "sglang", "deepspec", "llamacpp"])
@@ -502,18 +556,28 @@ def test_every_built_in_server_passes_the_conformance_check(name):
 def test_the_server_conformance_check_bites(registered):
     """A server that drops a generic tensor, refuses in several lines without its name, or whose own files replace the
     layout's, fails the check."""
-    from dspark_lightning.export import Server
+    from dspark_lightning.export import Rules, Server
     from dspark_lightning.testing import check_server
 
+    def drop(cfg, state, drafter):
+        state.pop(next(iter(state)))
+        return []
+
+    def mumble(drafter, target=None):
+        raise InteropError("no.\nreally not")
+
     class Dropper(Server):
-        def dspark_additions(self, cfg, state, drafter):
-            state.pop(next(iter(state)))
+        rules = {"dspark-hf": Rules(add=drop)}
 
     class Mumbler(Server):
-        def dspark_rules(self, drafter, head_type, target=None):
-            raise InteropError("no.\nreally not")
+        rules = {"dspark-hf": Rules(check=mumble)}
+
+    class Idle(Server):  # serves no layout
+        pass
 
     class Clobberer(Server):
+        rules = {"dspark-hf": Rules()}
+
         def write(self, folder, drafter, target=None, job=None):
             (folder / "config.json").write_text("{}")
             return []
@@ -525,3 +589,5 @@ def test_the_server_conformance_check_bites(registered):
         check_server("test-clobber")
     with pytest.raises(AssertionError, match="one line naming the server"):
         check_server(Mumbler)
+    with pytest.raises(AssertionError, match="serves some layout"):
+        check_server(Idle)
