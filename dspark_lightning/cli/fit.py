@@ -14,18 +14,15 @@ a one-line error and exit code 2. The export, fit_stats.json and the divergence 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import glob
 import os
 import sys
 import zipfile
 from argparse import ArgumentError
 from pathlib import Path
-from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded at run time
 
-from jsonargparse import Namespace  # noqa: E402
 from lightning.fabric.utilities.exceptions import MisconfigurationException  # noqa: E402
 from lightning.pytorch.cli import LightningCLI  # noqa: E402
 from yaml import YAMLError  # noqa: E402
@@ -38,7 +35,7 @@ from ..errors import one_line_error  # noqa: E402
 from ..lightning import recipe_checks  # noqa: E402
 from ..lightning.callbacks import DrafterExport, TrainingDiverged  # noqa: E402
 from ..lightning.checkpoint_io import AtomicCheckpointIO, checkpoint_problem  # noqa: E402
-from ..lightning.config import TargetConfig, target_config  # noqa: E402
+from ..lightning.config import TargetConfig, target_for_trainer  # noqa: E402
 from ..lightning.datamodule import DSparkDataModule  # noqa: E402
 from ..lightning.module import DSparkModule  # noqa: E402
 from ..registry import RegistryError  # noqa: E402
@@ -57,18 +54,6 @@ USER_ERRORS = (
     DiskFullError,  # names the path and the space it needs; the previous file is untouched
     locks.FolderLockedError,  # another fit / prepare / calibrate writes to the same folder
 )
-
-
-def target_for_trainer(target: Any, accelerator: Any, precision: Any) -> dict[str, Any]:
-    """The recipe's ``target:`` section as the model and the data receive it: ``dtype: null`` follows the trainer, fp32
-    for a CPU run or a 32-bit precision (the CPU recipes stay fp32 on a machine that has a GPU), else the devices
-    default (bf16 on CUDA)."""
-    cfg = target_config(dict(vars(target)) if isinstance(target, Namespace) else target)
-    if cfg.dtype is None and (
-        str(accelerator or "auto").lower() == "cpu" or str(precision or "32-true").startswith(("32", "64"))
-    ):
-        cfg = dataclasses.replace(cfg, dtype="fp32")
-    return dataclasses.asdict(cfg)
 
 
 class DSparkCLI(LightningCLI):

@@ -6,9 +6,11 @@
     dspark-lightning prepare --config R.yaml --merge --world_size 8            ... then the merge, once
     dspark-lightning check-cache --config R.yaml                               sha256 of every cached shard
 
-Only the recipe's ``target:`` and ``data:`` sections are read, with Lightning's own parser and the same
-DSparkDataModule signature as ``fit``, so a recipe means the same thing to both commands; ``--data.<key>=...`` and
-``--target.<key>=...`` overrides work as in ``fit``.
+Only the recipe's ``target:`` and ``data:`` sections and its ``trainer.accelerator`` / ``trainer.precision`` are
+read, with Lightning's own parser, the same DSparkDataModule signature as ``fit`` and the same link of the target
+(:func:`~dspark_lightning.lightning.config.target_for_trainer`: a CPU recipe's target is fp32 even where a GPU
+prepares it), so a recipe means the same data to both commands; ``--data.<key>=...``, ``--target.<key>=...`` and
+``--trainer.accelerator`` / ``--trainer.precision`` overrides work as in ``fit``.
 """
 
 from __future__ import annotations
@@ -22,14 +24,16 @@ from typing import Any
 from ..data.features.cache import check_shards
 from ..data.prepare import SPLITS, DataPaths
 from ..lightning import recipe_checks
-from ..lightning.config import TargetConfig
+from ..lightning.config import TargetConfig, target_for_trainer
 from ..lightning.datamodule import DSparkDataModule
 from .signature import add_function_flags, description, function_kwargs
 
+TRAINER_KEYS = ("accelerator", "precision")  # what decides the target's dtype (target_for_trainer)
+
 
 def _data_section_only(argv: list[str]) -> list[str]:
-    """Replace each ``--config FILE`` by its ``target:`` and ``data:`` sections (a YAML string), so trainer / model keys
-    are ignored."""
+    """Replace each ``--config FILE`` by its ``target:`` and ``data:`` sections and the trainer's :data:`TRAINER_KEYS`
+    (a YAML string), so the other trainer keys and the model's are ignored."""
     import yaml
 
     out, i = [], 0
@@ -42,6 +46,9 @@ def _data_section_only(argv: list[str]) -> list[str]:
                 raise FileNotFoundError(f"recipe {path!r} does not exist")
             recipe = yaml.safe_load(Path(path).read_text()) or {}
             sections = {k: recipe.get(k) or {} for k in ("target", "data")}
+            trainer = recipe.get("trainer") if isinstance(recipe.get("trainer"), dict) else {}
+            if any(k in trainer for k in TRAINER_KEYS):
+                sections["trainer"] = {k: trainer[k] for k in TRAINER_KEYS if k in trainer}
             out += ["--config", yaml.safe_dump(sections)]
             continue
         out.append(arg)
@@ -60,8 +67,12 @@ def parse_recipe(prog: str, argv: list[str], func: Callable) -> tuple[DSparkData
     )
     parser.add_argument("--config", action=ActionConfigFile, help="a recipe (its target: and data: sections are read)")
     parser.add_class_arguments(TargetConfig, "target")
+    parser.add_argument("--trainer.accelerator", type=str | dict | None, default="auto", help="as in fit: cpu keeps "
+                        "a target with dtype null in fp32")  # fmt: skip
+    parser.add_argument("--trainer.precision", type=int | str | None, default=None, help="as in fit: 32/64-bit keeps "
+                        "a target with dtype null in fp32")  # fmt: skip
     parser.add_lightning_class_args(DSparkDataModule, "data")
-    parser.link_arguments("target", "data.target", lambda t: TargetConfig(**vars(t)))
+    parser.link_arguments(("target", "trainer.accelerator", "trainer.precision"), "data.target", target_for_trainer)
     add_function_flags(parser, func, skip=("data",))
     cfg = parser.parse_args(_data_section_only(argv))
     recipe_checks.data_args(cfg.data, DSparkDataModule)

@@ -58,22 +58,52 @@ class TargetConfig:
     """a Jinja chat template for a target without one (a base model; null = the tokenizer's own, else raw text)"""
     dtype: str | None = None
     """the target's dtype for regeneration, features and training (null = fp32 for a CPU or 32-bit-precision fit,
-    else bf16 on CUDA, fp32 on a CPU). Under a ``*-true`` precision it must be that precision's dtype, since the
-    drafter shares the target's embedding and LM head"""
+    else bf16 on a machine with CUDA, fp32 on one without: :func:`target_for_trainer`). Under a ``*-true`` precision
+    it must be that precision's dtype, since the drafter shares the target's embedding and LM head"""
 
     def chat(self) -> ChatFormat:
         return ChatFormat(system_prompt=self.system_prompt, template=self.chat_template)
 
+    def torch_dtype(self) -> torch.dtype:
+        """The dtype the model trains against and the data is made with: this section's, null resolved for the
+        machine (bf16 where CUDA is available, else fp32), never for the device a stage happens to run on, so
+        ``prepare --device cpu`` on a GPU machine makes the data that ``fit`` there looks for."""
+        return resolve_dtype(self.dtype, "auto")
+
     def load(self, device: str | torch.device | None = None, dtype: str | None = None) -> Target:
         """The target (memoised by :func:`~dspark_lightning.targets.load_target`) on ``device`` (default the CPU) in
-        ``dtype`` (default this section's dtype; null is resolved for ``device``, or as ``auto`` without one)."""
-        dtype = resolve_dtype(dtype or self.dtype, "auto" if device is None else device)
+        ``dtype`` (default :meth:`torch_dtype`)."""
+        dtype = resolve_dtype(dtype, "auto") if dtype is not None else self.torch_dtype()
         return load_target(self.name, layer_ids=self.layer_ids, chat=self.chat(), dtype=dtype, device=device or "cpu")
 
 
 def target_config(value: TargetConfig | str | dict) -> TargetConfig:
     """A recipe's or a caller's target: the section, its name alone, or a dict of its fields."""
     return TargetConfig(name=value) if isinstance(value, str) else as_config(value, TargetConfig, "target")
+
+
+def _runs_on_cpu(accelerator: Any) -> bool:
+    """Whether ``trainer.accelerator`` (a name, an Accelerator, or its ``class_path`` section) is the CPU."""
+    if isinstance(accelerator, str):
+        return accelerator.lower() == "cpu"
+    path = accelerator.get("class_path") if isinstance(accelerator, dict) else getattr(accelerator, "class_path", None)
+    return str(path or type(accelerator).__name__).rsplit(".", 1)[-1] == "CPUAccelerator"
+
+
+def target_for_trainer(target: Any, accelerator: Any = None, precision: Any = None) -> dict[str, Any]:
+    """The recipe's ``target:`` section as the model and the data receive it, in ``fit`` and in ``prepare`` alike
+    (both link ``target``, ``trainer.accelerator`` and ``trainer.precision`` through this function, so the data
+    ``prepare`` makes is the data ``fit`` looks for): name, tapped layers and chat settings as written; ``dtype:
+    null`` follows the trainer, fp32 for a CPU run or a 32/64-bit precision (the CPU recipes stay fp32 on a machine
+    that has a GPU), else null, which :meth:`TargetConfig.torch_dtype` resolves for the machine (bf16 on CUDA)."""
+    if not isinstance(target, TargetConfig | str | dict) and hasattr(target, "__dict__"):  # a jsonargparse Namespace
+        target = dict(vars(target))
+    cfg = target_config(target)
+    if cfg.dtype is None and (
+        _runs_on_cpu(accelerator or "auto") or str(precision or "32-true").startswith(("32", "64"))
+    ):
+        cfg = dataclasses.replace(cfg, dtype="fp32")
+    return dataclasses.asdict(cfg)
 
 
 @dataclass

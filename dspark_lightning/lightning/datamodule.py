@@ -158,18 +158,26 @@ class DSparkDataModule(L.LightningDataModule):
             return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
         return torch.device("cpu")
 
+    def _device_kind(self) -> str:
+        """``cpu`` or ``cuda``: the kind of :meth:`_device`, without choosing this rank's GPU."""
+        if self.prepare_device is not None:
+            return resolve_device(self.prepare_device).type
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
     def prepare_job(self, progress: bool = True) -> PrepareJob:
         """The data stages of this recipe (``dspark-lightning prepare`` runs it; see ``data.prepare``).
 
-        The target is loaded once per rank, on its device, in ``target.dtype`` — and only if work is left."""
+        The target is loaded once per rank, on its device, in the dtype the model trains against
+        (:meth:`~.config.TargetConfig.torch_dtype`, whatever device prepares) — and only if work is left. ``fit`` and
+        ``prepare`` build this job from the same linked ``target`` (:func:`~.config.target_for_trainer`), so they
+        compute the same fingerprint."""
 
         t = self.target_config
         target_id = {"name": t.name, "layer_ids": t.layer_ids, "system_prompt": t.system_prompt}
         if t.chat_template is not None:  # data prepared before the key existed keeps its fingerprint
             target_id["chat_template"] = t.chat_template
-        kind = self.prepare_device or ("cuda" if torch.cuda.is_available() else "cpu")
-        target_id["dtype"] = dtype_name(resolve_dtype(t.dtype, kind))  # the data depends on it too
-        regen = self._resolved_regen(kind)
+        target_id["dtype"] = dtype_name(t.torch_dtype())  # the data depends on it too
+        regen = self._resolved_regen(self._device_kind())
         regen_dtype = regen.dtype
 
         return PrepareJob(

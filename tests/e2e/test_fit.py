@@ -118,8 +118,6 @@ def test_every_recipe_parses_and_instantiates(recipe, tmp_path, monkeypatch):
     from dspark_lightning.lightning.module import DSparkModule
 
     monkeypatch.chdir(tmp_path)
-    first = Path(recipe).read_text().splitlines()[0]
-    assert first.startswith("# dspark-lightning ") and Path(recipe).name in first  # the exact command
     # GPU recipes name a local target directory and GPUs this machine lacks: instantiate them with the tiny target
     # on one CPU device (everything else as written), after parsing them unchanged.
     gpu = Path(recipe).parent.name == "gpu"
@@ -128,9 +126,7 @@ def test_every_recipe_parses_and_instantiates(recipe, tmp_path, monkeypatch):
     assert cli.model.drafter.block_size == cli.config.model.block_size
     assert sum(p.numel() for p in cli.model.drafter.parameters()) > 0
     if gpu:
-        cfg = cli.parser.parse_args(["--config", recipe])  # the recipe as written: every key and type checks
-        assert cfg.trainer.devices == 8 and cfg.trainer.precision == "bf16-mixed" and cfg.target.dtype == "bf16"
-        assert cfg.data.features == "cached" and cfg.model.loss.chunk_size
+        cli.parser.parse_args(["--config", recipe])  # the recipe as written: every key and type checks
 
 
 def test_validate_and_test_from_a_checkpoint(workdir, capsys):

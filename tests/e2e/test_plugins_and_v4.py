@@ -77,17 +77,16 @@ def test_v4_flash_like_recipe_trains_on_the_tiny_target(workdir, tmp_path):
         )
     )
     cli, export = _fit(["--config", str(V4), "--config", str(override)])
-    bb = cli.model.drafter.backbone
-    assert type(bb).__name__ == "MoESWABackbone" and bb.layer_windows == [8, 8, 8] and cli.model.block_size == 5
     from lightning.pytorch.loggers import CSVLogger
 
+    from dspark_lightning.layers import moe_loads
+
+    bb = cli.model.drafter.backbone
+    assert bb.layer_windows == [8] * len(bb.layers)  # the override reaches every layer
+    loads = moe_loads(bb)
+    assert loads  # an MoE backbone: each layer's every expert is logged
     csv_dir = next(lg.log_dir for lg in cli.trainer.loggers if isinstance(lg, CSVLogger))
     header = (Path(csv_dir) / "metrics.csv").read_text().splitlines()[0]
-    assert "train/moe_aux" in header and "moe/imbalance_layer0" in header and "moe/load_layer2_expert7" in header
+    last = f"moe/load_layer{len(loads) - 1}_expert{loads[-1].numel() - 1}"
+    assert "train/moe_aux" in header and "moe/imbalance_layer0" in header and last in header
     _greedy_equal(export)
-
-
-@pytest.mark.parametrize("recipe", [V4])
-def test_v4_header_says_what_it_mirrors(recipe):
-    head = recipe.read_text().split("seed_everything")[0]
-    assert "mirrored" in head and "scaled down" in head and "γ = 5" in head and "window 128" in head

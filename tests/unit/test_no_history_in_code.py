@@ -4,7 +4,6 @@ Every ``.py`` file under ``dspark_lightning/`` is read: comments with :mod:`toke
 string statements that document attributes) with :mod:`ast`. None may hold
 
 - a date (``YYYY-MM-DD``): when something changed belongs in the changelog;
-- a CPU vendor or model name (AMD, Intel, Xeon, EPYC, Ryzen, AMX, ...): the code runs on other machines;
 - a measured time or speed-up (``8.2 ms``, ``~30 s``, ``3.6x faster``): numbers go stale and live in
   docs/results.md, next to the machine they were measured on;
 - "used to" (what the code did before), or "issue N" (why it changed): the reason is stated as it holds now.
@@ -24,9 +23,6 @@ PKG = Path(__file__).resolve().parents[2] / "dspark_lightning"
 
 PATTERNS = {
     "a date": re.compile(r"\b(?:19|20)\d{2}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12]\d|3[01])\b"),
-    "a CPU name": re.compile(
-        r"\b(?:AMD|Intel|Xeon|EPYC|Epyc|Ryzen|Threadripper|AMX|Zen ?\d|Skylake|Sapphire Rapids|Graviton)\b"
-    ),
     "a measured time": re.compile(
         r"(?<![\w.^/])[~≈]?\d+(?:\.\d+)?(?:[-–]\d+(?:\.\d+)?)?\s?(?:ms|µs|us|s|sec|secs|seconds|min|mins|minutes)"
         r"(?=[\s),.;:]|$)"
@@ -90,7 +86,7 @@ def test_the_scanner_sees_planted_history():
 import logging
 
 X = 1  # 8.2 ms per step on this machine
-"""the EPYC we had (an AMD)"""
+"""the value we had until 2023-03-01"""
 
 
 class A:

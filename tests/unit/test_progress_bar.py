@@ -3,7 +3,6 @@ limit, where max_epochs is -1)."""
 
 from types import SimpleNamespace
 
-import pytest
 from lightning.pytorch.callbacks import Timer
 
 from dspark_lightning.lightning.callbacks import BudgetProgressBar
@@ -23,12 +22,3 @@ def test_time_limit_epochs_and_steps():
     assert describe(2, max_steps=5000, global_step=1200) == "Epoch 2 · step 1200/5000"
     assert describe(4) == "Epoch 4"
     assert "-" not in describe(11, callbacks=[timer], max_steps=100000)
-
-
-@pytest.mark.parametrize("recipe", ["smollm2_dspark", "tiny_debug", "v4_flash_like"])
-def test_recipes_use_the_budget_bar(recipe):
-    from pathlib import Path
-
-    text = (Path(__file__).parents[2] / "recipes" / f"{recipe}.yaml").read_text()
-    assert "dspark_lightning.lightning.callbacks.BudgetProgressBar" in text
-    assert "RichProgressBar" not in text
