@@ -22,7 +22,7 @@ from ..schedule.draft_cost import DraftCost
 from .measure_sps import default_path
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
-ROUNDS = 16  # timed steps per batch size (after one untimed step), their median
+ROUNDS = 8  # timed steps per batch size and kind (after one untimed turn), their median
 
 
 def drafter_key(drafter) -> str | None:
@@ -42,51 +42,79 @@ def drafter_key(drafter) -> str | None:
 
 
 def cost_path(target, key: str) -> Path:
-    sps = default_path(target, 0)  # v4: the drafter's own time per step, timed directly
-    return sps.parent / "draft_cost" / f"{key}-{sps.stem.removesuffix('-ctx0')}-v4.json"
+    sps = default_path(target, 0)  # v5: drafting timed directly, whole plain and drafted steps
+    return sps.parent / "draft_cost" / f"{key}-{sps.stem.removesuffix('-ctx0')}-v5.json"
 
 
 _MEMO: dict[tuple, DraftCost] = {}  # in-memory drafters: profiled once per process
 
 
-def _draft_seconds(target, drafter, prompt: list[int], R: int, rounds: int) -> float:
-    """Median drafting seconds per step (the drafter's forward, its cache update and the scheduler) over ``rounds``
-    greedy steps of R requests verifying one draft each, after one untimed step. Timed directly, not as the
-    difference of two whole steps: a step's noise on a shared CPU is larger than the drafter's cost."""
-    engine = make_engine(target, drafter, SamplingParams(0.0), scheduler={"name": "static", "gamma": 1},
-                         stop_token_ids=[])  # fmt: skip
-    engine.add([prompt] * R, (rounds + 1) * (drafter.block_size + 1))
-    engine.step()
-    engine.settle_timings()
-    times = []
-    while engine.active and len(times) < rounds:
-        before = engine.time_s["draft"] + engine.time_s["schedule"]
-        engine.step()
-        engine.settle_timings()
-        times.append(engine.time_s["draft"] + engine.time_s["schedule"] - before)
-    return sorted(times)[len(times) // 2]
+WIDTHS = (1, 2, 3, 4, 7)  # drafts verified per request in the profiled drafted steps (up to the block size)
+
+
+class _Width:
+    """A scheduler verifying ``k`` drafts of every request (set between steps)."""
+
+    def __init__(self) -> None:
+        self.k = 1
+
+    def __call__(self, conf: torch.Tensor) -> torch.Tensor:
+        return torch.full((conf.shape[0],), self.k, dtype=torch.long)
+
+
+def _profile_batch(target, drafter, prompt: list[int], R: int, rounds: int) -> tuple[float, float, list[float]]:
+    """At R requests of ``prompt`` (greedy, no stop token): the median drafting seconds per step (the drafter's
+    forward, its cache update and the scheduler, timed directly), the median plain step and the median drafted step
+    at each width, whole steps as the engine runs them. The kinds take turns, ``rounds`` steps each after one
+    untimed step, so a drift of the machine's speed reaches all of them alike."""
+    g = drafter.block_size
+    widths = [w for w in WIDTHS if w <= g]
+    width = _Width()
+    params = SamplingParams(0.0)
+    plain = make_engine(target, None, params, scheduler="static", stop_token_ids=[])
+    drafted = make_engine(target, drafter, params, scheduler=width, stop_token_ids=[])
+    plain.add([prompt] * R, rounds + 2)
+    drafted.add([prompt] * R, (rounds + 1) * len(widths) * (g + 1) + 1)
+    times: dict[object, list[float]] = {"plain": [], "draft": [], **{w: [] for w in widths}}
+    for i in range(rounds + 1):
+        for kind in ["plain", *widths]:
+            engine = plain if kind == "plain" else drafted
+            width.k = kind if kind != "plain" else 1
+            before = engine.time_s["draft"] + engine.time_s["schedule"]
+            t0 = time.perf_counter()
+            engine.step()
+            engine.settle_timings()
+            if i:  # the first turn is the warm-up
+                times[kind].append(time.perf_counter() - t0)
+                if kind == widths[0]:
+                    times["draft"].append(engine.time_s["draft"] + engine.time_s["schedule"] - before)
+
+    def median(xs: list[float]) -> float:
+        return sorted(xs)[len(xs) // 2]
+
+    return median(times["draft"]), median(times["plain"]), [median(times[w]) for w in widths]
 
 
 @torch.no_grad()
 def profile_draft_cost(target, drafter, max_batch: int, progress: bool = False) -> DraftCost:
-    """Seconds a drafted round costs beyond its verification forward, at 1, 2, 4, ... up to ``max_batch`` requests:
-    the drafter's work per step (drafting the whole block, the cache update, scheduling; greedy, a 256-token
-    prompt), timed directly. The longer verification is the SPS table's part."""
+    """At 1, 2, 4, ... up to ``max_batch`` requests (greedy, a 256-token prompt): the seconds a drafted round costs
+    beyond its verification forward (drafting the whole block, the cache update, scheduling; timed directly), and
+    whole plain and drafted steps as the engine runs them (verifying 1, 2, 3, 4, 7 drafts per request), which the
+    ``auto`` scheduler models a step's time with."""
     V = target.geometry.vocab_size
     prompt = [(17 * i + 5) % max(V - 1, 1) for i in range(256)]
     batches = [b for b in BATCHES if b <= max(1, max_batch)]
     if batches[-1] < max_batch <= BATCHES[-1]:
         batches.append(max_batch)
-    seconds = []
     sizes = [1, *batches]
     if progress:
         from tqdm.auto import tqdm
 
         sizes = tqdm(sizes, desc="profiling the drafter's cost per round", unit="batch size")
-    for R in sizes:  # the first R = 1 is a warm-up
-        seconds.append(_draft_seconds(target, drafter, prompt, R, ROUNDS))
+    rows = [_profile_batch(target, drafter, prompt, R, ROUNDS) for R in sizes][1:]  # the first R = 1: a warm-up
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "threads": torch.get_num_threads(), "rounds": ROUNDS}
-    return DraftCost(batches=batches, seconds=seconds[1:], meta=meta)
+    return DraftCost(batches=batches, seconds=[r[0] for r in rows], meta=meta, plain=[r[1] for r in rows],
+                     widths=[w for w in WIDTHS if w <= drafter.block_size], drafted=[r[2] for r in rows])  # fmt: skip
 
 
 def load_or_profile_draft_cost(target, drafter, max_batch: int, progress: bool = True) -> DraftCost:
@@ -102,7 +130,8 @@ def load_or_profile_draft_cost(target, drafter, max_batch: int, progress: bool =
     try:  # a missing or damaged cache file is measured again
         d = json.loads(path.read_text())
         if d["batches"][-1] >= min(max_batch, BATCHES[-1]):
-            return DraftCost(list(d["batches"]), list(d["seconds"]), dict(d.get("meta", {})))
+            return DraftCost(list(d["batches"]), list(d["seconds"]), dict(d.get("meta", {})), d.get("plain"),
+                             d.get("widths"), d.get("drafted"))  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         pass
     if progress:

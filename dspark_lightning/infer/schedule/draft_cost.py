@@ -15,24 +15,67 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+def _in_batch(batches: list[int], values: list[float], R: float) -> float:
+    """Linear between profiled batch sizes, proportional to R beyond the largest."""
+    b, s = batches, values
+    if R <= b[0]:
+        return s[0]
+    for (b0, s0), (b1, s1) in zip(zip(b, s, strict=True), zip(b[1:], s[1:], strict=True), strict=False):
+        if R <= b1:
+            return s0 + (R - b0) / (b1 - b0) * (s1 - s0)
+    return s[-1] * R / b[-1]
+
+
 @dataclass
 class DraftCost:
-    """Seconds a drafted round costs beyond its verification (proposal, context-cache update, scheduling,
-    acceptance) at profiled batch sizes."""
+    """Seconds a drafted round costs beyond its verification (proposal, context-cache update, scheduling) at
+    profiled batch sizes; and, when profiled, whole steps as the engine runs them: a plain step (``plain``) and a
+    drafted step verifying ``widths[i]`` drafts per request (``drafted[b][i]``), per batch size ``batches[b]``."""
 
     batches: list[int]
     seconds: list[float]
     meta: dict[str, Any] = field(default_factory=dict)
+    plain: list[float] | None = None
+    widths: list[int] | None = None
+    drafted: list[list[float]] | None = None
 
     def __call__(self, R: int) -> float:
-        """Linear between profiled batch sizes, proportional to R beyond the largest."""
-        b, s = self.batches, self.seconds
-        if R <= b[0]:
-            return s[0]
-        for (b0, s0), (b1, s1) in zip(zip(b, s, strict=True), zip(b[1:], s[1:], strict=True), strict=False):
-            if R <= b1:
-                return s0 + (R - b0) / (b1 - b0) * (s1 - s0)
-        return s[-1] * R / b[-1]
+        return _in_batch(self.batches, self.seconds, R)
+
+    @property
+    def has_steps(self) -> bool:
+        return bool(self.plain and self.widths and self.drafted)
+
+    def plain_seconds(self, R: int) -> float:
+        """A plain step of R requests."""
+        return _in_batch(self.batches, self.plain, R)
+
+    def step_seconds(self, R: int, B: int) -> float:
+        """A drafted step of R requests verifying B tokens in all (R anchors + B - R drafts): piecewise linear in the
+        drafts per request k = (B - R) / R through the profiled widths, from k = 0 (drafting, nothing verified:
+        the first width's step less one width's increment, at least a plain step) and with the last increment
+        beyond the widest."""
+        k = max(B - R, 0) / max(R, 1)
+        per_batch = []
+        for plain, row in zip(self.plain, self.drafted, strict=True):
+            ks, ts = list(self.widths), list(row)
+            if len(ks) > 1:
+                t0 = max(plain, ts[0] - (ts[1] - ts[0]) / (ks[1] - ks[0]) * ks[0])
+            else:
+                t0 = plain
+            ks, ts = [0, *ks], [t0, *ts]
+            if k >= ks[-1]:
+                slope = (ts[-1] - ts[-2]) / (ks[-1] - ks[-2])
+                per_batch.append(ts[-1] + max(slope, 0.0) * (k - ks[-1]))
+                continue
+            for (k0, a), (k1, b) in zip(zip(ks, ts, strict=True), zip(ks[1:], ts[1:], strict=True), strict=False):
+                if k <= k1:
+                    per_batch.append(a + (k - k0) / (k1 - k0) * (b - a))
+                    break
+        return _in_batch(self.batches, per_batch, R)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"batches": self.batches, "seconds": self.seconds, "meta": self.meta}
+        d = {"batches": self.batches, "seconds": self.seconds, "meta": self.meta}
+        if self.has_steps:
+            d |= {"plain": self.plain, "widths": self.widths, "drafted": self.drafted}
+        return d

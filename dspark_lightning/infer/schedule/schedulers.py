@@ -575,11 +575,15 @@ class AutoScheduler(_SPSScheduler):
     - ĉ is corrected online (:class:`OnlineCalibration`): a drafter whose confidences are miscalibrated for these
       prompts (no calibration file, another serving temperature, another prompt distribution) is put right by the
       rounds it has already run.
-    - ℓ: :func:`lookahead_schedule` on the whole-step SPS curve (target verification + drafting cost), which is
-      Algorithm 1 on a smooth curve and still admits the blocks that pay at a step of the curve.
+    - A step's time: the engine's own plain and drafted steps at R requests verifying B tokens, profiled once per
+      (drafter, machine) with the drafting cost (:class:`~.draft_cost.DraftCost`), so everything a step does
+      beyond the target's forward is counted for plain decoding and drafting alike; without that profile (a given
+      ``sps`` and ``draft_cost``), the SPS table plus the drafting cost.
+    - ℓ: :func:`lookahead_schedule` on those whole-step rates, which is Algorithm 1 on a smooth curve and still
+      admits the blocks that pay at a step of the curve.
     - Whether to draft at all: the expected rate of drafting, (R + the plan's Σ a) over the modelled step time, with
-      R requests of the earlier rounds' mean survival, against plain decoding's R · SPS(R); a skipping gate drafts
-      again after ``probe`` skipped steps (doubling up to ``max_probe``) to refresh its estimate.
+      R requests of the earlier rounds' mean survival, against plain decoding's R tokens per plain step; a skipping
+      gate drafts again after ``probe`` skipped steps (doubling up to ``max_probe``) to refresh its estimate.
 
     Every decision reads the current confidences as Algorithm 1 does and earlier steps otherwise, so the output law
     is the target's; with ``timing="model"`` (default) nothing depends on the wall clock.
@@ -614,8 +618,19 @@ class AutoScheduler(_SPSScheduler):
     def _conf(self, conf: torch.Tensor) -> torch.Tensor:
         return self.online(conf) if self.online_on else conf.double()
 
-    def _rates(self, R: int) -> list[float]:
-        """Whole-step rates at B = 0..max (verification + the drafting cost at R requests), cached per R."""
+    def _steps(self) -> bool:
+        """Whether a step's time comes from the engine's profiled whole steps (model timing, profiled cost)."""
+        return self.timing == "model" and self.fixed_cost is None and self.cost is not None and self.cost.has_steps
+
+    def _rates(self, R: int, g: int) -> list[float]:
+        """Whole-step rates at B = 0..R·(1 + g) for R requests: from the profiled plain and drafted steps where there
+        are some, else the SPS table plus the drafting cost at R requests; cached per (R, g)."""
+        if self._steps():
+            key = ("steps", R, g)
+            if self._rate_cache.get("key") != key:
+                step = [1.0 / self.cost.step_seconds(R, max(B, R)) for B in range(R * (1 + g) + 1)]
+                self._rate_cache = {"key": key, "rates": step}
+            return self._rate_cache["rates"]
         if self.sps is None:
             self._table(R)  # refuses a scheduler without an SPS table
         extra = self.draft_cost(R) if self.timing == "model" else (self.draft_s or 0.0)
@@ -624,10 +639,14 @@ class AutoScheduler(_SPSScheduler):
             self._rate_cache = {"key": key, "rates": step_rates(self.sps, extra)}
         return self._rate_cache["rates"]
 
+    def _plain_rate(self, R: int) -> float:
+        """Tokens per second of plain decoding at R requests."""
+        return R / self.cost.plain_seconds(R) if self._steps() else R * float(self.sps(R))
+
     def __call__(self, conf: torch.Tensor) -> torch.Tensor:
         conf = conf.detach().cpu()
         expected = self.online.expected if self.online_on else None
-        return lookahead_schedule(self._conf(conf), self._rates(conf.shape[0]), expected)
+        return lookahead_schedule(self._conf(conf), self._rates(*conf.shape), expected)
 
     def observe_rounds(self, conf: torch.Tensor, lengths: torch.Tensor, accepted: list[int]) -> None:
         self.online.observe(conf.detach().cpu(), lengths, accepted)
@@ -635,7 +654,7 @@ class AutoScheduler(_SPSScheduler):
     def drafting_pays(self, R: int) -> bool | None:
         """Whether R requests with the earlier rounds' mean survival would commit tokens faster drafting than plain
         (None before any drafted round, or when R is beyond the SPS table)."""
-        if self.sps is None or R > self.sps.max_tokens or not self.online.drafted:
+        if not self.online.drafted or (not self._steps() and (self.sps is None or R > self.sps.max_tokens)):
             return None
         key = (R, self.online.drafted)  # its inputs change only with R and after a drafted round
         if self._pays_cache.get("key") != key:
@@ -644,11 +663,11 @@ class AutoScheduler(_SPSScheduler):
 
     def _drafting_pays(self, R: int) -> bool:
         mean = torch.tensor(self.online.mean, dtype=torch.float64).clamp(0, 1)
-        rates = self._rates(R)
+        rates = self._rates(R, len(mean))
         plan = lookahead_schedule(mean.expand(R, -1), rates, self.online.expected)
         a = mean.cumprod(0)
         gain = float(sum(a[: int(n)].sum() for n in plan))
-        return (R + gain) * rates[R + int(plan.sum())] > R * float(self.sps(R))
+        return (R + gain) * rates[R + int(plan.sum())] > self._plain_rate(R)
 
     def wants_draft(self, R: int) -> bool:
         if not self.skip_draft:
