@@ -16,11 +16,12 @@ import lightning as L
 import torch
 from torch import nn
 
+from .. import checks
 from ..data.features.extract import features_for_batch, target_law_summary
 from ..data.features.vocab import coverage, frequent_tokens
 from ..data.prompts.sources import DOMAINS as PROMPT_DOMAINS
 from ..drafters import build_drafter
-from ..drafters.warm_start import WarmStart
+from ..drafters.warm_start import WarmStart, from_drafter
 from ..drafters.warm_start import warm_start as warm_start_fn
 from ..layers import moe_aux_loss
 from ..losses import ProjectedLogits, dspark_loss, position_weights, supervision_mask
@@ -72,6 +73,10 @@ class DSparkModule(L.LightningModule):
             validation and the export always use ``block_size``. null = one phase.
         warm_start: initialise the backbone from the target's layers (``drafters/warm_start.py``); null = the
             random initialisation of docs/algorithm.md §3.1.
+        init_from: a drafter folder to continue from (our export, a DeepSpec / vLLM ``dspark-hf`` or an
+            ``eagle3-hf`` folder): every tensor of the same name and shape is copied, draft-vocabulary rows are
+            remapped by token id, the rest stays fresh (:func:`~dspark_lightning.drafters.warm_start.from_drafter`;
+            what was reused is printed). Applied after ``warm_start``; a resumed checkpoint's weights replace both.
     """
 
     def __init__(
@@ -88,6 +93,7 @@ class DSparkModule(L.LightningModule):
         draft_vocab_size: int | None = None,
         curriculum: list[Phase] | None = None,
         warm_start: WarmStart | None = None,
+        init_from: str | None = None,
     ) -> None:
         super().__init__()
         self.loss_cfg = as_config(loss, LossConfig, "model.loss")
@@ -104,6 +110,7 @@ class DSparkModule(L.LightningModule):
             ws = as_config(warm_start, WarmStart, "model.warm_start")
             copied = warm_start_fn(self.drafter, tgt, ws)
             print(f"[dspark-lightning] warm start: drafter layers from target layers {copied}", flush=True)
+        self.__dict__["_init_from"] = None if init_from is None else (init_from, _load_source(init_from, tgt))
         self.block_size = block_size
         self.register_buffer("pos_w", position_weights(block_size, self.loss_cfg.decay), persistent=False)
         self.val_acc = PositionAcceptance(block_size, DOMAINS)  # analytic acceptance c*_k (T = 1)
@@ -138,6 +145,13 @@ class DSparkModule(L.LightningModule):
                              f"and trainer.gradient_clip_val {clip}: Lightning's mixed-precision plugin cannot clip a "
                              "fused optimizer's gradients; set model.optim.fused: null (the default picks) or false, "
                              "or drop the clipping")  # fmt: skip
+        if self.__dict__["_init_from"] is not None:
+            path, src = self.__dict__["_init_from"]
+            d, sv = self.drafter, getattr(src, "draft_vocab", None)
+            if sv is not None and d.draft_vocab is not None and sv.numel() != d.draft_vocab.numel():
+                self._choose_draft_vocab(dm)  # another size: this run's tokens, the source's rows remapped
+            print(f"[dspark-lightning] init_from {path}: {from_drafter(d, src, str(path)).summary()}", flush=True)
+            self.__dict__["_init_from"] = None
         self._choose_draft_vocab(dm)
 
     def _choose_draft_vocab(self, dm) -> None:
@@ -445,3 +459,17 @@ def fused_adamw_ok(params: list[torch.Tensor]) -> bool:
         return False
     devices = {p.device.type for p in params}
     return len(devices) == 1 and devices <= {"cpu", "cuda"} and all(p.is_floating_point() for p in params)
+
+
+def _load_source(path: str, target: Target) -> nn.Module:
+    """The drafter at ``path`` (any folder ``load_drafter`` reads), checked to read the layers this run taps."""
+    from ..checkpoint.native import load_drafter_checked
+
+    taps = list(target.geometry.layer_ids)
+    src = load_drafter_checked(path, target)
+    if list(target.geometry.layer_ids) != taps:
+        read = list(target.geometry.layer_ids)
+        target.tap(taps)
+        raise checks.UsageError(f"model.init_from: {path} reads target layers {read}, this recipe taps {taps}: set "
+                                f"target.layer_ids: {read} to continue from it")  # fmt: skip
+    return src
