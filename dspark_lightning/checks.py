@@ -3,8 +3,9 @@ Each argument is checked by the boundary that receives it (``decode()``, a comma
 ``lightning/recipe_checks.py``, a scheduler's constructor) with these.
 
 A bad argument must be refused before any work starts (a model loaded, a prompt decoded, a file written), with a
-message naming the argument and its allowed range; :class:`UsageError` is a ``ValueError``, so the console script
-prints it as one ``dspark-lightning <cmd>: error: ...`` line and exits with code 2.
+message naming the argument and its allowed range. :class:`UsageError` (a ``ValueError``) and its subclasses are the
+one kind of error the console script prints as one ``dspark-lightning <cmd>: error: ...`` line with exit code 2; any
+other exception is a bug and shows its traceback (``DSPARK_TRACEBACK=1`` adds the traceback to a usage error too).
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ MAX_BLOCK_SIZE = 128  # a block is drafted in one forward and verified in one: m
 
 
 class UsageError(ValueError):
-    """An argument out of range, a path of the wrong kind, or an input file we cannot read."""
+    """An argument out of range, a path of the wrong kind, or an input file we cannot read: what the user can fix.
+    The project's user-facing errors subclass it (``DrafterLoadError``, ``RegistryError``, ``CacheError``, ...)."""
+
+
+class UnsupportedError(UsageError, NotImplementedError):
+    """A valid request this build cannot serve (a target the lean verifier cannot run...): the user picks another
+    option. Still a ``NotImplementedError`` for the callers that catch one."""
 
 
 def at_least(name: str, value: Any, low: int) -> None:
@@ -140,7 +147,7 @@ def read_json(path: str | os.PathLike, what: str) -> Any:
     except RecursionError:
         raise UsageError(f"{what} {p} nests too deeply to be a JSON file we read") from None
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise UsageError(f"{what} {p} is not readable JSON ({type(exc).__name__}: {exc})") from None
+        raise UsageError(f"{what} {p} is not readable JSON ({type(exc).__name__}: {exc})") from exc
 
 
 def output_file(name: str, path: str | os.PathLike | None) -> None:

@@ -1,15 +1,72 @@
-"""How a user error is shown: one line (shared by the console script, cli/, and the Lightning commands)."""
+"""How an error is shown (shared by the console script, cli/, and the Lightning commands).
+
+A :class:`~dspark_lightning.checks.UsageError` (and its subclasses) is what the user can fix: one line, exit code 2.
+Any other exception is a bug and keeps its traceback. ``DSPARK_TRACEBACK=1`` adds the traceback, with its chained
+cause, to a usage error too (:func:`traceback_wanted`, :func:`print_traceback`).
+"""
 
 from __future__ import annotations
 
+import os
 import re
+import sys
+import traceback
+
+TRACEBACK_ENV = "DSPARK_TRACEBACK"
+
+
+def traceback_wanted() -> bool:
+    """``DSPARK_TRACEBACK`` is set to something other than ``0``: show tracebacks behind the one-line errors."""
+    return os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
+
+
+def print_traceback(exc: BaseException) -> None:
+    """The traceback of ``exc`` with its chained cause / context, on stderr (a closed stderr prints nothing)."""
+    try:
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+_TYPE_NAMES = {"int": "an int", "float": "a float", "bool": "a bool (true or false)", "str": "a string"}
+# jsonargparse's error for a value that fits no member of a union: one "- ..." line per member it tried. Where a
+# member names a nested key with a plain type ("Parser key "rank": Expected a <class 'int'>. Got value: 16x"), that
+# is what the user got wrong; the other members' errors are noise.
+_UNION = re.compile(r'Parser key "([\w.]+)"(?: element \d+)?:\s+Does not validate against any of the Union subtypes')
+_GOT = r"Expected a <class '(\w+)'>\.? Got value: (.*?)(?:\. Got value: |$)"  # the value, up to the next one
+_NESTED = re.compile(r'(?:Parser key|Key) "([\w.]+)":\s*' + _GOT, re.M)
+_PLAIN = re.compile(r'^Parser key "([\w.]+)"((?: element \d+)?):\s*' + _GOT, re.M)
+
+
+def _union_error(text: str) -> str | None:
+    """``--model.seq_head.rank: expected an int, got '16x'`` for jsonargparse's whole union dump, when one of the
+    members it tried names a nested key of a plain type (None when it does not)."""
+    outer = _UNION.search(text)
+    if outer is None:
+        return None
+    for key, typ, got in _NESTED.findall(text[outer.end() :]):
+        if typ in _TYPE_NAMES:
+            return f"--{outer.group(1)}.{key}: expected {_TYPE_NAMES[typ]}, got {got.strip()!r}"
+    return None
 
 
 def one_line_error(exc: BaseException) -> str:
     """The exception's message with its lines joined (the type's name for an empty message), with jsonargparse's
-    phrasing said as a user reads it: ``Parser key "name"`` is the flag ``--name``, and a closed choice's
-    ``Expected a typing.Literal['a', 'b']. Got value: x`` is ``'x' is not one of a, b``."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    phrasing said as a user reads it: ``Parser key "name"`` is the flag ``--name``, a closed choice's
+    ``Expected a typing.Literal['a', 'b']. Got value: x`` is ``'x' is not one of a, b``, a plain type's
+    ``Expected a <class 'int'>. Got value: x`` is ``expected an int, got 'x'``, and a union whose members all failed
+    names the nested key at fault (``--model.seq_head.rank: expected an int, got '16x'``) instead of every member's
+    error."""
+    raw = str(exc)
+    union = _union_error(raw)
+    if union is not None:
+        return union
+    plain = _PLAIN.search(raw)
+    if plain is not None and plain.group(3) in _TYPE_NAMES and "Union subtypes" not in raw:
+        key, element, typ, got = plain.groups()
+        return f"--{key}{element}: expected {_TYPE_NAMES[typ]}, got {got.strip()!r}"
+    lines = [ln.strip() for ln in raw.splitlines() if ln.strip()]
     text = " ".join(lines) if lines else type(exc).__name__
     text = re.sub(r'Parser key "([\w.]+)"( element \d+)?:', r"--\1\2:", text)
     choices = r"(?:Does not validate against any of the Union subtypes .*?)?Expected a typing\.Literal\[([^\]]*)\]"

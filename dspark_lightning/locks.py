@@ -22,6 +22,8 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
+from .checks import UsageError
+
 LOCK_FILE = ".dspark.lock"
 
 try:
@@ -32,8 +34,9 @@ except ImportError:  # pragma: no cover (Windows)
 _held: dict[str, list] = {}  # realpath of the folder -> [fd, depth]
 
 
-class FolderLockedError(RuntimeError):
-    """Another live process holds the folder's lock."""
+class FolderLockedError(UsageError, RuntimeError):
+    """Another live process holds the folder's lock (a usage error, still a ``RuntimeError`` for the callers that
+    catch one)."""
 
 
 def holder(folder: str | os.PathLike) -> dict | None:

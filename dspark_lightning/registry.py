@@ -33,7 +33,9 @@ they read beyond the generic layout; ``export/servers.py``).
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
+import numbers
 import os
 import re
 import threading
@@ -42,6 +44,8 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
+
+from .checks import UsageError
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +84,9 @@ plugin_errors: dict[str, str] = {}  # entry point name -> error summary
 loaded_plugins: dict[str, str] = {}  # entry point name -> "module:attr"
 
 
-class RegistryError(KeyError):
-    """Unknown kind or name, or a name registered twice by different objects."""
+class RegistryError(UsageError, KeyError):
+    """Unknown kind or name, or a name registered twice by different objects: a usage error (one line at the console
+    script) that is still a ``KeyError`` for the callers that catch one."""
 
     def __str__(self) -> str:  # KeyError quotes its message; we want it plain
         return str(self.args[0]) if self.args else ""
@@ -215,8 +220,88 @@ def get(kind: str, name: str) -> Any:
 
 
 def create(kind: str, name: str, *args: Any, **kwargs: Any) -> Any:
-    """Instantiate (or call) the object registered under ``kind/name``."""
-    return get(kind, name)(*args, **kwargs)
+    """Instantiate (or call) the object registered under ``kind/name``. Its keyword arguments come from users
+    (recipes, config.json, Python): one it does not take is a :class:`~dspark_lightning.checks.UsageError` naming
+    it, and so is a ``TypeError`` of the call when an argument is not the plain type its parameter declares
+    (``num_layers="two"`` for an ``int``), with the ``TypeError`` as its cause. The object's own checks run first."""
+    obj = get(kind, name)
+    what = f"{kind} {name!r}"
+    unknown_arguments(what, obj, kwargs)
+    try:
+        return obj(*args, **kwargs)
+    except TypeError as exc:
+        wrong = mistyped_argument(obj, args, kwargs)
+        if wrong is None:
+            raise
+        raise UsageError(f"{what}: {wrong}") from exc
+
+
+_PLAIN_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (numbers.Integral,), "float": (numbers.Real,), "bool": (bool, numbers.Integral), "str": (str,),
+}  # fmt: skip
+_ARTICLE = {"int": "an int", "float": "a number", "bool": "a bool", "str": "a string"}
+
+
+def _plain_type(annotation: Any) -> tuple[str, bool] | None:
+    """``(type name, None allowed)`` of an annotation that is one plain type, alone or with None (``int``,
+    ``float | None``, ``Optional[str]``); None for anything else (unions of types, containers, specs)."""
+    if annotation is inspect.Parameter.empty:
+        return None
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", None)
+    if text is None:
+        text = str(annotation).replace("typing.", "").replace("NoneType", "None")
+    text = text.replace(" ", "")
+    if text.startswith("Optional[") and text.endswith("]"):
+        text = f"{text[9:-1]}|None"
+    parts = text.split("|")
+    plain = [p for p in parts if p != "None"]
+    if len(plain) != 1 or plain[0] not in _PLAIN_TYPES:
+        return None
+    return plain[0], len(parts) > 1
+
+
+def _signature(obj: Any) -> inspect.Signature | None:
+    try:
+        return inspect.signature(obj)
+    except (TypeError, ValueError):
+        return None
+
+
+def unknown_arguments(what: str, obj: Any, kwargs: dict[str, Any]) -> None:
+    """Refuse, in one line listing the parameters ``obj`` takes, a keyword argument it does not take."""
+    sig = _signature(obj)
+    if sig is None or any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+        return
+    params = sig.parameters
+    unknown = [k for k in kwargs if k not in params or params[k].kind is inspect.Parameter.POSITIONAL_ONLY]
+    if unknown:
+        takes = ", ".join(p.name for p in params.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+        raise UsageError(f"{what} takes no argument {', '.join(map(repr, unknown))}; it takes {takes or 'none'}")
+
+
+def mistyped_argument(obj: Any, args: tuple, kwargs: dict[str, Any]) -> str | None:
+    """The first argument that is not the plain type (int, float, bool, str, or that or None) its parameter is
+    annotated with, said in words (``num_layers must be an int, got 'two' (str)``); None when every one fits (or the
+    signature cannot be read)."""
+    sig = _signature(obj)
+    try:
+        bound = sig.bind_partial(*args, **kwargs).arguments if sig is not None else {}
+    except TypeError:
+        return None
+    for key, value in bound.items():
+        p = sig.parameters[key]
+        plain = _plain_type(p.annotation)
+        if plain is None or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        typ, optional = plain
+        if value is None and (optional or p.default is None):
+            continue
+        ok = isinstance(value, _PLAIN_TYPES[typ]) and (typ == "bool" or not isinstance(value, bool))
+        ok = ok and (typ != "bool" or isinstance(value, bool) or value in (0, 1))
+        if not ok:
+            none = " or null" if optional else ""
+            return f"{key} must be {_ARTICLE[typ]}{none}, got {value!r} ({type(value).__name__})"
+    return None
 
 
 def names(kind: str) -> list[str]:

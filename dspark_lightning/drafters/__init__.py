@@ -20,6 +20,7 @@ from typing import Any
 
 from torch import nn
 
+from ..checks import UsageError
 from ..registry import create, register
 from .backbones import DenseBackbone, MoESWABackbone
 from .chain import ChainDrafter, ChainLayer
@@ -120,7 +121,7 @@ def build_drafter(
     ``{name: ..., <its arguments>}``, given ``block_size`` and ``draft_vocab_size``), or :func:`assemble` of parts."""
     if drafter is not None:
         if backbone is not None or seq_head is not None or conf_head is not None:
-            raise ValueError("give either model.drafter or model.backbone/seq_head/conf_head, not both")
+            raise UsageError("give either model.drafter or model.backbone/seq_head/conf_head, not both")
         spec = {"name": drafter} if isinstance(drafter, str) else dict(drafter)
         name = spec.pop("name")
         kwargs = dict(spec.pop("args", spec))
@@ -128,7 +129,7 @@ def build_drafter(
             kwargs["draft_vocab_size"] = draft_vocab_size
         return create("drafter", name, target, block_size=block_size, **kwargs)
     if backbone is None:
-        raise ValueError("model.backbone is required (or name a registered model.drafter)")
+        raise UsageError("model.backbone is required (or name a registered model.drafter)")
     return assemble(target, block_size, backbone, seq_head, conf_head, mask_token_id, draft_vocab_size)
 
 

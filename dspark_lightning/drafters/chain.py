@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..checks import UsageError, at_least
 from ..layers import InjectedAttention, RMSNorm, SwiGLU, rope_cos_sin
 from ..registry import register
 from ..targets import TargetGeometry
@@ -42,7 +43,7 @@ class ChainLayer(nn.Module):
     def __init__(self, g: TargetGeometry, kind: str, intermediate_size: int | None = None) -> None:
         super().__init__()
         if kind not in KINDS:
-            raise ValueError(f"chain layer kind must be one of {KINDS}, got {kind!r}")
+            raise UsageError(f"chain layer kind must be one of {KINDS}, got {kind!r}")
         d, eps = g.hidden_size, g.rms_norm_eps
         self.kind = kind
         self.token_norm = RMSNorm(d, eps)
@@ -102,12 +103,11 @@ class ChainDrafter(SharesTargetParts, nn.Module):
         draft_vocab_size: int | None = None,
     ) -> None:
         super().__init__()
-        if block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        at_least("block_size", block_size, 1)  # an int: a string or a float is named here, not compared below
         self.geometry, self.kind, self.block_size = geometry, kind, block_size
         self.ttt_steps = block_size if ttt_steps is None else int(ttt_steps)
         if self.ttt_steps < 1:
-            raise ValueError(f"ttt_steps must be >= 1, got {self.ttt_steps}")
+            raise UsageError(f"ttt_steps must be >= 1, got {self.ttt_steps}")
         self.layer = ChainLayer(geometry, kind, intermediate_size)
         if kind == "eagle3":
             self.fc = nn.Linear(geometry.n_tapped * geometry.hidden_size, geometry.hidden_size, bias=False)  # W_f

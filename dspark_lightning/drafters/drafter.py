@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..checks import UsageError, at_least
 from ..layers import block_attention_mask
 from ..registry import name_of
 from ..targets import TargetGeometry
@@ -55,7 +56,7 @@ class SharesTargetParts:
     def _init_draft_vocab(self, geometry: TargetGeometry) -> None:
         n = geometry.draft_vocab_size
         if n is not None and not 0 < n <= geometry.vocab_size:
-            raise ValueError(f"draft_vocab_size must be in [1, {geometry.vocab_size}], got {n}")
+            raise UsageError(f"draft_vocab_size must be in [1, {geometry.vocab_size}], got {n}")
         # -1 = not chosen yet: training picks the most frequent tokens of its data (set_draft_vocab)
         self.register_buffer("draft_vocab", None if n is None else torch.full((n,), -1, dtype=torch.long))
 
@@ -110,13 +111,13 @@ class SharesTargetParts:
 def check_draft_vocab(ids: torch.Tensor, size: int, vocab_size: int) -> None:
     """A draft vocabulary must be ``size`` distinct, sorted ids in [0, vocab_size)."""
     if size < 0:
-        raise ValueError("this drafter was built without a reduced draft vocabulary (draft_vocab_size)")
+        raise UsageError("this drafter was built without a reduced draft vocabulary (draft_vocab_size)")
     if ids.numel() != size:
-        raise ValueError(f"the draft vocabulary needs {size} distinct token ids, got {ids.numel()}")
+        raise UsageError(f"the draft vocabulary needs {size} distinct token ids, got {ids.numel()}")
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
-        raise ValueError(f"draft vocabulary ids must lie in [0, {vocab_size})")
+        raise UsageError(f"draft vocabulary ids must lie in [0, {vocab_size})")
     if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
-        raise ValueError("draft vocabulary ids must be sorted and distinct")
+        raise UsageError("draft vocabulary ids must be sorted and distinct")
 
 
 class Drafter(SharesTargetParts, nn.Module):
@@ -135,14 +136,13 @@ class Drafter(SharesTargetParts, nn.Module):
         mask_token_id: int,
     ) -> None:
         super().__init__()
-        if block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        at_least("block_size", block_size, 1)  # an int: a string or a float is named here, not compared below
         if conf_head is not None and getattr(conf_head, "token_dim", 0) not in (0, getattr(seq_head, "token_dim", 0)):
-            raise ValueError("conf_head.token_dim must be 0 or the sequential head's token_dim")
+            raise UsageError("conf_head.token_dim must be 0 or the sequential head's token_dim")
         for name, mod in (("embedding", embed), ("lm_head", lm_head)):
             shape = tuple(mod.weight.shape)
             if shape != (geometry.vocab_size, geometry.hidden_size):
-                raise ValueError(
+                raise UsageError(
                     f"target {name} has shape {shape}, expected (vocab, hidden) = "
                     f"({geometry.vocab_size}, {geometry.hidden_size})"
                 )

@@ -24,6 +24,7 @@ import torch
 
 from .. import checks
 from ..checkpoint import check_chat_format, check_geometry, load_target_and_drafters, read_config
+from ..checks import UsageError
 from ..devices import resolve_device, resolve_dtype
 from .acceptance.sampling import SamplingParams
 from .build import make_engine
@@ -50,7 +51,7 @@ def encode_prompt(target, prompt: Prompt, chat: bool = True) -> list[int]:
     """A string or a list of turns (:meth:`Target.encode_prompt`'s rule), or token ids (checked) -> ids."""
     if isinstance(prompt, torch.Tensor):
         if prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:
-            raise ValueError(f"a token-id prompt tensor must hold integers, got dtype {prompt.dtype}")
+            raise UsageError(f"a token-id prompt tensor must hold integers, got dtype {prompt.dtype}")
         ids = [int(t) for t in prompt.reshape(-1)]
     elif isinstance(prompt, str):
         _check_text(prompt, "prompt")
@@ -58,33 +59,33 @@ def encode_prompt(target, prompt: Prompt, chat: bool = True) -> list[int]:
     elif isinstance(prompt, list | tuple) and prompt and isinstance(prompt[0], dict):
         for turn in prompt:
             if not isinstance(turn, dict) or not isinstance(turn.get("role"), str):
-                raise ValueError(f"a chat turn must be a dict with a string 'role', got {turn!r:.80}")
+                raise UsageError(f"a chat turn must be a dict with a string 'role', got {turn!r:.80}")
             _check_text(turn.get("content"), f"the {turn['role']!r} turn's content")
         ids = target.encode_prompt(list(prompt), chat)
     elif isinstance(prompt, list | tuple):
         bad = [t for t in prompt if isinstance(t, bool) or not isinstance(t, int)]
         if bad:
-            raise ValueError(f"token-id prompts must hold ints, got {bad[0]!r} ({type(bad[0]).__name__})")
+            raise UsageError(f"token-id prompts must hold ints, got {bad[0]!r} ({type(bad[0]).__name__})")
         ids = [int(t) for t in prompt]
     else:
         raise TypeError(f"a prompt must be a string, a list of turns or token ids, got {type(prompt).__name__}")
     if not ids:
-        raise ValueError("empty prompt")
+        raise UsageError("empty prompt")
     V = target.geometry.vocab_size
     bad = [t for t in ids if not 0 <= t < V]
     if bad:
-        raise ValueError(f"prompt token ids {bad[:5]} are outside the target vocabulary [0, {V})")
+        raise UsageError(f"prompt token ids {bad[:5]} are outside the target vocabulary [0, {V})")
     return ids
 
 
 def _check_text(text, what: str) -> None:
     """Text the tokenizer can take: a string that is valid Unicode (no lone surrogates)."""
     if not isinstance(text, str):
-        raise ValueError(f"{what} must be a string, got {type(text).__name__}")
+        raise UsageError(f"{what} must be a string, got {type(text).__name__}")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise ValueError(f"{what} is not valid Unicode (a lone surrogate at character {exc.start})") from None
+        raise UsageError(f"{what} is not valid Unicode (a lone surrogate at character {exc.start})") from None
 
 
 def resolve(target, drafter, device=None, dtype=None, drafter_dtype=None):
@@ -93,10 +94,10 @@ def resolve(target, drafter, device=None, dtype=None, drafter_dtype=None):
     dev = resolve_device(device)
     if not isinstance(target, str | os.PathLike):
         if not (hasattr(target, "geometry") and hasattr(target, "model")):
-            raise ValueError(f"target must be a loaded Target, an embedded name or an HF model directory, got "
+            raise UsageError(f"target must be a loaded Target, an embedded name or an HF model directory, got "
                              f"{type(target).__name__}")  # fmt: skip
         if device is not None and dev.type != target.device.type:
-            raise ValueError(f"the target is on {target.device}, decode() was asked for {device}: load it there")
+            raise UsageError(f"the target is on {target.device}, decode() was asked for {device}: load it there")
     paths = [drafter] if isinstance(drafter, str | os.PathLike) else []
     target, loaded = load_target_and_drafters(target, paths, dtype=dtype, device=dev, drafter_dtype=drafter_dtype)
     if loaded:
@@ -104,7 +105,7 @@ def resolve(target, drafter, device=None, dtype=None, drafter_dtype=None):
     if isinstance(drafter, torch.nn.Module):  # third-party proposer objects carry no parameters
         p = next(iter(drafter.parameters()), None)
         if p is not None and p.device != target.device:
-            raise ValueError(
+            raise UsageError(
                 f"the drafter is on {p.device} and the target on {target.device}: "
                 "load_drafter(path, target) places it with the target"
             )
@@ -211,10 +212,10 @@ def decode(
     )
     prompt_list = [prompts] if single else list(prompts)
     if not prompt_list:
-        raise ValueError("decode() needs at least one prompt")
+        raise UsageError("decode() needs at least one prompt")
     encoded = [encode_prompt(target, p, chat) for p in prompt_list]
     if seeds is not None and len(seeds) != len(encoded):
-        raise ValueError(f"seeds has {len(seeds)} entries for {len(encoded)} prompts")
+        raise UsageError(f"seeds has {len(seeds)} entries for {len(encoded)} prompts")
     engine = make_engine(target, drafter, SamplingParams(temperature, top_k, top_p), scheduler=scheduler, seed=seed,
                          stop_token_ids=stop_token_ids, stop=stop, batching=batching, calibrated=calibrated,
                          verifier=verifier, acceptance=acceptance, hardware=hardware)  # fmt: skip
@@ -257,9 +258,9 @@ def check_stop(stop) -> list[str] | None:
     if isinstance(stop, str):
         stop = [stop]
     if not isinstance(stop, list | tuple) or any(not isinstance(x, str) for x in stop):
-        raise ValueError(f"stop must be a string or a list of strings, got {stop!r}")
+        raise UsageError(f"stop must be a string or a list of strings, got {stop!r}")
     if any(not x for x in stop):
-        raise ValueError("stop strings must not be empty (an empty stop string would cut every output to nothing)")
+        raise UsageError("stop strings must not be empty (an empty stop string would cut every output to nothing)")
     return list(stop)
 
 
@@ -267,7 +268,7 @@ def check_stop_ids(stop_token_ids, target) -> None:
     if stop_token_ids is None:
         return
     if isinstance(stop_token_ids, int | str) or not isinstance(stop_token_ids, list | tuple | set):
-        raise ValueError(f"stop_token_ids must be a list of token ids, got {stop_token_ids!r}")
+        raise UsageError(f"stop_token_ids must be a list of token ids, got {stop_token_ids!r}")
     V = target.geometry.vocab_size
     for t in stop_token_ids:
         checks.token_id("stop_token_ids", t, V)
@@ -277,7 +278,7 @@ def check_positions(target, encoded: list[list[int]], max_new_tokens: int, block
     limit = getattr(target.model.config, "max_position_embeddings", None)
     longest = max(len(p) for p in encoded) + max_new_tokens + block_size + 1
     if limit is not None and longest > limit:
-        raise ValueError(f"prompt + max_new_tokens + block needs {longest} positions; the target supports {limit}")
+        raise UsageError(f"prompt + max_new_tokens + block needs {longest} positions; the target supports {limit}")
 
 
 def _is_int(value: Any) -> bool:

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from ..checks import UsageError, short
 from ..registry import create, get
 from .acceptance.accept import Acceptance
 from .acceptance.sampling import SamplingParams, target_law
@@ -30,7 +32,7 @@ from .propose.draft import Proposal
 from .protocols import AcceptanceMode, KernelChoice, Proposer, ReducedVocabulary, SegmentOutput
 from .request import Request, stream_seed
 from .schedule.clock import RoundClock
-from .schedule.schedulers import build_scheduler, overrides, survival
+from .schedule.schedulers import FunctionScheduler, build_scheduler, overrides, survival
 from .stats import RoundLog
 from .verify.hf import build_verifier
 
@@ -50,6 +52,25 @@ class _Batch:
     anchors: torch.Tensor  # (R,) on the device
     anchor_pos: torch.Tensor  # (R,) on the device
     anchor_pos_h: torch.Tensor  # (R,) on the host: what shapes and cache bookkeeping read
+
+
+def scheduler_name(sched: Any) -> str:
+    """How an error names a scheduler: its registered name, a plain function's name (the one a
+    :class:`FunctionScheduler` wraps; only this message reads it), or its class."""
+    if isinstance(sched, FunctionScheduler):
+        fn = getattr(sched, "fn", None)
+        return f"function {getattr(fn, '__qualname__', type(fn).__name__)}"
+    name = type(sched).__dict__.get("registry_name")
+    return repr(name) if name else type(sched).__name__
+
+
+def _whole(lengths: torch.Tensor) -> bool:
+    """Integer lengths, or floating ones that are finite whole numbers."""
+    if lengths.dtype == torch.bool or lengths.is_complex():
+        return False
+    if lengths.is_floating_point():
+        return bool(torch.isfinite(lengths).all()) and bool((lengths == lengths.round()).all())
+    return True
 
 
 class Engine:
@@ -129,13 +150,13 @@ class Engine:
         on which other requests share its batch (docs/algorithm.md §10; response regeneration relies on it too).
         """
         if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+            raise UsageError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if not prompts:
             return []
         t0 = time.perf_counter()
         new = []
         if seeds is not None and len(seeds) != len(prompts):
-            raise ValueError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+            raise UsageError(f"{len(seeds)} seeds for {len(prompts)} prompts")
         for i, p in enumerate(prompts):
             key = ("seed", int(seeds[i])) if seeds is not None else ("decode", self.seed, first_index + i)
             r = Request(first_index + i, self._next_rid, list(p), max_new_tokens, t_added=t0,
@@ -237,10 +258,30 @@ class Engine:
         self._conf_h = conf  # what the scheduler saw, for its observe_rounds
         self.clock.span(*drafted, self._drafted)
         t0 = time.perf_counter()
-        lengths = self.scheduler(conf).cpu().clamp(0, self.block_size)
+        lengths = self._lengths(self.scheduler(conf), conf.shape).clamp(0, self.block_size)
         survivals = survival(proposal.conf)
         self.time_s["schedule"] += time.perf_counter() - t0
         return lengths, survivals
+
+    def _lengths(self, out: Any, shape: torch.Size) -> torch.Tensor:
+        """The scheduler's answer as host lengths (R,), checked where the engine receives it: one length per request,
+        whole numbers. Anything else (a scalar, (R, 1), a list of another length, NaN) is one error naming the
+        scheduler and what it returned, not a failure deep in the verifier."""
+        R, g = shape
+        try:
+            lengths = out.detach().cpu() if isinstance(out, torch.Tensor) else torch.as_tensor(out)
+        except (TypeError, ValueError, RuntimeError):
+            lengths = None
+        if lengths is None or tuple(lengths.shape) != (R,) or not _whole(lengths):
+            if lengths is None:
+                got = f"{type(out).__name__} {short(out)}"
+            else:
+                got = f"lengths of shape {tuple(lengths.shape)}, dtype {str(lengths.dtype).removeprefix('torch.')}"
+            raise UsageError(
+                f"scheduler {scheduler_name(self.scheduler)} returned {got} for confidences of shape "
+                f"({R}, {g}); a scheduler returns one whole length in [0, {g}] per request: shape ({R},)"
+            )
+        return lengths.long()
 
     def _verify(self, batch: _Batch, proposal: Proposal | None,
                 lengths: torch.Tensor) -> tuple[SegmentOutput, torch.Tensor]:  # fmt: skip

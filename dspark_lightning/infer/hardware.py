@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from ..checks import UsageError
+
 if TYPE_CHECKING:
     from .schedule.draft_cost import DraftCost
     from .schedule.sps import SPSTable
@@ -33,5 +35,5 @@ class HardwareProfile:
         """A copy with some parts replaced (unknown names are refused)."""
         unknown = set(parts) - set(PARTS)
         if unknown:
-            raise ValueError(f"a HardwareProfile has no part {sorted(unknown)}; its parts are {', '.join(PARTS)}")
+            raise UsageError(f"a HardwareProfile has no part {sorted(unknown)}; its parts are {', '.join(PARTS)}")
         return replace(self, **parts)

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..checks import UsageError
 
-class PairingError(ValueError):
+
+class PairingError(UsageError):
     """The module and its data were built for different target features."""
 
 

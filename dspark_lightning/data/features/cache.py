@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from ...checks import UsageError
 from .extract import feature_dtype_name, resolve_feature_dtype
 
 FORMAT = "dspark-feature-cache"
@@ -50,8 +51,9 @@ REQUIRED_META = ("target", "layer_ids", "hidden_size", "n_tapped", "feature_dtyp
 LAW_SUMMARY = {"target_lse": torch.float32, "target_top": torch.int32}
 
 
-class CacheError(RuntimeError):
-    """A feature cache is missing, corrupt, or was built for another target / feature dtype."""
+class CacheError(UsageError, RuntimeError):
+    """A feature cache is missing, corrupt, or was built for another target / feature dtype (a usage error, still a
+    ``RuntimeError`` for the callers that catch one)."""
 
 
 # --- size estimate -------------------------------------------------------------------------------------------------
@@ -183,7 +185,7 @@ def write_cache(
     if out.exists() and not out.is_dir():
         raise FileExistsError(f"{out} exists and is not a directory")
     if shard_max_samples < 1:
-        raise ValueError(f"shard_max_samples must be >= 1, got {shard_max_samples}")
+        raise UsageError(f"shard_max_samples must be >= 1, got {shard_max_samples}")
     out.parent.mkdir(parents=True, exist_ok=True)
     remove_orphans(out)
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".tmp-", dir=out.parent))
@@ -202,7 +204,7 @@ def write_cache(
         for i, s in enumerate(samples):
             sid = str(s["id"])
             if sid in seen:
-                raise ValueError(f"duplicate sample id {sid!r}")
+                raise UsageError(f"duplicate sample id {sid!r}")
             seen.add(sid)
             if writer is None or shards[-1]["num_samples"] >= shard_max_samples:
                 if writer is not None:
@@ -217,7 +219,7 @@ def write_cache(
             bar.update(1)
         bar.close()
         if writer is None:
-            raise ValueError(f"write_cache got no samples for {out}")
+            raise UsageError(f"write_cache got no samples for {out}")
         close_shard()
         totals = {"samples": len(seen), "tokens": tokens, "bytes": sum(s["bytes"] for s in shards)}
         index = {"format": FORMAT, "version": VERSION, "meta": meta, "shards": shards, "totals": totals}
@@ -271,7 +273,7 @@ def merge_caches(parts: list[str | Path], out_dir: str | Path) -> Path:
     """
     out = Path(out_dir)
     if not parts:
-        raise ValueError(f"merge_caches got no rank caches for {out}")
+        raise UsageError(f"merge_caches got no rank caches for {out}")
     indexes = [FeatureCache(p).index for p in parts]  # cheap checks: sizes and member counts
     meta = indexes[0]["meta"]
     for p, idx in zip(parts, indexes, strict=True):

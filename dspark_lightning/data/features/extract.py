@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from ...checks import UsageError
+
 log = logging.getLogger(__name__)
 
 FEATURE_DTYPES: dict[str, torch.dtype] = {
@@ -29,10 +31,10 @@ def resolve_feature_dtype(feature_dtype: str | torch.dtype) -> torch.dtype:
     """``"bfloat16"`` / ``torch.bfloat16`` -> ``torch.bfloat16``; anything outside :data:`FEATURE_DTYPES` fails."""
     if isinstance(feature_dtype, torch.dtype):
         if feature_dtype not in FEATURE_DTYPES.values():
-            raise ValueError(f"unsupported feature dtype {feature_dtype}; use one of {sorted(FEATURE_DTYPES)}")
+            raise UsageError(f"unsupported feature dtype {feature_dtype}; use one of {sorted(FEATURE_DTYPES)}")
         return feature_dtype
     if feature_dtype not in FEATURE_DTYPES:
-        raise ValueError(f"unsupported feature dtype {feature_dtype!r}; use one of {sorted(FEATURE_DTYPES)}")
+        raise UsageError(f"unsupported feature dtype {feature_dtype!r}; use one of {sorted(FEATURE_DTYPES)}")
     return FEATURE_DTYPES[feature_dtype]
 
 
@@ -52,14 +54,14 @@ def tokenize_conversations(
     Returns ``{"id", "domain", "input_ids": list[int], "loss_mask": list[int]}`` in input order.
     """
     if not conversations and not allow_empty:
-        raise ValueError("tokenize_conversations got no conversations")
+        raise UsageError("tokenize_conversations got no conversations")
     if max_length < 2:
-        raise ValueError(f"max_length must be >= 2, got {max_length}")
+        raise UsageError(f"max_length must be >= 2, got {max_length}")
     out, seen, dropped = [], set(), 0
     for row in conversations:
         sid = str(row["id"])
         if sid in seen:
-            raise ValueError(f"duplicate conversation id {sid!r}; rows must be keyed by a unique id")
+            raise UsageError(f"duplicate conversation id {sid!r}; rows must be keyed by a unique id")
         seen.add(sid)
         ids, mask = target.encode_conversation(row["turns"])
         ids, mask = ids[:max_length], mask[:max_length]
@@ -72,7 +74,7 @@ def tokenize_conversations(
             "dropped %d of %d conversations with < %d supervised tokens", dropped, len(conversations), min_supervised
         )
     if not out and not allow_empty:
-        raise ValueError(
+        raise UsageError(
             f"all {len(conversations)} conversations have fewer than {min_supervised} supervised tokens "
             f"after truncation to {max_length}"
         )
@@ -166,9 +168,9 @@ class FeatureStream(Iterator[dict]):
 
     def __init__(self, target: Any, tokenized: list[dict], feature_dtype: str, batch_tokens: int, progress: bool):
         if not tokenized:
-            raise ValueError("extract_features got no samples")
+            raise UsageError("extract_features got no samples")
         if any(len(r["input_ids"]) == 0 for r in tokenized):
-            raise ValueError("extract_features got an empty sample")
+            raise UsageError("extract_features got an empty sample")
         self.target = target
         self.tokenized = tokenized
         self.feature_dtype = resolve_feature_dtype(feature_dtype)

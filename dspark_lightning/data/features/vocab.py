@@ -11,6 +11,8 @@ from collections.abc import Iterable
 
 import torch
 
+from ...checks import UsageError
+
 
 def response_token_counts(rows: Iterable[dict], vocab_size: int) -> torch.Tensor:
     """Occurrences (V,) of every token at supervised positions (loss_mask = 1) of tokenised conversations."""
@@ -26,10 +28,10 @@ def frequent_tokens(counts: torch.Tensor, n: int, always: Iterable[int] = ()) ->
     """The ``n`` most frequent token ids (ties by id), always including ``always`` (stop tokens); sorted."""
     V = counts.numel()
     if not 0 < n <= V:
-        raise ValueError(f"draft_vocab_size must be in [1, {V}], got {n}")
+        raise UsageError(f"draft_vocab_size must be in [1, {V}], got {n}")
     forced = sorted({int(t) for t in always if 0 <= int(t) < V})
     if len(forced) > n:
-        raise ValueError(f"draft_vocab_size {n} cannot hold the {len(forced)} stop tokens")
+        raise UsageError(f"draft_vocab_size {n} cannot hold the {len(forced)} stop tokens")
     score = counts.double().clone()
     score[forced] = float("inf")
     order = torch.argsort(-score, stable=True)  # most frequent first, ties by smaller id

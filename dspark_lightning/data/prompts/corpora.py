@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ...checks import UsageError
 from ...registry import register
 from . import sources
 from .formats import FORMATS, Conversation, ReadReport, content_id, read_conversations
@@ -71,11 +72,11 @@ class _ReaderSource(PromptSource):
                  limit: int | None = None, seed: int = 42) -> None:  # fmt: skip
         super().__init__(limit=limit, seed=seed)
         if domain != "auto" and domain not in DOMAINS:
-            raise ValueError(f"{self.name}: domain must be 'auto' or one of {DOMAINS}, got {domain!r}")
+            raise UsageError(f"{self.name}: domain must be 'auto' or one of {DOMAINS}, got {domain!r}")
         if domains is not None and (not domains or set(domains) - set(DOMAINS)):
-            raise ValueError(f"{self.name}: domains must be a non-empty subset of {DOMAINS}, got {domains!r}")
+            raise UsageError(f"{self.name}: domains must be a non-empty subset of {DOMAINS}, got {domains!r}")
         if max_turns is not None and max_turns < 1:
-            raise ValueError(f"{self.name}: max_turns must be >= 1 or None, got {max_turns}")
+            raise UsageError(f"{self.name}: max_turns must be >= 1 or None, got {max_turns}")
         self.domain_arg, self.domains, self.max_turns = domain, domains, max_turns
         self.report = ReadReport(self.prefix)
 
@@ -106,7 +107,7 @@ class _ReaderSource(PromptSource):
             _SAID.add(said)
             print(f"[dspark-lightning] {report.summary()}", flush=True)
         if not seen:
-            raise ValueError(f"{self.prefix}: no usable conversation ({report.summary()})")
+            raise UsageError(f"{self.prefix}: no usable conversation ({report.summary()})")
 
 
 @register("prompt_source", "conversations")
@@ -127,7 +128,7 @@ class Conversations(_ReaderSource):
                  seed: int = 42) -> None:  # fmt: skip
         super().__init__(domain=domain, domains=domains, max_turns=max_turns, limit=limit, seed=seed)
         if format not in FORMATS:
-            raise ValueError(f"conversations: format must be one of {FORMATS}, got {format!r}")
+            raise UsageError(f"conversations: format must be one of {FORMATS}, got {format!r}")
         self.path, self.format, self.fields = str(path), format, dict(fields or {})
         self.split, self.streaming = split, bool(streaming)
         self.prefix = id_prefix or Path(self.path.rstrip("/")).stem.split(".")[0] or "conversations"
@@ -191,7 +192,7 @@ class Algorithms(PromptSource):
 
     def __init__(self, *, form: str = "both", limit: int | None = None, seed: int = 42) -> None:
         if form not in self.FORMS:
-            raise ValueError(f"algorithms: form must be one of {self.FORMS}, got {form!r}")
+            raise UsageError(f"algorithms: form must be one of {self.FORMS}, got {form!r}")
         super().__init__(limit=limit, seed=seed)
         self.form = form
 
@@ -265,10 +266,10 @@ class ReasoningGym(PromptSource):
         super().__init__(limit=limit, seed=seed)
         self.tasks = list(tasks or DEFAULT_MATH_TASKS)
         if "gsm_symbolic" in self.tasks:
-            raise ValueError("reasoning_gym: gsm_symbolic re-templates GSM8K test questions; use the gsm_symbolic "
+            raise UsageError("reasoning_gym: gsm_symbolic re-templates GSM8K test questions; use the gsm_symbolic "
                              "source (a benchmark, refused by decontaminated mixtures) if you mean it")  # fmt: skip
         if domain not in DOMAINS:
-            raise ValueError(f"reasoning_gym: domain must be one of {DOMAINS}, got {domain!r}")
+            raise UsageError(f"reasoning_gym: domain must be one of {DOMAINS}, got {domain!r}")
         self.domain, self.per_task = domain, per_task
 
     def records(self) -> Iterator[PromptRecord]:
@@ -276,7 +277,7 @@ class ReasoningGym(PromptSource):
         DATASETS = reasoning_gym.factory.DATASETS
         unknown = sorted(set(self.tasks) - set(DATASETS))
         if unknown:
-            raise ValueError(f"reasoning_gym: unknown tasks {unknown}; known: {', '.join(sorted(DATASETS))}")
+            raise UsageError(f"reasoning_gym: unknown tasks {unknown}; known: {', '.join(sorted(DATASETS))}")
         size = self.per_task or (-(-self.limit // len(self.tasks)) if self.limit else 100)
         sets: dict[str, Any] = {t: reasoning_gym.create_dataset(t, size=size, seed=self.seed) for t in self.tasks}
         for i in range(size):

@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ...checks import UsageError
 from .sources import SOURCE_OPTIONS, _unit_interval, split_options
 
 log = logging.getLogger(__name__)
@@ -63,13 +64,13 @@ class Curation:
 
     def __post_init__(self) -> None:
         if self.dedupe not in ("none", "exact", "near"):
-            raise ValueError(f"data.curation.dedupe must be none, exact or near, got {self.dedupe!r}")
+            raise UsageError(f"data.curation.dedupe must be none, exact or near, got {self.dedupe!r}")
         if not 0.0 < self.overlap <= 1.0:
-            raise ValueError(f"data.curation.overlap must be in (0, 1], got {self.overlap}")
+            raise UsageError(f"data.curation.overlap must be in (0, 1], got {self.overlap}")
         if not 0.0 < self.near <= 1.0:
-            raise ValueError(f"data.curation.near must be in (0, 1], got {self.near}")
+            raise UsageError(f"data.curation.near must be in (0, 1], got {self.near}")
         if self.ngram < 1:
-            raise ValueError(f"data.curation.ngram must be >= 1, got {self.ngram}")
+            raise UsageError(f"data.curation.ngram must be >= 1, got {self.ngram}")
         self.decontaminate = [str(x) for x in self.decontaminate]
 
     def identity(self) -> dict[str, Any]:
@@ -210,7 +211,7 @@ def reference_texts(names: list[str]) -> dict[str, list[str]]:
             report = ReadReport(name)
             out[name] = [t for c in read_conversations(name, report) for t in c.turns]
             if not out[name]:
-                raise ValueError(f"data.curation.decontaminate: {name} holds no readable prompts ({report.summary()})")
+                raise UsageError(f"data.curation.decontaminate: {name} holds no readable prompts ({report.summary()})")
     return out
 
 
@@ -239,12 +240,12 @@ def curate(
     out: list[Any] = []
     for label, records, opts, benchmark in sources:
         if benchmark and curation is not None and "benchmarks" in curation.decontaminate:
-            raise ValueError(
+            raise UsageError(
                 f"source {label!r} is {benchmark}: a public benchmark may not be trained on in a mixture checked "
                 "against `benchmarks` (data.curation.decontaminate); remove the source or that check"
             )
         if any(k in opts for k in ("min_tokens", "max_tokens")) and count_tokens is None:
-            raise ValueError(f"source {label!r}: min_tokens / max_tokens need the target's tokenizer")
+            raise UsageError(f"source {label!r}: min_tokens / max_tokens need the target's tokenizer")
         recs = list(records)
         report.count(label, "read", len(recs))
         order = sample_order([r.id for r in recs], seed) if "sample" in opts else range(len(recs))
@@ -299,5 +300,5 @@ def repeat_index(ids: list[str], weights: dict[str, float], seed: int) -> list[i
         whole, frac = int(w), w - int(w)
         out += [i] * (whole + (_unit_interval("weight", seed, sid) < frac))
     if not out:
-        raise ValueError("the source weights leave no training sample (every weight < 1 and no sample drawn)")
+        raise UsageError("the source weights leave no training sample (every weight < 1 and no sample drawn)")
     return out

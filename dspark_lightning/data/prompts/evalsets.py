@@ -16,6 +16,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from ...checks import UsageError
 from .sources import DOMAINS, PromptRecord, _turn_texts, build_source, split_of
 
 EVAL_SETS = {
@@ -40,10 +41,10 @@ def _records(spec: dict, n: int) -> list[PromptRecord]:
 
 def _first(sets: dict[str, dict], what: str, domain: str, n: int) -> list[PromptRecord]:
     if domain not in sets:
-        raise ValueError(f"unknown domain {domain!r}; choose from {', '.join(sets)}")
+        raise UsageError(f"unknown domain {domain!r}; choose from {', '.join(sets)}")
     recs = _records(sets[domain], n)
     if len(recs) < n:
-        raise ValueError(f"the {domain} {what} has only {len(recs)} prompts, asked for {n}")
+        raise UsageError(f"the {domain} {what} has only {len(recs)} prompts, asked for {n}")
     return recs
 
 

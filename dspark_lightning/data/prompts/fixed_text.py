@@ -23,6 +23,7 @@ from pathlib import Path
 
 from dspark_lightning.registry import register
 
+from ...checks import UsageError
 from .sources import LICENSES, HumanEval, PromptRecord, PromptSource, _unit_interval
 
 LICENSES.update(
@@ -109,7 +110,7 @@ class PythonSource(_Shuffled):
 
     def __init__(self, *, min_lines: int = 4, max_lines: int = 40, limit: int | None = None, seed: int = 42) -> None:
         if not 1 <= min_lines <= max_lines:
-            raise ValueError(f"python_source: need 1 <= min_lines <= max_lines, got {min_lines}, {max_lines}")
+            raise UsageError(f"python_source: need 1 <= min_lines <= max_lines, got {min_lines}, {max_lines}")
         super().__init__(limit=limit, seed=seed)
         self.min_lines, self.max_lines = min_lines, max_lines
 
@@ -181,7 +182,7 @@ class _ProseAnswers(_Shuffled):
     def __init__(self, *, max_chars: int | None = None, limit: int | None = None, seed: int = 42) -> None:
         max_chars = self.default_max_chars if max_chars is None else max_chars
         if max_chars < 200:
-            raise ValueError(f"{self.name}: max_chars must be >= 200, got {max_chars}")
+            raise UsageError(f"{self.name}: max_chars must be >= 200, got {max_chars}")
         super().__init__(limit=limit, seed=seed)
         self.max_chars = max_chars
 

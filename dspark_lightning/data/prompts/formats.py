@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...checks import UsageError
+
 FORMATS = ("auto", "sharegpt", "openai", "alpaca", "turns", "prompt")
 ROLE_NAMES = {
     "user": ("user", "human", "humans", "prompter", "question", "customer", "you"),
@@ -41,7 +43,7 @@ FIELDS = ("id", "conversations", "messages", "role", "content", "system", "instr
           "domain")  # fmt: skip
 
 
-class FormatError(ValueError):
+class FormatError(UsageError):
     """A row that is not a conversation in any format we read (its reason is the message)."""
 
 
@@ -146,7 +148,7 @@ def _hf_rows(path: str, split: str, streaming: bool) -> Iterator[dict]:
         except Exception as exc:  # noqa: BLE001 - datasets raises many types; one line names the path and the cause
             first = str(exc).splitlines()[0] if str(exc) else ""
             raise FormatError(f"{path}: not a file, a saved dataset folder or a hub dataset in the local cache "
-                              f"({type(exc).__name__}: {first})") from None  # fmt: skip
+                              f"({type(exc).__name__}: {first})") from exc  # fmt: skip
     yield from ds
 
 
@@ -305,10 +307,10 @@ def read_conversations(
 ) -> Iterator[Conversation]:
     """Every readable conversation of ``path`` in order; unreadable rows are counted in ``report``."""
     if fmt not in FORMATS:
-        raise ValueError(f"format must be one of {FORMATS}, got {fmt!r}")
+        raise UsageError(f"format must be one of {FORMATS}, got {fmt!r}")
     bad_fields = sorted(set(fields or {}) - set(FIELDS))
     if bad_fields:
-        raise ValueError(f"fields: unknown field names {bad_fields}; map onto {FIELDS}")
+        raise UsageError(f"fields: unknown field names {bad_fields}; map onto {FIELDS}")
     for n, row in enumerate(iter_rows(path, report, split=split, streaming=streaming)):
         report.rows += 1
         try:

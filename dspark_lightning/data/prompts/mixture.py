@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...checks import UsageError
 from .curate import curate
 from .sources import SPLITS, PromptRecord, PromptSource, build_source, split_of, split_options
 
@@ -93,18 +94,18 @@ def mixture(
     Raises on an id seen twice and on an empty result (docs/algorithm.md §10).
     """
     if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        raise UsageError(f"split must be one of {SPLITS}, got {split!r}")
     if not 0.0 <= heldout_fraction <= 1.0:
-        raise ValueError(f"heldout_fraction must be in [0, 1], got {heldout_fraction}")
+        raise UsageError(f"heldout_fraction must be in [0, 1], got {heldout_fraction}")
     recs = curated_mixture(sources, curation, tokenizer, seed).records
     seen: dict[str, str] = {}
     for rec in recs:
         if rec.id in seen:
-            raise ValueError(f"prompt id {rec.id!r} occurs twice in the mixture (from source {rec.source!r})")
+            raise UsageError(f"prompt id {rec.id!r} occurs twice in the mixture (from source {rec.source!r})")
         seen[rec.id] = rec.source
     out = [r for r in recs if split == "all" or split_of(r.id, heldout_fraction, seed) == split]
     if not out:
-        raise ValueError(
+        raise UsageError(
             f"the prompt mixture has no {split!r} records (sources={sources!r}, heldout_fraction={heldout_fraction})"
         )
     return out

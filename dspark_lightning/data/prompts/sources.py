@@ -27,6 +27,8 @@ from typing import Any
 
 from dspark_lightning.registry import create, get, register
 
+from ...checks import UsageError
+
 log = logging.getLogger(__name__)
 
 DOMAINS = ("math", "code", "chat")
@@ -108,15 +110,15 @@ class PromptRecord:
 
     def __post_init__(self) -> None:
         if self.domain not in DOMAINS:
-            raise ValueError(f"prompt {self.id!r}: domain {self.domain!r} is not one of {DOMAINS}")
+            raise UsageError(f"prompt {self.id!r}: domain {self.domain!r} is not one of {DOMAINS}")
         if not self.turns or not all(isinstance(t, str) and t.strip() for t in self.turns):
-            raise ValueError(f"prompt {self.id!r}: needs at least one non-empty user turn (got {self.turns!r})")
+            raise UsageError(f"prompt {self.id!r}: needs at least one non-empty user turn (got {self.turns!r})")
         if not isinstance(self.responses, tuple) or not all(isinstance(t, str) and t.strip() for t in self.responses):
-            raise ValueError(f"prompt {self.id!r}: responses must be a tuple of non-empty strings")
+            raise UsageError(f"prompt {self.id!r}: responses must be a tuple of non-empty strings")
         if self.system is not None and (not isinstance(self.system, str) or not self.system.strip()):
-            raise ValueError(f"prompt {self.id!r}: system must be a non-empty string or None")
+            raise UsageError(f"prompt {self.id!r}: system must be a non-empty string or None")
         if len(self.responses) > len(self.turns):
-            raise ValueError(f"prompt {self.id!r}: {len(self.responses)} fixed responses for {len(self.turns)} turns")
+            raise UsageError(f"prompt {self.id!r}: {len(self.responses)} fixed responses for {len(self.turns)} turns")
 
 
 class PromptSource:
@@ -132,7 +134,7 @@ class PromptSource:
 
     def __init__(self, *, limit: int | None = None, seed: int = 42) -> None:
         if limit is not None and limit < 1:
-            raise ValueError(f"{type(self).__name__}: limit must be >= 1 or None, got {limit}")
+            raise UsageError(f"{type(self).__name__}: limit must be >= 1 or None, got {limit}")
         self.limit = limit
         self.seed = seed
 
@@ -290,7 +292,7 @@ class PythonStdlib(PromptSource):
         and docstring in a code block, HumanEval's instruction), ids ``python_stdlib/complete/module.qualname``; the
         form the code evaluation prompts have (benchmarks/results/matrix.md: the long drafter's decoded code gap)."""
         if style not in self.STYLES:
-            raise ValueError(f"python_stdlib: style must be one of {self.STYLES}, got {style!r}")
+            raise UsageError(f"python_stdlib: style must be one of {self.STYLES}, got {style!r}")
         super().__init__(limit=limit, seed=seed)
         self.style = style
 
@@ -351,15 +353,15 @@ def _public_callables(mod) -> Iterator[tuple[str, Any]]:
 def _turn_texts(turns: Any) -> list[str]:
     """``["q1", "q2"]`` or chat messages ``[{"role", "content"}, ...]`` (user turns kept)."""
     if not isinstance(turns, list) or not turns:
-        raise ValueError('"turns" must be a non-empty list')
+        raise UsageError('"turns" must be a non-empty list')
     if all(isinstance(t, str) for t in turns):
         out = list(turns)
     elif all(isinstance(t, dict) and "role" in t and "content" in t for t in turns):
         out = [t["content"] for t in turns if t["role"] == "user"]
     else:
-        raise ValueError('"turns" must be a list of strings or of {"role", "content"} messages')
+        raise UsageError('"turns" must be a list of strings or of {"role", "content"} messages')
     if not out or not all(isinstance(t, str) and t.strip() for t in out):
-        raise ValueError("every user turn must be a non-empty string, and there must be at least one")
+        raise UsageError("every user turn must be a non-empty string, and there must be at least one")
     return out
 
 
@@ -379,7 +381,7 @@ class JsonlPrompts(PromptSource):
         (benchmarks/results/matrix.md)."""
         super().__init__(limit=limit, seed=seed)
         if domain not in DOMAINS:
-            raise ValueError(f"jsonl prompt source: domain {domain!r} is not one of {DOMAINS}")
+            raise UsageError(f"jsonl prompt source: domain {domain!r} is not one of {DOMAINS}")
         self.path = Path(path)
         self.domain = domain
         self.fixed = bool(fixed)
@@ -395,25 +397,25 @@ class JsonlPrompts(PromptSource):
                 try:
                     row = json.loads(line)
                     if not isinstance(row, dict):
-                        raise ValueError("expected a JSON object")
+                        raise UsageError("expected a JSON object")
                     turns = _turn_texts(row.get("turns"))
                     responses = _fixed_responses(row["turns"]) if self.fixed else ()
                     domain = row.get("domain", self.domain)
                     if domain not in DOMAINS:
-                        raise ValueError(f"domain {domain!r} is not one of {DOMAINS}")
+                        raise UsageError(f"domain {domain!r} is not one of {DOMAINS}")
                 except ValueError as exc:  # json.JSONDecodeError is a ValueError
-                    raise ValueError(f"{self.path}:{lineno}: malformed prompt line: {exc}") from None
+                    raise UsageError(f"{self.path}:{lineno}: malformed prompt line: {exc}") from None
                 key = turns + list(responses)  # fixed text: two answers to one question are two records
                 rid = str(row["id"]) if row.get("id") is not None else f"{self.path.stem}/{_content_key(key)}"
                 if rid in seen:
                     if seen[rid] != key:
-                        raise ValueError(f"{self.path}:{lineno}: id {rid!r} appears twice with different turns")
+                        raise UsageError(f"{self.path}:{lineno}: id {rid!r} appears twice with different turns")
                     log.warning("%s:%d: duplicate prompt %r skipped", self.path, lineno, rid)
                     continue
                 seen[rid] = key
                 yield PromptRecord(rid, domain, self.name, turns, responses=responses)
         if not seen:
-            raise ValueError(f"{self.path}: no prompts (the file is empty)")
+            raise UsageError(f"{self.path}: no prompts (the file is empty)")
 
     def __repr__(self) -> str:
         fixed = ", fixed=True" if self.fixed else ""
@@ -446,11 +448,11 @@ def _fixed_responses(turns: list) -> tuple[str, ...]:
         or "assistant" not in roles
         or any(a == b for a, b in zip(roles, roles[1:], strict=False))
     ):
-        raise ValueError('fixed: true needs "turns" as {"role", "content"} messages alternating user and assistant, '
+        raise UsageError('fixed: true needs "turns" as {"role", "content"} messages alternating user and assistant, '
                          "with at least one assistant message")  # fmt: skip
     out = tuple(t["content"] for t in turns if t["role"] == "assistant")
     if not all(isinstance(c, str) and c.strip() for c in out):
-        raise ValueError("fixed: true: every assistant message must be a non-empty string")
+        raise UsageError("fixed: true: every assistant message must be a non-empty string")
     return out
 
 
@@ -467,7 +469,7 @@ def _unit_interval(*parts: object) -> float:
 def split_of(record_id: str, heldout_fraction: float = 0.05, seed: int = 42) -> str:
     """``"heldout"`` for about ``heldout_fraction`` of ids, else ``"train"``; depends only on (id, seed)."""
     if not 0.0 <= heldout_fraction <= 1.0:
-        raise ValueError(f"heldout_fraction must be in [0, 1], got {heldout_fraction}")
+        raise UsageError(f"heldout_fraction must be in [0, 1], got {heldout_fraction}")
     return "heldout" if _unit_interval("split", seed, record_id) < heldout_fraction else "train"
 
 
@@ -481,13 +483,13 @@ def split_options(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]
     name = spec.get("name", "?")
     for key in ("min_tokens", "max_tokens", "sample"):
         if key in opts and (not isinstance(opts[key], int) or isinstance(opts[key], bool) or opts[key] < 1):
-            raise ValueError(f"source {name!r}: {key} must be an integer >= 1, got {opts[key]!r}")
+            raise UsageError(f"source {name!r}: {key} must be an integer >= 1, got {opts[key]!r}")
     if "weight" in opts and (not isinstance(opts["weight"], int | float) or not 0 < opts["weight"] <= 100):
-        raise ValueError(f"source {name!r}: weight must be a number in (0, 100], got {opts['weight']!r}")
+        raise UsageError(f"source {name!r}: weight must be a number in (0, 100], got {opts['weight']!r}")
     if "language" in opts and not (isinstance(opts["language"], str) and re.fullmatch(r"[a-z]{2,3}", opts["language"])):
-        raise ValueError(f"source {name!r}: language must be an ISO 639-1 code such as 'en', got {opts['language']!r}")
+        raise UsageError(f"source {name!r}: language must be an ISO 639-1 code such as 'en', got {opts['language']!r}")
     if opts.get("min_tokens", 0) > opts.get("max_tokens", 1 << 30):
-        raise ValueError(f"source {name!r}: min_tokens {opts['min_tokens']} > max_tokens {opts['max_tokens']}")
+        raise UsageError(f"source {name!r}: min_tokens {opts['min_tokens']} > max_tokens {opts['max_tokens']}")
     return own, opts
 
 

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ... import checks
+from ...checks import UsageError
 from ...registry import get
 
 
@@ -57,17 +58,17 @@ class RegenConfig:
     def __post_init__(self) -> None:
         checks.at_least("data.regen.answers_per_prompt", self.answers_per_prompt, 1)
         if self.answers_per_prompt > 1 and not self.temperature:
-            raise ValueError("data.regen.answers_per_prompt > 1 needs temperature > 0: greedy answers are all the same")
+            raise UsageError("data.regen.answers_per_prompt > 1 needs temperature > 0: greedy answers are all the same")
 
         kind = get("regen_backend", self.backend)  # an unknown name lists the registered backends
         if self.capture_features and not kind.captures_features:
-            raise ValueError(
+            raise UsageError(
                 f"data.regen.capture_features: backend {self.backend!r} cannot capture features (dspark can)"
             )
         if kind.needs_server:
             self.server()  # checks base_url and model now, not after the target is loaded
         elif self.base_url is not None or self.model is not None:
-            raise ValueError(f"data.regen.base_url / model are read by a server backend (openai), not {self.backend!r}")
+            raise UsageError(f"data.regen.base_url / model are read by a server backend (openai), not {self.backend!r}")
 
     def server(self) -> Any:
         """The :class:`~dspark_lightning.data.regen.regen_server.ServerConfig` of a server backend (else ``None``)."""

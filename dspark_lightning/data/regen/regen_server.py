@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ... import checks
+from ...checks import UsageError
 from ...registry import register
 from ..prompts.sources import PromptRecord
 from .backend import RegenBackend
@@ -53,13 +54,13 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         if not self.base_url or not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"data.regen.base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, got "
+            raise UsageError(f"data.regen.base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, got "
                              f"{self.base_url!r}")  # fmt: skip
         if not self.model:
-            raise ValueError("data.regen.model: the model name the server serves is required with backend: openai")
+            raise UsageError("data.regen.model: the model name the server serves is required with backend: openai")
         checks.at_least("data.regen.retries", self.retries, 0)
         if not self.timeout_s > 0:
-            raise ValueError(f"data.regen.timeout_s must be > 0, got {self.timeout_s}")
+            raise UsageError(f"data.regen.timeout_s must be > 0, got {self.timeout_s}")
 
     @property
     def url(self) -> str:
@@ -102,7 +103,7 @@ class ServerRegenerator(RegenBackend):
     def __init__(self, target: Any, settings: dict[str, Any], **kw: Any) -> None:
         super().__init__(target, settings, **kw)
         if not isinstance(self.server, ServerConfig):
-            raise ValueError("data.regen.backend openai needs a server (data.regen.base_url and model)")
+            raise UsageError("data.regen.backend openai needs a server (data.regen.base_url and model)")
         self.lock = threading.Lock()
 
     def _body(self, messages: list[dict[str, str]], budget: int, seed: int) -> dict[str, Any]:

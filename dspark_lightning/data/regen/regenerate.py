@@ -32,6 +32,7 @@ import torch
 
 from ... import checks
 from ...atomic import append_durable, atomic_write, atomic_writer
+from ...checks import UsageError
 from ...registry import get
 from ..prompts.sources import PromptRecord
 from .backend import system_turn
@@ -86,11 +87,11 @@ def _scan_rows(path: Path) -> _Scan:
             if not line.strip():
                 continue
             if pending is not None:  # a bad line with rows after it: not a torn write
-                raise ValueError(f"{path}:{pending[1]}: malformed row: {pending[2]}")
+                raise UsageError(f"{path}:{pending[1]}: malformed row: {pending[2]}")
             try:
                 row = json.loads(line)
                 if not isinstance(row, dict) or not isinstance(row.get("id"), str):
-                    raise ValueError('expected a JSON object with a string "id"')
+                    raise UsageError('expected a JSON object with a string "id"')
             except ValueError as exc:
                 pending = (start, lineno, exc)
                 continue
@@ -148,7 +149,7 @@ def _prepare_resume(path: Path, cfg: dict[str, Any]) -> set[str]:
         old = {k: row.get("gen", {}).get(k) for k in cfg}
         if old != cfg:
             diff = {k: (old[k], cfg[k]) for k in cfg if old[k] != cfg[k]}
-            raise ValueError(
+            raise UsageError(
                 f"{path}:{lineno}: row was generated with different settings {diff} (old, new); "
                 "resume with the same settings or write to a new file"
             )
@@ -228,18 +229,18 @@ def regenerate(
     """
     prompts = list(prompts)
     if not prompts:
-        raise ValueError("regenerate: no prompts given")
+        raise UsageError("regenerate: no prompts given")
     ids = [r.id for r in prompts]
     if len(set(ids)) != len(ids):
         seen: set[str] = set()
         dup = sorted({i for i in ids if i in seen or seen.add(i)})
-        raise ValueError(f"regenerate: duplicate prompt ids {dup[:5]} (rows are keyed by id)")
+        raise UsageError(f"regenerate: duplicate prompt ids {dup[:5]} (rows are keyed by id)")
     kind = get("regen_backend", backend)  # an unknown name lists the registered backends
     if capture_dir is not None and not kind.captures_features:
-        raise ValueError(f"regenerate: backend {backend!r} cannot capture features (backend 'dspark' can)")
+        raise UsageError(f"regenerate: backend {backend!r} cannot capture features (backend 'dspark' can)")
     if kind.needs_server != (server is not None):
         why = "needs a server (base_url and model)" if kind.needs_server else "takes no server (base_url / model)"
-        raise ValueError(f"regenerate: backend {backend!r} {why}")
+        raise UsageError(f"regenerate: backend {backend!r} {why}")
     for name, value in (("batch_size", batch_size), ("concurrency", concurrency), ("max_new_tokens", max_new_tokens)):
         checks.at_least(f"regenerate: {name}", "None" if value is None else value, 1)
     checks.at_least("regenerate: top_k", top_k, 1)
@@ -353,12 +354,12 @@ def load_conversations(path: str | os.PathLike) -> list[dict]:
             )
         )
         if not ok or not any(m["role"] == "assistant" for m in turns):
-            raise ValueError(
+            raise UsageError(
                 f'{path}:{lineno}: "turns" must be a list of {{"role", "content"}} messages with an assistant turn'
             )
         if row["id"] in seen:
-            raise ValueError(f"{path}:{lineno}: id {row['id']!r} already on line {seen[row['id']]}")
+            raise UsageError(f"{path}:{lineno}: id {row['id']!r} already on line {seen[row['id']]}")
         seen[row["id"]] = lineno
     if not rows:
-        raise ValueError(f"{path}: no conversations (the file is empty)")
+        raise UsageError(f"{path}: no conversations (the file is empty)")
     return [row for _, row in rows]

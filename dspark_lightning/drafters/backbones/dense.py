@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from ...checks import UsageError
 from ...layers import SwiGLU
 from ...registry import register
 from ...targets import TargetGeometry
@@ -40,7 +41,7 @@ class DenseBackbone(InjectedBackbone):
         self._build_common(g, context_state)
         if sliding_window is not None and (isinstance(sliding_window, bool) or not isinstance(sliding_window, int)
                                            or sliding_window < 1):  # fmt: skip
-            raise ValueError(f"sliding_window must be an integer >= 1 or null (full context), got {sliding_window!r}")
+            raise UsageError(f"sliding_window must be an integer >= 1 or null (full context), got {sliding_window!r}")
         self.sliding_window = sliding_window
         self.layer_windows = [sliding_window] * num_layers
         mlp = lambda: SwiGLU(g.hidden_size, g.intermediate_size)  # noqa: E731

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from ...checks import UsageError
 from ...layers import MoE
 from ...registry import register
 from ...targets import TargetGeometry
@@ -56,9 +57,9 @@ class MoESWABackbone(InjectedBackbone):
         g = geometry
         types = list(layer_types) if layer_types is not None else ["sliding"] * num_layers
         if len(types) != num_layers or any(t not in LAYER_TYPES for t in types):
-            raise ValueError(f"layer_types must list {num_layers} of {LAYER_TYPES}, got {layer_types}")
+            raise UsageError(f"layer_types must list {num_layers} of {LAYER_TYPES}, got {layer_types}")
         if sliding_window < 1:
-            raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
+            raise UsageError(f"sliding_window must be >= 1, got {sliding_window}")
         self._build_common(g)
         self.layer_types = types
         self.layer_windows = [sliding_window if t == "sliding" else None for t in types]

@@ -11,6 +11,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from ...checks import UsageError
 from ...registry import register
 from ...targets import TargetGeometry
 from ..common import capture_args, init_weights
@@ -43,7 +44,7 @@ class ConfidenceHead(nn.Module):
         self.draft_features = tuple(draft_features or ())
         bad = [f for f in self.draft_features if f not in ("margin", "entropy")]
         if bad or len(set(self.draft_features)) != len(self.draft_features):
-            raise ValueError(f"draft_features are distinct names among margin, entropy; got {list(draft_features)}")
+            raise UsageError(f"draft_features are distinct names among margin, entropy; got {list(draft_features)}")
         self.proj = nn.Linear(geometry.hidden_size + token_dim + len(self.draft_features), 1)
         self.apply(init_weights)
 

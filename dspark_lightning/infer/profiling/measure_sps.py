@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from ...checks import UsageError
 from ...devices import device_tag
 from ..schedule.sps import DEFAULT_GRID, SPSTable, nonincreasing
 
@@ -46,7 +47,7 @@ def profile_sps(
 
     points = [b for b in grid if max_tokens is None or b <= max_tokens]
     if not points:
-        raise ValueError(f"no grid point is <= max_tokens={max_tokens}")
+        raise UsageError(f"no grid point is <= max_tokens={max_tokens}")
     dev = next(target.model.parameters()).device
     V = target.geometry.vocab_size
     gen = torch.Generator().manual_seed(0)

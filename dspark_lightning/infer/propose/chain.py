@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ...checks import UsageError
 from ...drafters.chain import ChainDrafter
 from ...registry import register
 from ..acceptance.sampling import SamplingParams, probs, sample
@@ -135,5 +136,5 @@ class ChainProposer(ProposerBase):
 def chain_proposer(drafter: ChainDrafter, batching: str = "padded", confidence=None) -> ChainProposer:
     """The proposer of the chain drafters (:class:`ChainDrafter` ``proposer_name = "chain"``)."""
     if confidence is not None:
-        raise ValueError(f"{drafter.registered_name} has no confidence head to calibrate")
+        raise UsageError(f"{drafter.registered_name} has no confidence head to calibrate")
     return ChainProposer(drafter, batching=batching)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from ...checkpoint.calibration import ConfidenceMap
+from ...checks import UsageError
 from ...drafters.backbones import per_layer_masks
 from ...registry import create, register
 from ..acceptance.sampling import SamplingParams, probs, sample
@@ -111,9 +112,9 @@ class BlockProposer(ProposerBase):
         super().__init__(drafter, [KVLayer() for _ in bb.layers], batching)
         if confidence is not None:
             if len(confidence) != self.block_size:
-                raise ValueError(f"a confidence map of {len(confidence)} positions for a block of {self.block_size}")
+                raise UsageError(f"a confidence map of {len(confidence)} positions for a block of {self.block_size}")
             if confidence.reads_head and drafter.conf_head is None:
-                raise ValueError("the confidence map reads a confidence head this drafter does not have")
+                raise UsageError("the confidence map reads a confidence head this drafter does not have")
         self.confidence = confidence
         self.head = _head_product(drafter, self.head_w)
         self.state: dict[int, torch.Tensor] | None = {} if getattr(bb, "context_state", False) else None

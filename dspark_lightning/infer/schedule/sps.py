@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from ...atomic import atomic_write
+from ...checks import UsageError
 
 DEFAULT_GRID = (*range(1, 17), 20, 24, 28, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
@@ -46,18 +47,18 @@ class SPSTable:
 
     def __post_init__(self) -> None:
         if not isinstance(self.tokens, list | tuple) or not isinstance(self.sps, list | tuple):
-            raise ValueError("an SPS table's tokens and sps must be lists of numbers")
+            raise UsageError("an SPS table's tokens and sps must be lists of numbers")
         if not self.tokens or len(self.tokens) != len(self.sps):
-            raise ValueError("an SPS table needs equally many token counts and SPS values (at least one)")
+            raise UsageError("an SPS table needs equally many token counts and SPS values (at least one)")
         bad = [b for b in self.tokens if isinstance(b, bool) or not isinstance(b, int) or b < 1]
         if bad:
-            raise ValueError(f"SPS table token counts must be integers >= 1, got {bad[:3]}")
+            raise UsageError(f"SPS table token counts must be integers >= 1, got {bad[:3]}")
         bad = [v for v in self.sps if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
                or v <= 0]  # fmt: skip
         if bad:
-            raise ValueError(f"SPS table steps per second must be finite numbers > 0, got {bad[:3]}")
+            raise UsageError(f"SPS table steps per second must be finite numbers > 0, got {bad[:3]}")
         if any(b <= a for a, b in zip(self.tokens, self.tokens[1:], strict=False)):
-            raise ValueError("SPS table token counts must be strictly increasing")
+            raise UsageError("SPS table token counts must be strictly increasing")
         self._b = torch.tensor(self.tokens, dtype=torch.float64)
         self._s = torch.tensor(self.sps, dtype=torch.float64)
 
@@ -90,7 +91,7 @@ class SPSTable:
 
         d = checks.read_json(path, "SPS table")
         if not isinstance(d, dict) or not {"tokens", "sps"} <= d.keys():
-            raise ValueError(f"{path}: an SPS table is a JSON object with 'tokens' and 'sps' lists")
+            raise UsageError(f"{path}: an SPS table is a JSON object with 'tokens' and 'sps' lists")
         meta = d.get("meta", {})
         meta = meta if isinstance(meta, dict) else {}
         return cls(tokens=d["tokens"], sps=d["sps"], raw_sps=d.get("raw_sps", []), meta=meta)

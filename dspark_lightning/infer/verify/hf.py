@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from ...checks import UnsupportedError, UsageError
 from ...registry import create, register
 from ..protocols import SegmentOutput, Verifier
 from .kernels import KernelTable
@@ -40,7 +41,7 @@ class HFVerifier(RequestCache):
 
     def __init__(self, target, batching: str = "padded") -> None:
         if batching not in BATCHINGS:
-            raise ValueError(f"batching must be one of {BATCHINGS}, got {batching!r}")
+            raise UsageError(f"batching must be one of {BATCHINGS}, got {batching!r}")
         self.target = target
         self.batching = batching
         self.device = next(target.model.parameters()).device
@@ -48,7 +49,7 @@ class HFVerifier(RequestCache):
         self.cache = target.new_cache()
         layers = getattr(self.cache, "layers", None)
         if layers is None or any(getattr(layer, "is_sliding", False) for layer in layers):
-            raise NotImplementedError(
+            raise UnsupportedError(
                 f"target {target.name!r}: its KV cache has sliding-window or non-standard layers; "
                 "the verifier supports full-attention HF caches (DynamicCache with DynamicLayer)"
             )
@@ -70,7 +71,7 @@ class HFVerifier(RequestCache):
         except (OSError, TypeError):
             src = ""
         if "causal_mask_mapping" not in src:
-            raise NotImplementedError(
+            raise UnsupportedError(
                 f"target {target.name!r}: sliding-window layers, and its forward takes no per-layer-type masks; "
                 "the verifier cannot give those layers their window"
             )

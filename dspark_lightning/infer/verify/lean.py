@@ -26,6 +26,7 @@ import weakref
 import torch
 import torch.nn.functional as F
 
+from ...checks import UnsupportedError, UsageError
 from ...registry import register
 from ..protocols import SegmentOutput
 from . import kernels as kernel_tables
@@ -117,7 +118,7 @@ class LeanVerifier:
                  kernels: str | KernelTable = "auto", progress: bool = True) -> None:  # fmt: skip
         why = lean_unsupported(target, batching)
         if why is not None:
-            raise NotImplementedError(f"the lean verifier cannot run target {target.name!r}: {why}; use verifier='hf'")
+            raise UnsupportedError(f"the lean verifier cannot run target {target.name!r}: {why}; use verifier='hf'")
         self.target = target
         self.batching = batching
         self._fp32_attention = False  # see attention() and the property; set by infer.generation for regeneration
@@ -179,7 +180,7 @@ class LeanVerifier:
         if kernels == "linear":
             return None
         if kernels != "auto":
-            raise ValueError(f"kernels must be 'auto', 'linear' or a KernelTable, got {kernels!r}")
+            raise UsageError(f"kernels must be 'auto', 'linear' or a KernelTable, got {kernels!r}")
         return kernel_tables.for_weights(_shape_keys(self.target), lambda: _weights_by_shape(self.target),
                                          self.device, self.dtype, progress=self.progress)  # fmt: skip
 
