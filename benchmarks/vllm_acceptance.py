@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -32,6 +33,8 @@ from dspark_lightning.infer import decode  # noqa: E402
 from dspark_lightning.targets import resolve_target_path  # noqa: E402
 
 MRV2 = Path(__file__).resolve().parents[1] / "tests" / "slow" / "vllm_mrv2.py"
+sys.path.insert(0, str(MRV2.parent))
+from vllm_mrv2 import acceptance  # noqa: E402 - vLLM's counters in our terms (the test tool's)
 
 
 def ours(target, drafter, prompts: list[list[int]], gamma: int, max_new_tokens: int) -> tuple[dict, list]:
@@ -72,10 +75,10 @@ def main() -> None:
     spec = {"method": "dspark", "model": str(serving.resolve()), "num_speculative_tokens": a.gamma}
     params = {"max_tokens": a.max_new_tokens, "temperature": 0.0}
     with vllm.VLLMWorker(resolve_target_path(target.name), speculative=spec, script=MRV2) as engine:
-        before = vllm.acceptance(engine.metrics())
+        before = acceptance(engine.request("metrics"))
         for s, prompts in sets.items():
             theirs_ids = [o["ids"] for o in engine.generate(prompts, params)["outputs"]]
-            after = vllm.acceptance(engine.metrics())
+            after = acceptance(engine.request("metrics"))
             drafts = after["drafts"] - before["drafts"]
             per_pos = [x - y for x, y in zip(after["accepted_per_pos"], before["accepted_per_pos"] or [0] * a.gamma,
                                              strict=False)]  # fmt: skip

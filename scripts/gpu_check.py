@@ -23,7 +23,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "infer"))  # chi2_pvalue / exact_marginals, shared with the CPU tests
+sys.path.insert(0, str(ROOT / "tests" / "infer"))  # chi2_pvalue / exact_marginals, HostReads: shared with the CPU tests
 
 TINY_SHAPE = {"vocab_size": 260, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
               "num_attention_heads": 4, "num_key_value_heads": 2}  # fmt: skip
@@ -187,8 +187,9 @@ def check_syncs(device, dtype, shape: dict, batches: list[int], rounds: int) -> 
     drafter, static γ = 7: counted by CUDA's own sync debug mode on a GPU and by HostReads everywhere."""
     import warnings
 
+    from host_reads import HostReads
+
     from dspark_lightning.infer import Engine, SamplingParams, make_proposer
-    from dspark_lightning.infer.profiling.syncs import HostReads
 
     target = random_llama(shape, device, dtype)
     drafter = random_dspark(target, block_size=7)

@@ -8,8 +8,9 @@ every requirement of its METADATA frozen in ``vllm_requirements.txt`` (no extras
 torchcodec), each installed without a resolver.
 
 :class:`VLLMWorker` starts ``vllm_worker.py`` with that venv's python and talks to it one JSON line at a time: token
-ids in, token ids and vLLM's counters out. The regeneration backend ``vllm`` (``data/regen/regen_vllm.py``) and the
-checks of ``tests/slow/test_vllm.py`` run vLLM through it.
+ids in, token ids out. The regeneration backend ``vllm`` (``data/regen/regen_vllm.py``) and the checks of
+``tests/slow/test_vllm.py`` run vLLM through it (the checks with a wrapper, ``tests/slow/vllm_mrv2.py``, that adds
+ops reading vLLM's acceptance counters and what it built from a draft's config).
 """
 
 from __future__ import annotations
@@ -127,7 +128,8 @@ class VLLMWorker:
 
     ``model``: an HF model directory (the target); ``speculative``: vLLM's ``speculative_config`` (``None``: plain
     decoding); ``script``: the program to run instead of the worker itself (a test's wrapper that prepares vLLM
-    first, then runs the worker). Use it as a context manager; :meth:`close` ends the process."""
+    first, then runs the worker with ops of its own: :meth:`request`). Use it as a context manager; :meth:`close` ends
+    the process."""
 
     def __init__(
         self,
@@ -182,13 +184,9 @@ class VLLMWorker:
         per = [params] * len(prompts) if isinstance(params, dict) else list(params)
         return self._call({"op": "generate", "prompts": prompts, "params": per}, what="generate")
 
-    def metrics(self) -> dict[str, Any]:
-        """vLLM's speculative-decoding counters so far (``spec_decode_num_drafts``, ``..._per_pos``, ...)."""
-        return self._call({"op": "metrics"}, what="metrics")
-
-    def drafter(self) -> dict[str, Any]:
-        """What vLLM built from the draft's config (class names, the confidence head's width and use)."""
-        return self._call({"op": "drafter"}, what="drafter")
+    def request(self, op: str, **fields: Any) -> dict[str, Any]:
+        """One request of an op the ``script`` added (``tests/slow/vllm_mrv2.py``: ``metrics``, ``drafter``)."""
+        return self._call({"op": op, **fields}, what=op)
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -209,19 +207,3 @@ class VLLMWorker:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def acceptance(counters: dict[str, Any]) -> dict[str, Any]:
-    """vLLM's counters as our terms: rounds (drafts), survival S_k = accepted at position k / drafts, and the mean
-    acceptance length (tokens committed per round, the bonus included: our τ)."""
-    drafts = int(counters.get("spec_decode_num_drafts", 0))
-    per_pos = [int(x) for x in counters.get("spec_decode_num_accepted_tokens_per_pos", [])]
-    accepted = int(counters.get("spec_decode_num_accepted_tokens", sum(per_pos)))
-    return {
-        "drafts": drafts,
-        "draft_tokens": int(counters.get("spec_decode_num_draft_tokens", 0)),
-        "accepted": accepted,
-        "accepted_per_pos": per_pos,
-        "survival": [a / drafts for a in per_pos] if drafts else [],
-        "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
-    }

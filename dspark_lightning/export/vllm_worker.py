@@ -8,10 +8,7 @@ It imports only the standard library and vLLM (our package is not installed in t
   "architecture": ..., "speculative": {...} | null}``.
 - then requests: ``{"op": "generate", "prompts": [[token ids], ...], "params": [{"max_tokens", "temperature",
   "top_p", "top_k", "seed", "stop_token_ids"}, ...]}`` -> ``{"outputs": [{"ids": [...], "finish_reason": ...}],
-  "seconds": wall time of the call}``; ``{"op": "metrics"}`` -> vLLM's speculative-decoding counters
-  (``spec_decode_num_drafts``, ``..._num_draft_tokens``, ``..._num_accepted_tokens``,
-  ``..._num_accepted_tokens_per_pos``); ``{"op": "drafter"}`` -> what vLLM built from the draft's config (its
-  class, the confidence head's input width, whether its speculator uses it); ``{"op": "exit"}``.
+  "seconds": wall time of the call}``; ``{"op": "exit"}``; the ops a wrapper script adds (:func:`main`).
 - an error is answered ``{"error": "Type: message"}`` and the worker goes on (a failed start exits after it).
 
 vLLM prints its logs on stdout: the answers go to the stdout the worker was started with, and everything vLLM
@@ -20,11 +17,14 @@ writes goes to stderr.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 import time
 import traceback
+from collections.abc import Callable
+from typing import Any
 
 
 def _answer(out, doc: dict) -> None:
@@ -37,7 +37,7 @@ def _engine(cfg: dict):
 
     kw = dict(cfg.get("engine") or {})
     kw.setdefault("enforce_eager", True)
-    kw.setdefault("disable_log_stats", False)  # the speculative-decoding counters are stats
+    kw.setdefault("disable_log_stats", False)  # the speculative-decoding counters are stats (a wrapper's ops read them)
     spec = cfg.get("speculative_config")
     if spec:
         kw["speculative_config"] = spec
@@ -67,59 +67,9 @@ def _generate(llm, req: dict) -> dict:
     return {"outputs": rows, "seconds": seconds}
 
 
-def _metrics(llm) -> dict:
-    out: dict = {}
-    for m in llm.get_metrics():
-        name = m.name.removeprefix("vllm:")
-        if not name.startswith("spec_decode"):
-            continue
-        out[name] = list(m.values) if hasattr(m, "values") else m.value
-    return out
-
-
-def _find(obj, attr: str, depth: int = 8):
-    """The first object reachable through plain attributes that has ``attr`` (vLLM's engine -> worker -> runner)."""
-    seen, frontier = set(), [obj]
-    for _ in range(depth):
-        nxt = []
-        for o in frontier:
-            if id(o) in seen:
-                continue
-            seen.add(id(o))
-            if hasattr(type(o), attr) or attr in getattr(o, "__dict__", {}):
-                return o
-            attrs = getattr(o, "__dict__", {}).items()
-            nxt += [v for k, v in attrs if not k.startswith("__") and hasattr(v, "__dict__")]
-        frontier = nxt
-    return None
-
-
-def _drafter(llm) -> dict:
-    """What vLLM built for the draft model: found through the in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
-    spec = _find(llm.llm_engine, "speculator") or _find(llm.llm_engine, "drafter")
-    if spec is None:
-        return {"found": False}
-    s = getattr(spec, "speculator", None) or getattr(spec, "drafter", None)
-    model = getattr(s, "model", None)
-    inner = getattr(model, "model", None)
-    conf = getattr(inner, "confidence_head", None)
-    proj = getattr(conf, "proj", None)
-    markov = getattr(inner, "markov_head", None)
-    return {
-        "found": s is not None,
-        "speculator": type(s).__name__,
-        "model": type(model).__name__,
-        "confidence_head": conf is not None,
-        "confidence_in": getattr(proj, "input_size", None),
-        "confidence_bias": getattr(proj, "bias", None) is not None,
-        "confidence_with_markov": bool(getattr(conf, "with_markov", False)) if conf is not None else None,
-        "uses_confidence_head": bool(getattr(s, "use_confidence_head", False)),
-        "markov_rank": getattr(getattr(markov, "markov_w1", None), "embedding_dim", None),
-        "sample_from_anchor": getattr(s, "sample_from_anchor", None),
-    }
-
-
-def main() -> None:
+def main(extra_ops: dict[str, Callable[[Any, dict], dict]] | None = None) -> None:
+    """Serve the pipe; ``extra_ops``: more ops, name -> ``f(llm, request) -> answer``, that a wrapper script adds (the
+    tests' ``tests/slow/vllm_mrv2.py``: vLLM's speculative-decoding counters, what it built from a draft's config)."""
     here = os.path.dirname(os.path.abspath(__file__))  # holds our vllm.py, which must not shadow the vllm package
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
     out = os.fdopen(os.dup(1), "w")  # the answers' pipe; vLLM's own prints go to stderr from here on
@@ -137,8 +87,8 @@ def main() -> None:
         traceback.print_exc()
         _answer(out, {"error": f"{type(exc).__name__}: {exc}"})
         return
-    ops = {"generate": lambda r: _generate(llm, r), "metrics": lambda r: _metrics(llm),
-           "drafter": lambda r: _drafter(llm)}  # fmt: skip
+    ops = {"generate": lambda r: _generate(llm, r)}
+    ops.update({name: functools.partial(f, llm) for name, f in (extra_ops or {}).items()})
     for line in sys.stdin:
         if not line.strip():
             continue

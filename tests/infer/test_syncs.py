@@ -1,12 +1,12 @@
 """At most 2 device -> host synchronisations per decoding round (the confidences for the scheduler, the packed
-acceptance results), counted on the CPU by :class:`~dspark_lightning.infer.profiling.syncs.HostReads`."""
+acceptance results), counted on the CPU by :class:`host_reads.HostReads` (``tests/infer/host_reads.py``)."""
 
 import pytest
 import torch
+from host_reads import HostReads
 from infer_helpers import make_drafter
 
 from dspark_lightning.infer import Engine, SamplingParams, make_proposer
-from dspark_lightning.infer.profiling.syncs import HostReads
 
 BUDGET = 2
 

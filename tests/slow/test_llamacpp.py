@@ -42,7 +42,7 @@ def smol_tiny(tmp_path_factory, llama_tools):
 
 def check_llamacpp_load(drafter, draft_gguf: Path, target_gguf: Path) -> dict:
     """What llama.cpp's loader reports of ``draft_gguf`` is the drafter we trained."""
-    from dspark_lightning.export.llamacpp import gguf_tensors, load_report
+    from llamacpp_report import gguf_tensors, load_report
 
     rep = load_report(target_gguf, draft_gguf)
     assert rep["returncode"] == 0, rep["log_tail"]
@@ -146,9 +146,10 @@ def test_llamacpp_loads_every_servable_kind(kind, smol_tiny, tmp_path):
 
 def test_export_all_includes_the_gguf_and_the_target_gguf(smol_tiny, tmp_path):
     """``--server all`` writes one folder every server loads, the GGUF included; ``--target_gguf`` adds the target's."""
+    from llamacpp_report import gguf_tensors, load_report
+
     from dspark_lightning import create, load_target
     from dspark_lightning.export import export_serving
-    from dspark_lightning.export.llamacpp import gguf_tensors, load_report
 
     hf, _ = smol_tiny
     target = load_target(str(hf))

@@ -72,6 +72,8 @@ def smol_drafter(tmp_path_factory):
 
 
 def test_vllm_runs_the_export_with_our_tokens_and_our_acceptance(vllm_venv, smol_drafter):
+    from vllm_mrv2 import acceptance
+
     from dspark_lightning.checkpoint import load_target_and_drafters
     from dspark_lightning.export import vllm
     from dspark_lightning.infer import decode
@@ -89,9 +91,9 @@ def test_vllm_runs_the_export_with_our_tokens_and_our_acceptance(vllm_venv, smol
     spec = {"method": "dspark", "model": str(serving), "num_speculative_tokens": GAMMA}
     with vllm.VLLMWorker(model, speculative=spec, script=MRV2) as engine:
         assert engine.info["speculative"] == {"method": "dspark", "num_speculative_tokens": GAMMA}
-        built = engine.drafter()
+        built = engine.request("drafter")
         spec_ids = [o["ids"] for o in engine.generate(prompts, params)["outputs"]]
-        counters = vllm.acceptance(engine.metrics())
+        counters = acceptance(engine.request("metrics"))
     print(f"vLLM built {built}; counters {counters}; ours τ {ours.stats.tau:.3f}, S_k {ours.stats.survival}")
     assert built["found"] and built["model"] and built["markov_rank"] == drafter.seq_head.token_dim
     # the export's confidence-head keys, as vLLM reads them: a head on [h_k; W1[x]] with a bias, used only when the

@@ -1,7 +1,8 @@
-"""Training on GPUs without waste, checked on the CPU: host reads per training step (profiling/syncs.py counts them as
-an accelerator pays them), the divergence guard's single read per optimizer step, pinned batches on CUDA only, the
-MoE dispatch, and the GPU FSDP recipe's per-decoder-layer wrapping."""
+"""Training on GPUs without waste, checked on the CPU: host reads per training step (tests/infer/host_reads.py counts
+them as an accelerator pays them), the divergence guard's single read per optimizer step, pinned batches on CUDA only,
+the MoE dispatch, and the GPU FSDP recipe's per-decoder-layer wrapping."""
 
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -12,10 +13,12 @@ from torch.utils.data import DataLoader
 
 from dspark_lightning.data.features.anchors import AnchorCollator
 from dspark_lightning.data.features.extract import features_for_batch
-from dspark_lightning.infer.profiling.syncs import HostReads
 from dspark_lightning.layers import MoE
 from dspark_lightning.lightning.callbacks import FitStats, TrainingDiverged
 from dspark_lightning.lightning.module import DSparkModule
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "infer"))
+from host_reads import HostReads  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 FSDP_RECIPE = ROOT / "recipes" / "gpu" / "dspark_qwen3_4b_fsdp.yaml"

@@ -19,8 +19,8 @@ GREEDY_EPS = 1e-5
 def reads_are_free(device: torch.device) -> bool:
     """Whether the host may read a tensor on ``device`` for nothing (a CPU device), so that a data-dependent shortcut
     may read it; on an accelerator each such read waits for the device queue to drain, and the shortcut is skipped.
-    (:class:`dspark_lightning.infer.profiling.syncs.HostReads` answers False while it counts, to count the accelerator's
-    path.)"""
+    (``HostReads``, the tests' counter of host reads in ``tests/infer/host_reads.py``, answers False while it counts, to
+    count the accelerator's path.)"""
     return device.type == "cpu"
 
 

@@ -1,4 +1,5 @@
-"""Counting device -> host synchronisations of a decoding round, on any device, CPU included.
+"""Counting device -> host synchronisations of a decoding round, on any device, CPU included (a test aid:
+``tests/infer/test_syncs.py``, ``tests/unit/test_gpu_training_opts.py`` and ``scripts/gpu_check.py`` import it).
 
 On an accelerator every read of a device tensor's value on the host (``.item()``, ``int(t)``, ``bool(t)``,
 ``.tolist()``, ``.nonzero()``, boolean-mask indexing, ``.cpu()``) waits for the device queue to drain. A round
@@ -11,13 +12,14 @@ waits, so such reads go unnoticed; :class:`HostReads` makes them visible by inte
   tensor made before the counter started), and each value read of a device tensor counts one synchronisation.
 
 This is how CUDA behaves when the engine's device is a GPU and the default device is the CPU. While it counts, the
-runtime's :func:`~dspark_lightning.infer.acceptance.sampling.reads_are_free` answers False, so the code takes the paths
+runtime's :func:`dspark_lightning.infer.acceptance.sampling.reads_are_free` answers False, so the code takes the paths
 it takes on an accelerator (a CPU skips no data-dependent shortcut) and the count is the accelerator path's. On CUDA
 itself, ``torch.cuda.set_sync_debug_mode`` is the ground truth (``scripts/gpu_check.py`` reports both).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import weakref
 from collections import Counter
@@ -25,7 +27,10 @@ from collections import Counter
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ..acceptance import sampling
+import dspark_lightning
+from dspark_lightning.infer.acceptance import sampling
+
+PACKAGE = os.path.dirname(os.path.abspath(dspark_lightning.__file__)) + os.sep
 
 T = torch.Tensor
 READS = {T.item, T.tolist, T.__bool__, T.__int__, T.__float__, T.__index__, T.nonzero, torch.nonzero,
@@ -68,11 +73,12 @@ def _bool_index(idx) -> bool:
 
 
 def _caller() -> str:
+    """The innermost line of the package on the stack, as ``infer/engine.py:123``."""
     import traceback
 
     for fr in reversed(traceback.extract_stack()[:-3]):
-        if "dspark_lightning" in fr.filename and not fr.filename.endswith("syncs.py"):
-            return f"{fr.filename.split('dspark_lightning/')[-1]}:{fr.lineno}"
+        if fr.filename.startswith(PACKAGE):
+            return f"{fr.filename[len(PACKAGE) :]}:{fr.lineno}"
     return "?"
 
 
