@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from .checks import UsageError
+
 DTYPES = {
     "bf16": torch.bfloat16,
     "bfloat16": torch.bfloat16,
@@ -40,13 +42,13 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N)") from exc
+        raise UsageError(f"unknown device {device!r} (use auto, cpu, cuda or cuda:N)") from exc
     if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device {device!r} is not supported (use auto, cpu, cuda or cuda:N)")
+        raise UsageError(f"device {device!r} is not supported (use auto, cpu, cuda or cuda:N)")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available on this machine")
+        raise UsageError(f"device {device!r} requested but CUDA is not available on this machine")
     if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
-        raise ValueError(f"device {device!r} requested but this machine has {torch.cuda.device_count()} CUDA devices")
+        raise UsageError(f"device {device!r} requested but this machine has {torch.cuda.device_count()} CUDA devices")
     return dev
 
 
@@ -54,13 +56,13 @@ def resolve_dtype(dtype: str | torch.dtype | None = "auto", device: str | torch.
     """A floating torch.dtype; ``auto``/None = bf16 on CUDA, fp32 elsewhere."""
     if isinstance(dtype, torch.dtype):
         if not dtype.is_floating_point:
-            raise ValueError(f"dtype must be a floating-point type, got {dtype}")
+            raise UsageError(f"dtype must be a floating-point type, got {dtype}")
         return dtype
     if dtype is None or dtype == "auto":
         return torch.bfloat16 if resolve_device(device).type == "cuda" else torch.float32
     key = str(dtype).lower().removeprefix("torch.")
     if key not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose from auto, {', '.join(sorted(set(DTYPES)))}")
+        raise UsageError(f"unknown dtype {dtype!r}; choose from auto, {', '.join(sorted(set(DTYPES)))}")
     return DTYPES[key]
 
 

@@ -32,13 +32,15 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from .checks import UsageError
+
 
 def position_weights(block_size: int, decay: float | None = 4.0) -> torch.Tensor:
     """w_k = exp(-(k-1)/decay) for k = 1..γ; ``None`` means uniform weights.
 
     ``decay`` must be finite and > 0: 0 would make w_1 = exp(0/0) = NaN (and the loss NaN), a negative one grows."""
     if decay is not None and not (math.isfinite(decay) and decay > 0):
-        raise ValueError(f"loss decay must be finite and > 0 (null = uniform weights), got {decay}")
+        raise UsageError(f"loss decay must be finite and > 0 (null = uniform weights), got {decay}")
     k = torch.arange(block_size, dtype=torch.float32)
     return torch.ones(block_size) if decay is None else torch.exp(-k / decay)
 
@@ -117,7 +119,7 @@ def _token_terms(
             target_top = t.argmax(-1)
     else:
         if target_top is None:
-            raise ValueError("draft-vocabulary target logits need the full-vocabulary argmax too")
+            raise UsageError("draft-vocabulary target logits need the full-vocabulary argmax too")
         p_t = torch.exp(t - target_lse.float()[..., None]).detach()
         outside = (1 - p_t.sum(-1)).clamp_min(0)  # target mass the draft vocabulary cannot propose
     l1_tok = (logp.exp() - p_t).abs().sum(-1) + outside  # (n, γ) full L1 = 2 TV, gradient through p_d only
@@ -192,11 +194,11 @@ def dspark_loss(
     target's argmax token (the greedy label, free from the target logits). ``conf_label``: what the confidence head
     learns, ``analytic`` (c*, the T = 1 acceptance) or ``greedy`` (the top-1 agreement, the T = 0 event)."""
     if target_logits is None and soft_ce_weight:
-        raise ValueError("the soft cross-entropy needs the target logits")
+        raise UsageError("the soft cross-entropy needs the target logits")
     vw = mask * weights.to(mask)  # (N, γ)
     z = vw.sum().clamp_min(1e-8)
     if top_ce_weight and target_logits is None:
-        raise ValueError("the argmax cross-entropy needs the target logits")
+        raise UsageError("the argmax cross-entropy needs the target logits")
     ce_tok, l1_tok, soft_tok, acc, agree, top_tok = chunked_token_terms(
         logits, target_logits, labels, bool(soft_ce_weight), chunk_size, target_lse, target_top, bool(top_ce_weight)
     )

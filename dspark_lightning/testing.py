@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from .checks import UsageError
+
 GREEDY_TOKENS = 24
 
 
@@ -74,7 +76,7 @@ def random_target(vocab: int = 260, hidden: int = 64, layers: int = 4, init: flo
     elif family == "llama":
         cfg_cls, model_cls = tf.LlamaConfig, tf.LlamaForCausalLM
     else:
-        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+        raise UsageError(f"family must be one of {FAMILIES}, got {family!r}")
     cfg = cfg_cls(**{**fields, **config})  # derived fields (head_dim) follow the overrides
     torch.manual_seed(seed)
     model = model_cls(cfg).eval()

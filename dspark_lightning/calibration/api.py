@@ -15,6 +15,7 @@ import torch
 from .. import checks, locks
 from ..atomic import atomic_write
 from ..checkpoint import load_drafter_checked, load_target_and_drafters, read_config
+from ..checks import UsageError
 from ..data.prompts.sources import DOMAINS
 from ..devices import check_device_args
 from .confidence import choose, frontier, report, report_markdown
@@ -145,12 +146,12 @@ def _fit_and_write(
 ) -> Path:  # fmt: skip
     width, g = int(ro.mu.shape[1]), getattr(model, "block_size", None)
     if g is not None and width != g:
-        raise ValueError(f"the rollouts hold {width} confidences per round, drafter {drafter} drafts blocks of {g}: "
+        raise UsageError(f"the rollouts hold {width} confidences per round, drafter {drafter} drafts blocks of {g}: "
                          "they were recorded with another drafter; record them with this one")  # fmt: skip
     held_ids = heldout_prompts([len(texts) for texts in pool.values()], heldout_fraction)
     held = torch.isin(ro.prompt, torch.tensor(held_ids, dtype=torch.long))
     if bool(held.all()):
-        raise ValueError("every prompt is held out: lower --heldout_fraction or raise --prompts_per_domain")
+        raise UsageError("every prompt is held out: lower --heldout_fraction or raise --prompts_per_domain")
     fit_rows = ro.confidence_rows(~held)
     res = heldout = None
     if fit_rows.z is not None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..checkpoint.calibration import ConfidenceMap
+from ..checks import UsageError
 from .sts import EPS, auroc, brier, ece_floor, fit_sts, reported_ece
 
 CANDIDATES = ("sts", "platt", "margin", "head+margin")
@@ -72,7 +73,7 @@ def fit_map(kind: str, rows: Rows, min_rows: int = 50, min_class: int = 5) -> Co
     g = rows.width
     if kind == "sts":
         if rows.z is None:
-            raise ValueError("STS scales a confidence head's logits; this drafter has none")
+            raise UsageError("STS scales a confidence head's logits; this drafter has none")
         import warnings
 
         with warnings.catch_warnings():
@@ -80,7 +81,7 @@ def fit_map(kind: str, rows: Rows, min_rows: int = 50, min_class: int = 5) -> Co
             return ConfidenceMap.sts(fit_sts(rows.z, rows.m, rows.ell).temperatures)
     uses_head, uses_margin = kind in ("platt", "head+margin"), kind in ("margin", "head+margin")
     if uses_head and rows.z is None:
-        raise ValueError(f"the {kind!r} confidence map reads a confidence head this drafter does not have")
+        raise UsageError(f"the {kind!r} confidence map reads a confidence head this drafter does not have")
     head, margin, bias = [], [], []
     prev = (1.0 if uses_head else 0.0, 0.0, 0.0)
     for k in range(g):

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from ..atomic import atomic_writer
+from ..checks import UsageError
 from ..data.prompts.evalsets import calibration_records
 from ..data.prompts.evalsets import heldout_prompts as responses_prompts
 from ..infer import decode
@@ -42,7 +43,7 @@ class Rollouts:
     def confidence_rows(self, mask: torch.Tensor) -> Rows:
         """The rounds of ``mask`` as :class:`~.confidence.Rows` (head logits None for a drafter without a head)."""
         if self.mu is None:
-            raise ValueError("these rollouts hold no draft margins (recorded by an older version): record them again")
+            raise UsageError("these rollouts hold no draft margins (recorded by an older version): record them again")
         z = self.z[mask] if self.z.shape[1] else None
         return Rows(z, self.mu[mask], self.m[mask], self.ell[mask])
 
@@ -73,7 +74,7 @@ def rollouts(target, drafter, prompts, *, temperature: float, max_new_tokens: in
     log = res.log
     n = len(log.accepted)
     if not n:
-        raise ValueError("the rollouts hold no drafted round (every request ended at its first token)")
+        raise UsageError("the rollouts hold no drafted round (every request ended at its first token)")
     return Rollouts(
         torch.stack(log.conf_logits).double() if log.conf_logits else torch.zeros(n, 0, dtype=torch.float64),
         torch.tensor(log.accepted),
@@ -88,7 +89,7 @@ def heldout_prompts(counts: list[int], fraction: float) -> list[int]:
     1/fraction-th prompt of each domain's run (interleaved, so both splits cover every domain and the same prompt
     lengths); their rounds are never used by the fit."""
     if not 0 <= fraction < 1:
-        raise ValueError(f"heldout_fraction must be in [0, 1), got {fraction}")
+        raise UsageError(f"heldout_fraction must be in [0, 1), got {fraction}")
     out, start = [], 0
     for n in counts:
         out += [start + i for i in range(n) if math.floor((i + 1) * fraction) > math.floor(i * fraction)]

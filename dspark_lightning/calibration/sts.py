@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..checkpoint.calibration import check_temperatures
+from ..checks import UsageError
 
 N_BINS = 20
 MIN_ROWS = 200  # docs/algorithm.md §5
@@ -148,7 +149,7 @@ def fit_sts(
     grid = default_grid() if grid is None else grid.double()
     z, m, ell = z.double(), m.long(), ell.long()
     if not bool(torch.isfinite(z).all()):
-        raise ValueError("STS: the confidence logits hold NaN or inf (non-finite drafter weights?); nothing to fit")
+        raise UsageError("STS: the confidence logits hold NaN or inf (non-finite drafter weights?); nothing to fit")
     check_temperatures(grid.tolist(), "STS grid")
     g = z.shape[1]
     temps = torch.ones(g, dtype=torch.float64)

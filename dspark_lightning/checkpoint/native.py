@@ -177,7 +177,7 @@ def check_geometry(g: dict[str, Any], target: Any, where: str) -> None:
     tap = getattr(target, "tap", None)
     try:
         if tap is None:
-            raise ValueError(f"it taps {list(tg.layer_ids)} and cannot be re-tapped")
+            raise UsageError(f"it taps {list(tg.layer_ids)} and cannot be re-tapped")
         tap(ids)
     except ValueError as exc:
         raise DrafterLoadError(

@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 from .. import checks, devices
 from ..atomic import atomic_write
 from ..checkpoint import load_drafter_checked, load_target_and_drafters
+from ..checks import UsageError
 from ..infer.acceptance.sampling import GREEDY_EPS
 from ..targets import load_target_checked
 from .signature import REPEATED
@@ -156,7 +157,7 @@ def decode(
         checks.drafter_config(drafter)
     texts = list(prompt) + (read_prompts(prompts, limit) if prompts else [])
     if not texts:
-        raise ValueError("give --prompt TEXT or --prompts FILE.jsonl")
+        raise UsageError("give --prompt TEXT or --prompts FILE.jsonl")
     tgt, models = load_target_and_drafters(target, [drafter] if drafter else [], dtype=dtype, device=device,
                                            drafter_dtype=drafter_dtype)  # fmt: skip
     model = models[0] if models else None

@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 
 from .. import checks, devices
 from ..checkpoint import load_target_and_drafters
+from ..checks import UsageError
 from ..data.prompts.sources import DOMAINS
 from ..eval.serve_bench import DEFAULT_METHODS
 from .decode import Batching, check_choice, check_registered, check_sps_file, scheduler_arg
@@ -66,7 +67,7 @@ class Shared:
             pairs.append((name or cfg.get("drafter") or ("dspark" if cfg.get("seq_head") else "dflash"), path, cfg))
         names = [n for n, _, _ in pairs]
         if len(set(names)) != len(names):
-            raise ValueError(f"drafter names must be unique, got {names}; name them: --drafter name=path")
+            raise UsageError(f"drafter names must be unique, got {names}; name them: --drafter name=path")
         target, models = load_target_and_drafters(self.target, [p for _, p, _ in pairs], dtype=self.dtype,
                                                   device=self.device, drafter_dtype=self.drafter_dtype)  # fmt: skip
         # refused here, not after the first domain's decode
@@ -131,7 +132,7 @@ def evaluate(
     from ..eval.runner import evaluate as run_evaluation
 
     if not drafter:
-        raise ValueError("give at least one --drafter [name=]path")
+        raise UsageError("give at least one --drafter [name=]path")
     shared = Shared(drafter, target, domains, prompts_per_domain, max_new_tokens, out, device, dtype, drafter_dtype)
     (spec,) = shared.check([scheduler], sps)
     checks.temperature("--temperature", temperature)
@@ -282,7 +283,7 @@ def threshold_sweep(
     from ..eval.sweep import write_threshold_sweep
 
     if len(drafter) != 1:
-        raise ValueError("give exactly one --drafter")
+        raise UsageError("give exactly one --drafter")
     shared = Shared(drafter, target, domains, prompts_per_domain, max_new_tokens, out, device, dtype, drafter_dtype)
     shared.check()
     for t in thresholds:
@@ -345,7 +346,7 @@ def serve_bench(
     from ..eval.serve_bench import write_serve_bench
 
     if len(drafter) > 1:
-        raise ValueError("give one --drafter (the methods compare its schedulers)")
+        raise UsageError("give one --drafter (the methods compare its schedulers)")
     shared = Shared(drafter, target, domains, prompts_per_domain, max_new_tokens, out, device, dtype, drafter_dtype)
     shared.check(sps=sps)
     for c in concurrency:

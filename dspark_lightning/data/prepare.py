@@ -33,6 +33,7 @@ from typing import Any
 
 from .. import checks
 from ..atomic import atomic_write
+from ..checks import UsageError
 from .features.cache import FeatureCache, cache_meta, describe_estimate, merge_caches, write_cache
 from .features.extract import CapturedFeatureStream, extract_features, tokenize_conversations
 from .prompts.curate import needs_tokenizer
@@ -105,7 +106,7 @@ def first_prompts(sample_ids: list[str], n: int, seed: int) -> set[str]:
     """The ids of the ``n`` prompts first in a fixed order (sha256 of ``seed`` and the id): nested in ``n``."""
     prompts = sorted({prompt_of(i) for i in sample_ids}, key=lambda p: hashlib.sha256(f"{seed}:{p}".encode()).digest())
     if n > len(prompts):
-        raise ValueError(f"data.train_samples is {n} but the prepared training split holds {len(prompts)} "
+        raise UsageError(f"data.train_samples is {n} but the prepared training split holds {len(prompts)} "
                          "conversations; prepare more prompts (the recipe's sources) or ask for fewer")  # fmt: skip
     return set(prompts[:n])
 
@@ -113,7 +114,7 @@ def first_prompts(sample_ids: list[str], n: int, seed: int) -> set[str]:
 def tokenized_split(target: Any, paths: DataPaths, split: str, ids: set[str], max_length: int, min_sup: int) -> list:
     rows = [r for r in load_conversations(paths.responses(split)) if r["id"] in ids]
     if not rows:
-        raise ValueError(f"{paths.responses(split)} has no conversations for the configured {split} prompts")
+        raise UsageError(f"{paths.responses(split)} has no conversations for the configured {split} prompts")
     return tokenize_conversations(target, rows, max_length, min_sup)
 
 
@@ -196,7 +197,7 @@ class PrepareJob:
 
     def _regen_target(self) -> Any:
         if self.load_regen_target is None:
-            raise ValueError("data.regen.dtype is set but this PrepareJob has no load_regen_target")
+            raise UsageError("data.regen.dtype is set but this PrepareJob has no load_regen_target")
         if getattr(self, "_regen_target_obj", None) is None:
             self._regen_target_obj = self.load_regen_target()
         return self._regen_target_obj
@@ -254,7 +255,7 @@ class PrepareJob:
     def run_rank(self, rank: int, world_size: int) -> dict[str, Any]:
         """Regenerate and extract this rank's slice of every split (reusing a finished rank); returns its record."""
         if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is outside world_size {world_size}")
+            raise UsageError(f"rank {rank} is outside world_size {world_size}")
         rd = self.paths.rank_dir(self.fingerprint, rank, world_size)
         marker = rd / "done.json"
         done = _read_json(marker)
@@ -368,7 +369,7 @@ class PrepareJob:
         records = [_read_json(d / "done.json") for d in dirs]
         missing = [r for r, rec in enumerate(records) if rec is None or rec.get("fingerprint") != self.fingerprint]
         if missing:
-            raise ValueError(
+            raise UsageError(
                 f"prepare --merge: ranks {missing} of {world_size} have not finished (no done.json below "
                 f"{dirs[0].parent}); run them with --rank/--world_size {world_size} first"
             )
@@ -378,7 +379,7 @@ class PrepareJob:
             if self.features == "cached":
                 parts = [d / f"features_{split}" for d in dirs if (d / f"features_{split}").exists()]
                 if not parts:
-                    raise ValueError(f"prepare: no {split} conversation kept enough supervised tokens for features")
+                    raise UsageError(f"prepare: no {split} conversation kept enough supervised tokens for features")
                 cache = FeatureCache(merge_caches(parts, self.paths.cache(split)))
                 splits[split].update(samples=len(cache), shards=len(cache.index["shards"]))
                 _log(f"merged {len(parts)} rank caches -> {self.paths.cache(split)} ({len(cache)} samples)")
@@ -395,7 +396,7 @@ class PrepareJob:
         by_id = {r["id"]: r for d in dirs for r in _rows(d / f"responses_{split}.jsonl")}
         rows = [by_id[p.id] for p in self.prompts[split] if p.id in by_id]
         if not rows:
-            raise ValueError(f"prepare: no {split} responses were regenerated (all empty?)")
+            raise UsageError(f"prepare: no {split} responses were regenerated (all empty?)")
         atomic_write(self.paths.responses(split), "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
         return len(rows)
 

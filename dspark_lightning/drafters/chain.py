@@ -137,7 +137,7 @@ class ChainDrafter(SharesTargetParts, nn.Module):
         if self.kind == "eagle3":
             return self.fc(context.to(dtype))
         if hidden is None:
-            raise ValueError("the MTP drafter needs the target's final hidden states")
+            raise UsageError("the MTP drafter needs the target's final hidden states")
         return hidden.to(dtype)
 
     def logits(self, h: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
@@ -156,7 +156,7 @@ class ChainDrafter(SharesTargetParts, nn.Module):
         full_vocab: bool = True,  # False: logits over the draft vocabulary only
     ) -> DraftOutput:
         if block_size not in (None, self.ttt_steps):
-            raise ValueError(f"{type(self).__name__} trains its {self.ttt_steps} chain steps; no shorter block")
+            raise UsageError(f"{type(self).__name__} trains its {self.ttt_steps} chain steps; no shorter block")
         B, S = input_ids.shape
         A, g = anchors.shape[1], self.ttt_steps
         dev = input_ids.device

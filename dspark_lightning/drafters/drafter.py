@@ -185,7 +185,7 @@ class Drafter(SharesTargetParts, nn.Module):
         B, S = input_ids.shape
         A, g = anchors.shape[1], block_size or self.block_size
         if not 1 <= g <= self.block_size:
-            raise ValueError(f"a training block must have 1..{self.block_size} slots, got {g}")
+            raise UsageError(f"a training block must have 1..{self.block_size} slots, got {g}")
         device = input_ids.device
         offs = torch.arange(g, device=device)
         # Block inputs [x_a, M x (γ-1)] and teacher-forced previous tokens [x_a, x_{a+1} .. x_{a+γ-1}].
@@ -196,7 +196,7 @@ class Drafter(SharesTargetParts, nn.Module):
         x = self.embed(blk_ids).view(B, A * g, -1)  # (B, A*γ, d)
         if getattr(self.backbone, "context_state", False):
             if hidden is None:
-                raise ValueError("a backbone with context_state needs the target's final hidden states")
+                raise UsageError("a backbone with context_state needs the target's final hidden states")
             idx = (anchors - 1).clamp(min=0)  # h^T_{a-1}: the target state that produced the anchor
             state = torch.gather(hidden, 1, idx[..., None].expand(-1, -1, hidden.shape[-1]))  # (B, A, d)
             x = self.backbone.inject_state(x.view(B, A, g, -1), state.to(x.dtype)).view(B, A * g, -1)

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ..checks import UsageError
 from ..data.prompts.evalsets import heldout_prompts as heldout_prompts  # read by data-curve and its benchmarks
 from ..data.prompts.sources import DOMAINS as SETS
 
@@ -128,7 +129,7 @@ def fit_saturating(n: Sequence[float], y: Sequence[float], lo: float) -> Fit:
     ok = np.isfinite(y)
     n, y = n[ok], y[ok]
     if len(set(n.tolist())) < 2:
-        raise ValueError("a saturating fit needs measured points at two sample counts or more")
+        raise UsageError("a saturating fit needs measured points at two sample counts or more")
     g = n[None, :] / (n[None, :] + HALF_GRID[:, None])  # (H, P)
     scale = (g * (y - lo)).sum(1) / (g * g).sum(1)  # best hi - lo for each h
     err = ((lo + scale[:, None] * g - y) ** 2).sum(1)

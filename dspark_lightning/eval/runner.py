@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from ..atomic import atomic_write
+from ..checks import UsageError
 from .prompts import EVAL_SETS, eval_prompts
 
 BUILTIN = {"gsm_symbolic": "math", "humaneval": "code", "mtbench": "chat"}  # dataset -> domain
@@ -46,7 +47,7 @@ def builtin_datasets(domains: list[str], n: int) -> list[Dataset]:
     out = []
     for dom in domains:
         if dom not in EVAL_SETS:
-            raise ValueError(f"unknown domain {dom!r}; built-in domains are {', '.join(EVAL_SETS)}")
+            raise UsageError(f"unknown domain {dom!r}; built-in domains are {', '.join(EVAL_SETS)}")
         out.append(Dataset(by_domain[dom], dom, [r.turns[0] for r in eval_prompts(dom, n)]))
     return out
 
@@ -56,15 +57,15 @@ def jsonl_dataset(spec: str, n: int) -> Dataset:
     from ..data.prompts.sources import JsonlPrompts
 
     if "=" not in spec:
-        raise ValueError(f"--dataset wants name=path.jsonl[:domain], got {spec!r}")
+        raise UsageError(f"--dataset wants name=path.jsonl[:domain], got {spec!r}")
     name, rest = spec.split("=", 1)
     path, _, domain = rest.partition(":") if not Path(rest).is_file() else (rest, "", "")
     try:
         recs = list(JsonlPrompts(path=path).records())[:n]
     except ValueError as exc:
-        raise ValueError(f"dataset {name!r}: {exc}") from exc
+        raise UsageError(f"dataset {name!r}: {exc}") from exc
     if not recs:
-        raise ValueError(f"dataset {name!r}: {path} has no prompts")  # never skip an empty set silently
+        raise UsageError(f"dataset {name!r}: {path} has no prompts")  # never skip an empty set silently
     return Dataset(name, domain or recs[0].domain, [r.turns[0] for r in recs])
 
 
@@ -83,20 +84,20 @@ def responses_datasets(path: str | Path, n: int) -> list[Dataset]:
             try:
                 rec = json.loads(line)
                 if not isinstance(rec, dict):
-                    raise ValueError("expected a JSON object")
+                    raise UsageError("expected a JSON object")
                 rid, source = str(rec.get("id", "")), rec.get("source") or rec.get("domain") or Path(path).stem
                 first = _turn_texts(rec.get("turns"))[0]
             except ValueError as exc:  # json.JSONDecodeError is a ValueError
-                raise ValueError(f"{path}:{lineno}: not a responses record: {exc}") from None
+                raise UsageError(f"{path}:{lineno}: not a responses record: {exc}") from None
             parts = rid.split("/")
             base = "/".join(parts[:2]) if len(parts) > 2 and parts[1] in ("complete", "instruct") else str(source)
             dom = str(rec.get("domain") or "chat")
             if dom not in DOMAINS:  # the macro average is over these: another would enter it as a set
-                raise ValueError(f"{path}:{lineno}: domain {dom!r} is not one of {', '.join(DOMAINS)} (the domains the "
+                raise UsageError(f"{path}:{lineno}: domain {dom!r} is not one of {', '.join(DOMAINS)} (the domains the "
                                  "metrics average over); fix the record's domain")  # fmt: skip
             recs.append((base, dom, first))
     if not recs:
-        raise ValueError(f"{path} holds no records")
+        raise UsageError(f"{path} holds no records")
     domains: dict[str, set[str]] = {}
     for base, dom, _ in recs:
         domains.setdefault(base, set()).add(dom)

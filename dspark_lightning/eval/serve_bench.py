@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..checks import UsageError
 from ..infer.schedule.schedulers import parse_scheduler
 
 OUTPUT_FILES = {
@@ -65,9 +66,9 @@ def closed_loop(
     from ..infer.profiling.measure_hardware import measure_hardware
 
     if concurrency < 1:
-        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        raise UsageError(f"concurrency must be >= 1, got {concurrency}")
     if not prompts:
-        raise ValueError("the prompt pool is empty")
+        raise UsageError("the prompt pool is empty")
     params = SamplingParams(temperature)
     engine = make_engine(target, drafter, params, scheduler=scheduler, seed=seed, batching=batching)
     check_positions(target, prompts, max_new_tokens, engine.block_size)
@@ -154,10 +155,10 @@ def serve_bench(
 
     methods = list(methods or DEFAULT_METHODS)
     if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+        raise UsageError(f"repeats must be >= 1, got {repeats}")
     specs = {m: method_scheduler(m, sps) for m in methods}
     if drafter is None and any(uses for uses, _ in specs.values()):
-        raise ValueError("every method but 'plain' needs a drafter")
+        raise UsageError("every method but 'plain' needs a drafter")
     ids = [target.encode_prompt(p) for p in prompts]
     warmup(target, {"d": drafter} if drafter is not None else {})
     runs: dict[tuple[int, str], list[dict]] = {}

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..checks import UsageError
+
 OUTPUT_FILES = {
     "threshold_sweep.json": "run info and one row per domain x threshold",
     "threshold_sweep.md": "the same as a Markdown table",
@@ -43,7 +45,7 @@ def threshold_sweep(
     from .runner import run_info
 
     if not thresholds or any(not 0 <= t <= 1 for t in thresholds):
-        raise ValueError(f"thresholds must be in [0, 1], got {thresholds}")
+        raise UsageError(f"thresholds must be in [0, 1], got {thresholds}")
     rows = []
     bar = tqdm(total=len(datasets) * len(thresholds), desc="threshold-sweep", unit="run", disable=not progress)
     for ds in datasets:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..checkpoint.files import DrafterLoadError, read_safetensors, weights_sha256
+from ..checks import UsageError
 from ..drafters import ConfidenceHead, DenseBackbone, Drafter, MoESWABackbone, assemble, build_part
 from ..drafters.drafter import CONVENTION, check_draft_vocab
 from ..layers import RMSNorm
@@ -201,7 +202,7 @@ def load_dspark_hf(path: Path, cfg: dict[str, Any], target: Any) -> Drafter:
     try:
         missing = [k for k in REQUIRED if k not in cfg]
         if missing:
-            raise ValueError(f"missing keys {missing}")
+            raise UsageError(f"missing keys {missing}")
         _check_target(cfg, target)
         _check_supported(cfg)
         drafter = _build(cfg, target)
@@ -268,23 +269,23 @@ def _check_target(cfg: dict[str, Any], target: Any) -> None:
     }
     for key, ours in exact.items():
         if cfg.get(key) != ours:
-            raise ValueError(f"{key}={cfg.get(key)} does not match the target {target.name!r} ({key}={ours})")
+            raise UsageError(f"{key}={cfg.get(key)} does not match the target {target.name!r} ({key}={ours})")
     rope = cfg.get("rope_parameters") or {}
     theta = cfg.get("rope_theta", rope.get("rope_theta"))
     if theta is None or abs(float(theta) - tg.rope_theta) > 1e-6 * tg.rope_theta:
-        raise ValueError(f"rope_theta={theta}: our drafter layers use the target's ({tg.rope_theta})")
+        raise UsageError(f"rope_theta={theta}: our drafter layers use the target's ({tg.rope_theta})")
     if cfg.get("rope_scaling") or rope.get("rope_type", "default") != "default":
-        raise ValueError("RoPE scaling is set: our drafter layers apply plain RoPE")
+        raise UsageError("RoPE scaling is set: our drafter layers apply plain RoPE")
     if abs(float(cfg.get("rms_norm_eps", tg.rms_norm_eps)) - tg.rms_norm_eps) > 1e-12:
-        raise ValueError(f"rms_norm_eps={cfg.get('rms_norm_eps')} differs from the target's ({tg.rms_norm_eps})")
+        raise UsageError(f"rms_norm_eps={cfg.get('rms_norm_eps')} differs from the target's ({tg.rms_norm_eps})")
     ids = [int(i) for i in cfg.get("target_layer_ids") or []]
     if -1 in ids:
-        raise ValueError(
+        raise UsageError(
             f"target_layer_ids {ids} taps -1, DeepSpec's embedding output; our targets tap decoder-layer outputs only, "
             "so it cannot be mapped (retrain tapping decoder layers only)"
         )
     if ids != list(tg.layer_ids):
-        raise ValueError(
+        raise UsageError(
             f"the drafter taps target layers {ids}, the target taps {list(tg.layer_ids)}: "
             f"load the target with layer_ids={ids}"
         )
@@ -292,20 +293,20 @@ def _check_target(cfg: dict[str, Any], target: Any) -> None:
 
 def _check_supported(cfg: dict[str, Any]) -> None:
     if cfg.get("attention_bias"):
-        raise ValueError("attention_bias=true: our drafter layers have no attention bias")
+        raise UsageError("attention_bias=true: our drafter layers have no attention bias")
     if cfg.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"hidden_act={cfg.get('hidden_act')!r}: our drafter MLP is SwiGLU (silu)")
+        raise UsageError(f"hidden_act={cfg.get('hidden_act')!r}: our drafter MLP is SwiGLU (silu)")
     if any(t != "full_attention" for t in cfg.get("layer_types") or []):
-        raise ValueError(f"layer_types {cfg['layer_types']}: only full-attention drafter layers are read")
+        raise UsageError(f"layer_types {cfg['layer_types']}: only full-attention drafter layers are read")
     if cfg.get("sample_from_anchor", True) is not True:
-        raise ValueError("sample_from_anchor=false (the 'slot' layout): ours is the shifted convention")
+        raise UsageError("sample_from_anchor=false (the 'slot' layout): ours is the shifted convention")
     if not 0 <= int(cfg["mask_token_id"]) < int(cfg["vocab_size"]):
-        raise ValueError(f"mask_token_id={cfg['mask_token_id']} is outside the vocabulary")
+        raise UsageError(f"mask_token_id={cfg['mask_token_id']} is outside the vocabulary")
     rank = int(cfg.get("markov_rank") or 0)
     if rank and cfg.get("markov_head_type") not in serving_heads().values():
-        raise ValueError(f"markov_head_type={cfg.get('markov_head_type')!r}: we read {list(serving_heads().values())}")
+        raise UsageError(f"markov_head_type={cfg.get('markov_head_type')!r}: we read {list(serving_heads().values())}")
     if cfg.get("enable_confidence_head") and cfg.get("confidence_head_with_markov", True) and not rank:
-        raise ValueError("confidence_head_with_markov=true needs markov_rank > 0")
+        raise UsageError("confidence_head_with_markov=true needs markov_rank > 0")
 
 
 def _build(cfg: dict[str, Any], target: Any) -> Drafter:
@@ -331,23 +332,23 @@ def _load_weights(drafter: Drafter, state: dict[str, torch.Tensor]) -> None:
             continue
         new = names_map(type(drafter.seq_head)).to_ours(name)
         if new is None:
-            raise ValueError(f"tensor {name!r} has no counterpart in our drafter")
+            raise UsageError(f"tensor {name!r} has no counterpart in our drafter")
         ours[new] = t
     if drafter.draft_vocab is not None:
         if "d2t" not in state:
-            raise ValueError("draft_vocab_size < vocab_size but no d2t tensor maps the draft vocabulary")
+            raise UsageError("draft_vocab_size < vocab_size but no d2t tensor maps the draft vocabulary")
         ids = draft_ids_from_d2t(state["d2t"])
         check_draft_vocab(ids, drafter.draft_vocab.numel(), drafter.geometry.vocab_size)
         if "t2d" in state and not torch.equal(state["t2d"].bool(), vocab_maps(ids, drafter.geometry.vocab_size)["t2d"]):
-            raise ValueError("t2d does not mark the same tokens as d2t")
+            raise UsageError("t2d does not mark the same tokens as d2t")
         ours["draft_vocab"] = ids
     missing, unexpected = drafter.load_state_dict(ours, strict=False)
     if missing or unexpected:
-        raise ValueError(f"missing tensors {sorted(missing)[:4]}, unexpected {sorted(unexpected)[:4]}")
+        raise UsageError(f"missing tensors {sorted(missing)[:4]}, unexpected {sorted(unexpected)[:4]}")
     shared = {"embed_tokens.weight": lambda: scaled_embedding(drafter), "lm_head.weight": drafter.draft_head_weight}
     for name, ref in shared.items():
         if name in state and not _equal_up_to_rounding(state[name], ref()):
-            raise ValueError(
+            raise UsageError(
                 f"{name} differs from the target's: this drafter owns its {name.split('.')[0]}, "
                 "ours share the target's (load it with the target it was trained for)"
             )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..checks import UsageError
 from .transformer import SwiGLU
 
 BALANCE = ("aux", "bias", "none")
@@ -30,9 +31,9 @@ class Router(nn.Module):
     def __init__(self, dim: int, num_experts: int, top_k: int, balance: str = "aux", bias_rate: float = 1e-3) -> None:
         super().__init__()
         if not 1 <= top_k <= num_experts:
-            raise ValueError(f"top_k must be in [1, num_experts={num_experts}], got {top_k}")
+            raise UsageError(f"top_k must be in [1, num_experts={num_experts}], got {top_k}")
         if balance not in BALANCE:
-            raise ValueError(f"balance must be one of {BALANCE}, got {balance!r}")
+            raise UsageError(f"balance must be one of {BALANCE}, got {balance!r}")
         self.num_experts, self.top_k, self.balance, self.bias_rate = num_experts, top_k, balance, bias_rate
         self.gate = nn.Linear(dim, num_experts, bias=False)
         self.register_buffer("bias", torch.zeros(num_experts), persistent=True)

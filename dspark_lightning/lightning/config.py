@@ -10,6 +10,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
+from ..checks import UsageError
 from ..devices import resolve_dtype
 from ..targets import ChatFormat, Target, load_target
 from .schedule import SCHEDULES, Phase
@@ -37,7 +38,7 @@ def as_config(value: Any, cls: type[C], name: str) -> C:
         fields = [f.name for f in dataclasses.fields(cls)]
         unknown = [k for k in value if k not in fields]
         if unknown:
-            raise ValueError(f"{name}: unknown key(s) {unknown}; the keys are {fields}")
+            raise UsageError(f"{name}: unknown key(s) {unknown}; the keys are {fields}")
         return cls(**value)
     raise TypeError(f"{name} must be a {cls.__name__} or a dict of its fields, got {type(value).__name__}")
 
@@ -162,7 +163,7 @@ class OptimConfig:
 
 def _require(ok: bool, name: str, value: object, rule: str) -> None:
     if not ok:
-        raise ValueError(f"{name} must be {rule}, got {value}")
+        raise UsageError(f"{name} must be {rule}, got {value}")
 
 
 def _finite(v: object) -> bool:
@@ -204,7 +205,7 @@ def check_precision(precision: str, target_dtype: torch.dtype) -> None:
     computes with the target's embedding: their dtypes must agree (mixed precision autocasts and takes any)."""
     want = TRUE_PRECISIONS.get(precision)
     if want is not None and want != target_dtype:
-        raise ValueError(
+        raise UsageError(
             f"trainer.precision {precision} runs the drafter in {want} but the target (whose embedding and LM "
             f"head the drafter shares) is {target_dtype}: set target.dtype to match, or use a *-mixed precision"
         )
@@ -214,7 +215,7 @@ def check_phase_anchors(curriculum: list[Phase], max_anchors: int | None) -> Non
     """A phase can only keep fewer anchors than the loader samples (``data.max_anchors``)."""
     for i, ph in enumerate(curriculum):
         if max_anchors is not None and ph.anchors is not None and ph.anchors > max_anchors:
-            raise ValueError(
+            raise UsageError(
                 f"model.curriculum[{i}].anchors is {ph.anchors} but data.max_anchors samples only {max_anchors} per "
                 "sequence: raise data.max_anchors to the largest phase's anchors"
             )

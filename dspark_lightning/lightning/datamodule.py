@@ -13,6 +13,7 @@ import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import ConcatDataset, DataLoader, Subset
 
+from ..checks import UsageError
 from ..data.features.anchors import AnchorCollator
 from ..data.features.cache import CacheError, FeatureCache
 from ..data.features.extract import resolve_feature_dtype
@@ -107,16 +108,16 @@ class DSparkDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         if features not in ("cached", "online"):
-            raise ValueError(f"data.features must be 'cached' or 'online', got {features!r}")
+            raise UsageError(f"data.features must be 'cached' or 'online', got {features!r}")
         resolve_feature_dtype(feature_dtype)
         self.target_config = target_config(target)
         resolve_dtype(self.target_config.dtype, "cpu")  # a typo fails here, not after the prompts are loaded
         if streaming and features != "cached":
-            raise ValueError("data.streaming reads a feature cache: it needs data.features: cached")
+            raise UsageError("data.streaming reads a feature cache: it needs data.features: cached")
         if streaming and any(isinstance(s, dict) and "weight" in s for s in sources or []):
-            raise ValueError("a source weight repeats samples of the map-style reader: it needs data.streaming: false")
+            raise UsageError("a source weight repeats samples of the map-style reader: it needs data.streaming: false")
         if cache_url is not None and not streaming:
-            raise ValueError("data.cache_url is read by the streaming reader: set data.streaming: true")
+            raise UsageError("data.cache_url is read by the streaming reader: set data.streaming: true")
         self.sources = list(sources if sources is not None else DEFAULT_SOURCES)
         for spec in self.sources:  # unknown source names / arguments fail here, before any expensive work
             build_source(spec)
@@ -124,7 +125,7 @@ class DSparkDataModule(L.LightningDataModule):
         self.curation = None if curation is None else as_config(curation, Curation, "data.curation")
         self.regen = as_config(regen, RegenConfig, "data.regen")
         if self.regen.answers_per_prompt > 1 and features != "cached":
-            raise ValueError("data.regen.answers_per_prompt > 1 adds answers to the prepared cache: it needs "
+            raise UsageError("data.regen.answers_per_prompt > 1 adds answers to the prepared cache: it needs "
                              "data.features: cached")  # fmt: skip
         self.max_length, self.min_supervised = max_length, min_supervised
         self.features, self.feature_dtype = features, feature_dtype
@@ -133,10 +134,10 @@ class DSparkDataModule(L.LightningDataModule):
         self.batch_size, self.max_anchors, self.num_workers, self.seed = batch_size, max_anchors, num_workers, seed
         self.extra_work_dirs = [str(d) for d in extra_work_dirs or []]
         if self.extra_work_dirs and (features != "cached" or streaming):
-            raise ValueError("data.extra_work_dirs adds cached splits to the map-style reader: it needs data.features: "
+            raise UsageError("data.extra_work_dirs adds cached splits to the map-style reader: it needs data.features: "
                              "cached and data.streaming: false")  # fmt: skip
         if train_samples is not None and (train_samples < 1 or features != "cached" or streaming):
-            raise ValueError("data.train_samples keeps a subset of a prepared cache: it needs a count >= 1, "
+            raise UsageError("data.train_samples keeps a subset of a prepared cache: it needs a count >= 1, "
                              f"data.features: cached and data.streaming: false (got {train_samples})")  # fmt: skip
         self.train_samples = train_samples
         self.datasets: dict[str, Any] = {}

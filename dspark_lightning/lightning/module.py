@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from .. import checks
+from ..checks import UsageError
 from ..data.features.extract import features_for_batch, target_law_summary
 from ..data.features.vocab import coverage, frequent_tokens
 from ..data.prompts.sources import DOMAINS as PROMPT_DOMAINS
@@ -141,7 +142,7 @@ class DSparkModule(L.LightningModule):
         check_phase_anchors(self.curriculum, getattr(dm, "max_anchors", None))
         clip = getattr(self.trainer, "gradient_clip_val", None)
         if self.optim_cfg.fused is True and "mixed" in str(self.trainer.precision) and clip:
-            raise ValueError(f"model.optim.fused: true cannot run with trainer.precision {self.trainer.precision} "
+            raise UsageError(f"model.optim.fused: true cannot run with trainer.precision {self.trainer.precision} "
                              f"and trainer.gradient_clip_val {clip}: Lightning's mixed-precision plugin cannot clip a "
                              "fused optimizer's gradients; set model.optim.fused: null (the default picks) or false, "
                              "or drop the clipping")  # fmt: skip
@@ -161,7 +162,7 @@ class DSparkModule(L.LightningModule):
         if getattr(d, "draft_vocab", None) is None or d.vocab_ready:
             return
         if not hasattr(dm, "token_counts"):
-            raise ValueError("model.draft_vocab_size needs a datamodule with token_counts() (the DSpark datamodule)")
+            raise UsageError("model.draft_vocab_size needs a datamodule with token_counts() (the DSpark datamodule)")
         counts = dm.token_counts("train")
         ids = frequent_tokens(counts, d.draft_vocab.numel(), always=self.target.stop_token_ids)
         d.set_draft_vocab(ids)

@@ -23,6 +23,7 @@ import torch
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType
 
+from ..checks import UsageError
 from ..devices import cpu_bf16_faster
 
 log = logging.getLogger(__name__)
@@ -61,5 +62,5 @@ def _device_type(device: str | None) -> str:
     except (RuntimeError, TypeError):
         kind = None
     if kind not in ("cpu", "cuda"):
-        raise ValueError(f"FastestPrecision: device {device!r} is not supported (use auto, cpu or cuda)")
+        raise UsageError(f"FastestPrecision: device {device!r} is not supported (use auto, cpu or cuda)")
     return kind

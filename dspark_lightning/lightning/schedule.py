@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..checks import UsageError
+
 SCHEDULES = ("cosine", "wsd", "constant")
 
 
@@ -57,14 +59,14 @@ def check_curriculum(phases: list[Phase] | None, block_size: int) -> None:
     for i, ph in enumerate(phases):
         key = f"model.curriculum[{i}]"
         if not (isinstance(ph.until, int | float) and last < ph.until <= 1):
-            raise ValueError(f"{key}.until must increase within (0, 1], got {ph.until}")
+            raise UsageError(f"{key}.until must increase within (0, 1], got {ph.until}")
         last = ph.until
         if ph.block_size is not None and not (isinstance(ph.block_size, int) and 1 <= ph.block_size <= block_size):
-            raise ValueError(f"{key}.block_size must be in [1, {block_size}] (model.block_size), got {ph.block_size}")
+            raise UsageError(f"{key}.block_size must be in [1, {block_size}] (model.block_size), got {ph.block_size}")
         if ph.anchors is not None and not (isinstance(ph.anchors, int) and ph.anchors >= 1):
-            raise ValueError(f"{key}.anchors must be >= 1, got {ph.anchors}")
+            raise UsageError(f"{key}.anchors must be >= 1, got {ph.anchors}")
         if ph.decay is not None and not (math.isfinite(ph.decay) and ph.decay > 0):
-            raise ValueError(f"{key}.decay must be finite and > 0 (null = model.loss.decay), got {ph.decay}")
+            raise UsageError(f"{key}.decay must be finite and > 0 (null = model.loss.decay), got {ph.decay}")
 
 
 def phase_at(phases: list[Phase] | None, progress: float) -> Phase | None:

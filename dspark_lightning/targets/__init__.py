@@ -80,7 +80,7 @@ def load_target(
     if layer_ids is not None and (
         not isinstance(layer_ids, list | tuple) or any(isinstance(i, bool) or not isinstance(i, int) for i in layer_ids)
     ):
-        raise ValueError(f"layer_ids must be a list of layer numbers (integers), got {layer_ids!r}")
+        raise UsageError(f"layer_ids must be a list of layer numbers (integers), got {layer_ids!r}")
     device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)
     chat = chat or ChatFormat()
@@ -126,7 +126,7 @@ def _tokenizer_next_to(name_or_path: str) -> Any:
     try:
         return AutoTokenizer.from_pretrained(name_or_path, local_files_only=True)
     except (OSError, ValueError) as exc:
-        raise ValueError(
+        raise UsageError(
             f"load_target(model): no tokenizer found for {name_or_path!r}; pass tokenizer=... ({exc})"
         ) from exc
 

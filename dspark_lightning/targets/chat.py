@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..checks import UsageError
+
 
 @dataclass(frozen=True)
 class ChatFormat:
@@ -111,7 +113,7 @@ def _ids_with_literal_content(tokenizer: Any, messages: list[dict[str, str]], ad
             at = rendered.find(content, cursor)
         if at < 0:
             if _specials_in(tokenizer, m["content"]):
-                raise ValueError("the chat template rewrites message content that holds special-token text; pass "
+                raise UsageError("the chat template rewrites message content that holds special-token text; pass "
                                  "pre-formatted text with chat=False to tokenize it as written")  # fmt: skip
             continue
         ids += list(tokenizer(rendered[cursor:at], add_special_tokens=False)["input_ids"]) + text_ids(
@@ -149,7 +151,7 @@ def encode_conversation(
         prefix = _ids(tokenizer, msgs[:i], True, fmt, tail=False)
         upto = _ids(tokenizer, msgs[: i + 1], False, fmt, tail=False)
         if ids[: len(upto)] != upto or upto[: len(prefix)] != prefix:
-            raise ValueError(
+            raise UsageError(
                 "the chat template is not prefix-stable (a shorter conversation does not render to a prefix of the "
                 "longer one); cannot locate assistant spans for the loss mask"
             )

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from ..checks import UsageError
+
 log = logging.getLogger(__name__)
 
 IMPORT_RECORD = "dspark_import.json"
@@ -39,7 +41,7 @@ def _check_gguf(path: Path) -> None:
     with path.open("rb") as fh:
         magic = fh.read(4)
     if magic != b"GGUF":
-        raise ValueError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+        raise UsageError(f"{path} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
 
 
 def load_gguf(path: Path, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]:
@@ -53,7 +55,7 @@ def load_gguf(path: Path, dtype: torch.dtype = torch.float32) -> tuple[Any, Any]
         model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=dtype)
     except (ValueError, KeyError, NotImplementedError) as exc:
         msg = " ".join(str(exc).split())[:300]
-        raise ValueError(f"transformers cannot read {path} as a causal LM ({type(exc).__name__}: {msg})") from None
+        raise UsageError(f"transformers cannot read {path} as a causal LM ({type(exc).__name__}: {msg})") from None
     return model, tok
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..checks import UsageError
 from .chat import ChatFormat, encode_conversation, has_template, render_prompt
 
 
@@ -30,7 +31,7 @@ def default_layer_ids(num_layers: int, n: int = 5) -> list[int]:
     A target under 8 layers has fewer than n distinct layers there: each is tapped once (4 layers: [1]; 6: [1, 2, 3])
     rather than the same layer's output concatenated several times."""
     if num_layers < 4:
-        raise ValueError(f"the default layer rule needs a target with at least 4 layers, got {num_layers}")
+        raise UsageError(f"the default layer rule needs a target with at least 4 layers, got {num_layers}")
     if n == 1:
         return [1]
     return list(dict.fromkeys(round(1 + i * (num_layers - 4) / (n - 1)) for i in range(n)))
@@ -39,10 +40,10 @@ def default_layer_ids(num_layers: int, n: int = 5) -> list[int]:
 def check_layer_ids(layer_ids: list[int], num_layers: int) -> list[int]:
     ids = [int(x) for x in layer_ids]
     if not ids:
-        raise ValueError("layer_ids must name at least one target layer")
+        raise UsageError("layer_ids must name at least one target layer")
     bad = [x for x in ids if not 0 <= x < num_layers - 1]
     if bad:
-        raise ValueError(
+        raise UsageError(
             f"layer_ids {bad} out of range: tap layers 0..{num_layers - 2} of this {num_layers}-layer target "
             "(the last layer is excluded: its output feeds the final norm directly)"
         )
@@ -210,7 +211,7 @@ class Target(nn.Module):
         """
         if not isinstance(layer_ids, list | tuple) or any(isinstance(i, bool) or not isinstance(i, int)
                                                          for i in layer_ids):  # fmt: skip
-            raise ValueError(f"layer_ids must be a list of layer numbers (integers), got {layer_ids!r}")
+            raise UsageError(f"layer_ids must be a list of layer numbers (integers), got {layer_ids!r}")
         ids = check_layer_ids(list(layer_ids), self.geometry.num_layers)
         if tuple(ids) == self.geometry.layer_ids:
             return self
@@ -318,7 +319,7 @@ class Target(nn.Module):
         theirs = self.model(input_ids=ids, use_cache=False).logits.float()
         kind = getattr(self.model.config, "model_type", "?")
         if ours.shape != theirs.shape:
-            raise ValueError(
+            raise UsageError(
                 f"target {self.name!r} ({kind}): its forward returns logits of shape {tuple(theirs.shape)}, its LM "
                 f"head {tuple(ours.shape)}; dspark-lightning cannot reproduce this model's sampling law"
             )
@@ -327,7 +328,7 @@ class Target(nn.Module):
         ours, theirs = ours.log_softmax(-1), theirs.log_softmax(-1)
         if not torch.isclose(ours, theirs, rtol=0, atol=tol, equal_nan=True).all():
             diff = (ours - theirs).abs().nan_to_num(0.0).max().item()
-            raise ValueError(
+            raise UsageError(
                 f"target {self.name!r} ({kind}): its forward post-processes the LM head's logits in a way "
                 f"dspark-lightning cannot reproduce (log-probabilities differ by {diff:.3g} on a probe; known steps: "
                 f"{', '.join(HEAD_STEPS)}), so speculative sampling from it would not be lossless"

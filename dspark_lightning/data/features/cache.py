@@ -136,18 +136,18 @@ def _encode_sample(s: dict, meta: dict, dtype: torch.dtype) -> tuple[bytes, int]
     ctx, hid = s["context"], s["hidden"]
     S, d, n = ids.numel(), meta["hidden_size"], meta["n_tapped"]
     if mask.numel() != S or tuple(ctx.shape) != (S, n * d) or tuple(hid.shape) != (S, d):
-        raise ValueError(
+        raise UsageError(
             f"sample {s['id']!r}: shapes ids {S}, mask {mask.numel()}, context {tuple(ctx.shape)}, hidden "
             f"{tuple(hid.shape)} do not match (S, n*d={n * d}) / (S, d={d})"
         )
     if ctx.dtype != dtype or hid.dtype != dtype:
-        raise ValueError(f"sample {s['id']!r}: features are {ctx.dtype}/{hid.dtype}, the cache holds {dtype}")
+        raise UsageError(f"sample {s['id']!r}: features are {ctx.dtype}/{hid.dtype}, the cache holds {dtype}")
     tensors = {"input_ids": ids, "loss_mask": mask, "context": ctx.contiguous().cpu(), "hidden": hid.contiguous().cpu()}
     for k, dt in LAW_SUMMARY.items():  # optional (caches written before they existed lack them)
         if k in s:
             v = torch.as_tensor(s[k]).reshape(-1)
             if v.numel() != S:
-                raise ValueError(f"sample {s['id']!r}: {k} has {v.numel()} entries, expected {S}")
+                raise UsageError(f"sample {s['id']!r}: {k} has {v.numel()} entries, expected {S}")
             tensors[k] = v.to(dt).contiguous().cpu()
     # one metadata key: safetensors serialises its metadata map in random order, which would break reproducible shards
     sample = json.dumps({"id": str(s["id"]), "domain": str(s.get("domain", ""))}, sort_keys=True)
@@ -177,7 +177,7 @@ def write_cache(
     out = Path(out_dir)
     missing = [k for k in REQUIRED_META if k not in meta]
     if missing:
-        raise ValueError(f"cache meta lacks {missing}; build it with cache_meta(target, feature_dtype)")
+        raise UsageError(f"cache meta lacks {missing}; build it with cache_meta(target, feature_dtype)")
     meta = json.loads(json.dumps(meta))  # JSON-normalised copy (tuples -> lists), as it will be read back
     dtype = resolve_feature_dtype(meta["feature_dtype"])
     if out.exists() and not overwrite and not (out.is_dir() and not any(out.iterdir())):

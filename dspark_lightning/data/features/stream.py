@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ...checks import UsageError
 from .cache import CacheError, decode_sample, load_index
 
 
@@ -54,7 +55,7 @@ class ShardStream(IterableDataset):
         even: bool = False,
     ) -> None:
         if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is outside world_size {world_size}")
+            raise UsageError(f"rank {rank} is outside world_size {world_size}")
         self.location = str(location).rstrip("/")
         self.index = load_index(self.location, expect)
         self.meta: dict[str, Any] = self.index["meta"]

@@ -68,6 +68,6 @@ class ConfidenceHead(nn.Module):
             x = x.detach()
         if self.draft_features:
             if logits is None:
-                raise ValueError("this confidence head reads the draft logits (draft_features); pass them")
+                raise UsageError("this confidence head reads the draft logits (draft_features); pass them")
             x = torch.cat([x, self.features(logits).to(x.dtype)], dim=-1)
         return self.proj(x).squeeze(-1)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ...checks import UsageError
 from ...registry import register
 from .sampling import Generators, SamplingParams, Streams, reads_are_free, sample, uniforms
 
@@ -44,7 +45,7 @@ def accept(
     if lengths.device.type == "cpu":  # a device copy is not read (a synchronisation): the engine passes its host l
         lmax = int(lengths.max()) if R else 0
         if W < lmax + 1:
-            raise ValueError(f"target laws cover {W} positions, verification needs {lmax + 1}")
+            raise UsageError(f"target laws cover {W} positions, verification needs {lmax + 1}")
     lengths = lengths.to(drafts.device, non_blocking=True)
     k = min(g, W - 1)
     x = drafts[:, :k]  # (R, k)

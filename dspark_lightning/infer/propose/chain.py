@@ -62,7 +62,7 @@ class ChainProposer(ProposerBase):
         """Pair the pending features with their next tokens, run them causally, cache their keys; h at P-1 (R, d)."""
         d, lay = self.drafter, self.drafter.layer
         if requests is None:
-            raise ValueError("chain drafting needs the requests' token histories (requests=)")
+            raise UsageError("chain drafting needs the requests' token histories (requests=)")
         starts, feats, toks = [], [], []
         for rid, r in zip(ids, requests, strict=True):
             s0, f = self.pending.pop(rid)

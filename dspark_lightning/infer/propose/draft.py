@@ -137,7 +137,7 @@ class BlockProposer(ProposerBase):
         lengths = lengths.to(self.device, non_blocking=True)
         if self.state is not None:
             if hidden is None:
-                raise ValueError("this drafter's backbone reads the target's final hidden states (context_state)")
+                raise UsageError("this drafter's backbone reads the target's final hidden states (context_state)")
             rows = torch.arange(len(ids), device=hidden.device)
             last = hidden[rows, lengths.to(hidden.device) - 1].to(self.device, self.dtype)  # (R, d)
             self.state.update(zip(ids, last.unbind(0), strict=True))

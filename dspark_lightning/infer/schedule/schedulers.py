@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ... import checks
+from ...checks import UsageError
 from ...registry import RegistryError, create, get, register
 from .sps import SPSTable
 
@@ -176,7 +177,7 @@ class ThresholdScheduler(Scheduler):
 
     def __init__(self, threshold: float = 0.5, mode: str = "cumulative") -> None:
         if mode not in ("cumulative", "raw"):
-            raise ValueError(f"mode must be 'cumulative' or 'raw', got {mode!r}")
+            raise UsageError(f"mode must be 'cumulative' or 'raw', got {mode!r}")
         if threshold is None:
             raise checks.UsageError("threshold must be a finite number in [0, 1], got None")
         checks.probability("threshold", threshold)
@@ -211,7 +212,7 @@ class DraftGate:
         self, probe: int = 8, max_probe: int = 64, window: int = 16, warmup: int = 2, max_age: int = 64
     ) -> None:
         if min(probe, max_probe, window, max_age) < 1 or warmup < 0:
-            raise ValueError("probe, max_probe, window and max_age must be >= 1 and warmup >= 0")
+            raise UsageError("probe, max_probe, window and max_age must be >= 1 and warmup >= 0")
         self.probe, self.max_probe, self.window, self.warmup = probe, max_probe, window, warmup
         self.max_age = max_age
         self.reset()
@@ -283,12 +284,12 @@ class _SPSScheduler(Scheduler):
         draft_cost: float | None = None,
     ):
         if timing not in TIMINGS:
-            raise ValueError(f"timing must be one of {TIMINGS}, got {timing!r}")
+            raise UsageError(f"timing must be one of {TIMINGS}, got {timing!r}")
         if draft_cost is not None and not (draft_cost >= 0 and math.isfinite(draft_cost)):
-            raise ValueError(f"draft_cost must be a finite number of seconds >= 0, got {draft_cost}")
+            raise UsageError(f"draft_cost must be a finite number of seconds >= 0, got {draft_cost}")
         self.sps = SPSTable.load(sps) if isinstance(sps, str) else sps
         if isinstance(context_len, bool) or not isinstance(context_len, int) or context_len < 1:
-            raise ValueError(
+            raise UsageError(
                 f"context_len must be an integer >= 1 (cached tokens of the SPS profile), got {context_len!r}"
             )
         self.context_len = context_len
@@ -433,7 +434,7 @@ class AsyncHardwareAwareScheduler(_SPSScheduler):
     ) -> None:
         super().__init__(sps, context_len, include_draft_time, skip_draft, timing, draft_cost)
         if lag < 1:
-            raise ValueError(f"lag must be >= 1, got {lag}")
+            raise UsageError(f"lag must be >= 1, got {lag}")
         self.lag = lag
         self.reset()
 

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ...checks import UsageError
+
 
 def _grown(capacity: int, need: int) -> int:
     return capacity if need <= capacity else max(need, 2 * capacity)
@@ -77,7 +79,7 @@ class Buffer:
     def append(self, t: torch.Tensor) -> None:
         """Write ``t`` (rows, ..., L, ...) into the next L columns."""
         if self.data is not None and t.shape[0] != self.rows:
-            raise ValueError(f"appending {t.shape[0]} rows to a buffer of {self.rows}")
+            raise UsageError(f"appending {t.shape[0]} rows to a buffer of {self.rows}")
         L = t.shape[self.dim]
         self.reserve(t.shape[0], self.length + L, like=t)
         self.rows = t.shape[0]
@@ -89,7 +91,7 @@ class Buffer:
         overwrites them); the view of every column through them. Replaces torch.cat([used, earlier, t])."""
         L, rows = t.shape[self.dim], self.rows
         if t.shape[0] != rows or offset > self.ahead:
-            raise ValueError(f"look-ahead of {t.shape[0]} rows at +{offset} on {rows} rows with {self.ahead} ahead")
+            raise UsageError(f"look-ahead of {t.shape[0]} rows at +{offset} on {rows} rows with {self.ahead} ahead")
         self.reserve(rows, self.length + offset + L)  # keeps the earlier look-ahead columns
         self.data[:rows].narrow(self.dim, self.length + offset, L).copy_(t)
         self.ahead = offset + L
