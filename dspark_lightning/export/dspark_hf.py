@@ -369,8 +369,10 @@ def _read_calibration(path: Path, weights_sha256: str) -> dict[float, list[float
     f = path / CALIBRATION_FILE
     if not f.is_file():
         return {}
-    doc = json.loads(f.read_text())
+    from ..checkpoint.calibration import read_calibration_doc, sts_temperatures_of
+
+    doc = read_calibration_doc(f)
     if doc.get("weights_sha256") != weights_sha256:
         warnings.warn(f"{f} was written for other weights; ignoring it", stacklevel=3)
         return {}
-    return {float(T): [float(t) for t in temps] for T, temps in doc["sts_temperatures"].items()}
+    return sts_temperatures_of(doc, f)

@@ -117,9 +117,6 @@ def test_the_side_file_reader_refuses_a_list_and_checks_its_table(tmp_path):
     assert sts_temperatures_of({"sts_temperatures": {"1": [0.5, 2]}}, f) == {1.0: [0.5, 2.0]}
 
 
-@pytest.mark.xfail(raises=AttributeError, strict=True, reason="export/dspark_hf.py _read_calibration reads its side "
-                   "file unchecked: to read it with checkpoint.calibration.read_calibration_doc and "
-                   "sts_temperatures_of")  # fmt: skip
 def test_a_serving_side_file_holding_a_list_is_one_line_naming_it(varied_target, serving_dir):
     (serving_dir / "dspark_calibration.json").write_text("[1, 2]\n")
     with pytest.raises(UsageError) as e:
