@@ -180,6 +180,8 @@ def main(args: list[str] | None = None) -> None:
             stream.reconfigure(errors="backslashreplace")
     command = argv[0] if argv and not argv[0].startswith("-") else ""
     command = command if command.isascii() and command.replace("-", "").isalnum() else ""
+    if command in GROUPS and len(argv) > 1 and f"{command} {argv[1]}" in TYPED_COMMANDS:
+        command = f"{command} {argv[1]}"  # a two-word command names itself whole in every message
     prog = f"dspark-lightning{' ' + command if command else ''}"
     warnings.formatwarning = lambda message, category, *_, **__: (  # a library's note: one line, like an error
         f"{prog}: {'note' if category is UserWarning else category.__name__}: {' '.join(str(message).split())}\n"
