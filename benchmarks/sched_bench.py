@@ -9,7 +9,9 @@ it was trained on, prompts it never saw; data-curve's fixed order) with plain de
 back (the order rotating, so machine drift hits all alike); at batch B each group of B prompts is one call per
 method. Writes ``<out>/sched_bench.json`` (rows ``{drafter, set, batch, T, method, tok_s, tau, speedup}``, speedup
 over plain in the same run; with the CPU, commit and date), ``sched_bench.md`` and ``sched_bench.png``. At T = 0
-every method's output is compared with plain's (``greedy_equal``). Run it alone on the machine.
+every method's output is compared with plain's (``greedy_equal``); so it is at T > 0 in the batches of
+``--coupled_batches``, decoded with coupled acceptance (drafter-invariant outputs: a padded batch then runs
+equally long for every method). Run it alone on the machine.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def methods(gammas: list[int], thresholds: list[float]) -> dict[str, object]:
 
 
 def run_set(target, drafter, prompts: list[str], *, batch: int, T: float, max_new_tokens: int,
-            table: dict[str, object]) -> dict[str, dict]:  # fmt: skip
+            table: dict[str, object], acceptance: str = "rejection") -> dict[str, dict]:  # fmt: skip
     """Every method on every group of ``batch`` prompts, back to back, the order rotating per group."""
     names = list(table)
     acc = {n: {"s": 0.0, "tokens": 0, "rounds": 0, "committed": 0, "equal": 0, "calls": 0} for n in names}
@@ -55,7 +57,7 @@ def run_set(target, drafter, prompts: list[str], *, batch: int, T: float, max_ne
             t0 = time.perf_counter()
             res = decode(target, None if sched is None else drafter, group, max_new_tokens=max_new_tokens,
                          temperature=T, scheduler="static" if sched is None else sched, seed=gi,
-                         batch_size=batch)  # fmt: skip
+                         batch_size=batch, acceptance=acceptance)  # fmt: skip
             a = acc[name]
             a["s"] += time.perf_counter() - t0
             a["tokens"] += res.stats.generated_tokens
@@ -94,7 +96,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| drafter | set | batch | T | method | tok/s | τ | speed-up | greedy equal |", "|---" * 9 + "|"]
+    lines = ["| drafter | set | batch | T | method | tok/s | τ | speed-up | output = plain |", "|---" * 9 + "|"]
     for r in rows:
         lines.append(f"| {r['drafter']} | {r['set']} | {r['batch']} | {r['T']:g} | {r['method']} | {r['tok_s']:.1f} "
                      f"| {r['tau']:.2f} | {r['speedup']:.3f} | {r.get('greedy_equal', '—')} |")  # fmt: skip
@@ -113,6 +115,9 @@ def main() -> None:
     ap.add_argument("--gammas", type=int, nargs="+", default=[1, 2, 3, 4, 7])
     ap.add_argument("--thresholds", type=float, nargs="+", default=[0.3])
     ap.add_argument("--max_new_tokens", type=int, default=128)
+    ap.add_argument("--coupled_batches", type=int, nargs="*", default=[8],
+                    help="batches whose T > 0 rows use coupled acceptance (every method emits plain's tokens, so a "
+                         "padded batch runs as long for each; rejection sampling's outputs differ per method)")
     ap.add_argument("--methods", nargs="*", default=None, help="a subset of the method labels (plain always runs)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/data/sched_bench"))
     a = ap.parse_args()
@@ -135,16 +140,17 @@ def main() -> None:
     for T in a.temperatures:
         for batch in a.batches:
             for s, prompts in sets.items():
+                mode = "coupled" if T > 0 and batch in a.coupled_batches else "rejection"
                 acc = run_set(target, drafter, prompts, batch=batch, T=T, max_new_tokens=a.max_new_tokens,
-                              table=table)  # fmt: skip
+                              table=table, acceptance=mode)  # fmt: skip
                 plain = acc["plain"]["tokens"] / acc["plain"]["s"]
                 for name, x in acc.items():
                     tok_s = x["tokens"] / x["s"]
                     tau = round(x["committed"] / x["rounds"], 3) if x["rounds"] else 1.0
                     row = {"drafter": a.label, "set": s, "batch": batch, "T": T, "method": name,
                            "tok_s": round(tok_s, 2), "tau": tau, "speedup": round(tok_s / plain, 3),
-                           "prompts": len(prompts)}  # fmt: skip
-                    if T == 0:
+                           "prompts": len(prompts), "acceptance": mode}  # fmt: skip
+                    if T == 0 or mode == "coupled":  # outputs that must equal plain's
                         row["greedy_equal"] = f"{x['equal']}/{x['calls']}"
                     rows.append(row)
                     print(json.dumps(row), flush=True)

@@ -325,3 +325,31 @@ def test_a_table_measured_on_a_busy_machine_is_named_once():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_profile(slow, steps, modelled / 3)  # once per table
+
+
+def test_online_expectation_applies_the_current_correction_to_every_remembered_step():
+    """The lookahead's and the gate's expectation of a position is the window of remembered confidences corrected
+    with the shift learned so far, not a running mean of corrections that were stale when they were taken."""
+    from dspark_lightning.infer.schedule.schedulers import OnlineCalibration
+
+    online = OnlineCalibration()
+    conf = torch.full((1, 3), 0.9)
+    for _ in range(30):  # the head says 0.9, every round rejects its first draft
+        online.observe(conf, torch.tensor([3]), [0])
+    assert online.expected(0) == pytest.approx(float(online(conf)[0, 0]))
+    assert online.expected(0) < 0.35
+
+
+def test_auto_drafts_only_when_drafting_beats_plain_by_its_margin():
+    """A modelled gain smaller than ``margin`` (2 % here) is not worth the estimate's error: the gate skips."""
+    from dspark_lightning.infer.schedule.schedulers import AutoScheduler
+
+    flat = SPSTable.from_points({1: 10.0, 8: 10.0})
+    conf = torch.full((1, 1), 0.5)
+    decisions = {}
+    for margin in (0.0, 0.03):  # drafting: 1.5 tokens per 0.1 + 0.0471 s = 10.2 tok/s against plain's 10
+        sched = AutoScheduler(flat, draft_cost=0.0471, margin=margin)
+        for m in (1, 0):  # two rounds that accept as often as the head says: no correction
+            sched.observe_rounds(conf, torch.tensor([1]), [m])
+        decisions[margin] = sched.wants_draft(1)
+    assert decisions == {0.0: True, 0.03: False}

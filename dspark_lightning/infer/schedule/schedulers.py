@@ -461,28 +461,29 @@ class OnlineCalibration:
     y = 1[m ≥ k] beside the prediction ĉ_k. δ_k moves the mean prediction onto the observed rate, with ``prior``
     pseudo-observations at the prediction itself: δ_k = logit((Σy + prior·p̄) / (n + prior)) − logit(p̄), p̄ the mean
     ĉ_k of those rounds. A position with no observation borrows the shift of the deepest position observed (0 before
-    any). Also keeps the running mean of the corrected ĉ'_k at every position, drafted or verified (the lookahead's
-    expectation of positions not yet ranked). Lossless: the shifts and means of step t come from steps < t only.
+    any). The expectation of a position not yet ranked (the lookahead's and the gate's) is the mean of ĉ'_k over
+    the last ``window`` drafted steps, every one corrected with the current shifts, so a correction learned late
+    applies to the whole window at once. Lossless: the shifts and means of step t come from steps < t only.
     """
 
-    def __init__(self, prior: float = 8.0, clip: float = 4.0) -> None:
-        self.prior, self.clip = prior, clip
+    def __init__(self, prior: float = 4.0, clip: float = 4.0, window: int = 50) -> None:
+        self.prior, self.clip, self.window = prior, clip, window
         self.reset()
 
     def reset(self) -> None:
         self.n: list[int] = []  # observations per position
         self.y: list[float] = []  # their outcomes, summed
         self.p: list[float] = []  # their predictions ĉ_k, summed
-        self.mean: list[float] = []  # running mean of the corrected ĉ'_k
+        self.recent: deque[torch.Tensor] = deque(maxlen=self.window)  # logit ĉ of the last drafted steps
         self.drafted = 0
         self._shift: torch.Tensor | None = None
+        self._mean: list[float] | None = None
 
     def _grow(self, g: int) -> None:
         while len(self.n) < g:
             self.n.append(0)
             self.y.append(0.0)
             self.p.append(0.0)
-            self.mean.append(0.0)
 
     def shifts(self, g: int) -> torch.Tensor:
         if self._shift is not None and len(self._shift) == g:
@@ -502,25 +503,40 @@ class OnlineCalibration:
         c = conf.double().clamp(1e-6, 1 - 1e-6)
         return torch.sigmoid(torch.logit(c) + self.shifts(c.shape[1]))
 
+    @property
+    def mean(self) -> list[float]:
+        """Mean ĉ'_k per position over the window (empty before any drafted step)."""
+        if self._mean is None:
+            g = max((t.shape[1] for t in self.recent), default=0)
+            total, count = torch.zeros(g, dtype=torch.float64), torch.zeros(g, dtype=torch.float64)
+            shift = self.shifts(g) if g else None
+            for logit in self.recent:
+                w = logit.shape[1]
+                total[:w] += torch.sigmoid(logit + shift[:w]).sum(0)
+                count[:w] += logit.shape[0]
+            self._mean = (total / count.clamp(min=1)).tolist()
+        return self._mean
+
     def expected(self, k: int) -> float | None:
-        """The running mean of ĉ'_k (0-based k), None before any drafted step."""
-        return self.mean[k] if self.drafted and k < len(self.mean) else None
+        """The mean of ĉ'_k (0-based k) over the window, None before any drafted step."""
+        mean = self.mean
+        return mean[k] if self.drafted and k < len(mean) else None
 
     def observe(self, conf: torch.Tensor, lengths: torch.Tensor, accepted: list[int]) -> None:
         R, g = conf.shape
-        corrected = self(conf)
         self.drafted += 1
-        w = 1.0 / min(self.drafted, 50)  # the mean of the last ~50 steps
-        for k, col in enumerate(corrected.mean(0).tolist()):
-            self.mean[k] = (1 - w) * self.mean[k] + w * col
-        c = conf.double().clamp(1e-6, 1 - 1e-6).tolist()
+        self._grow(g)
+        c = conf.double().clamp(1e-6, 1 - 1e-6)
+        self.recent.append(torch.logit(c))
+        rows = c.tolist()
         for r in range(R):
             m, ell = int(accepted[r]), int(lengths[r])
             for k in range(min(ell, m + 1)):  # verified positions the round reached
                 self.n[k] += 1
                 self.y[k] += 1.0 if m >= k + 1 else 0.0
-                self.p[k] += c[r][k]
+                self.p[k] += rows[r][k]
         self._shift = None
+        self._mean = None
 
 
 def step_rates(sps: SPSTable, extra: float = 0.0) -> list[float]:
@@ -583,7 +599,8 @@ class AutoScheduler(_SPSScheduler):
     - ℓ: :func:`lookahead_schedule` on those whole-step rates, which is Algorithm 1 on a smooth curve and still
       admits the blocks that pay at a step of the curve.
     - Whether to draft at all: the expected rate of drafting, (R + the plan's Σ a) over the modelled step time, with
-      R requests of the earlier rounds' mean survival, against plain decoding's R tokens per plain step; a skipping
+      R requests of the earlier rounds' mean survival, against plain decoding's R tokens per plain step, drafting
+      only when it is ``margin`` faster (a gain smaller than the estimate's error is not worth the risk); a skipping
       gate drafts again after ``probe`` skipped steps (doubling up to ``max_probe``) to refresh its estimate.
 
     Every decision reads the current confidences as Algorithm 1 does and earlier steps otherwise, so the output law
@@ -601,11 +618,14 @@ class AutoScheduler(_SPSScheduler):
         online: bool = True,
         probe: int = 8,
         max_probe: int = 64,
+        margin: float = 0.03,
     ) -> None:
         super().__init__(sps, context_len, include_draft_time, False, timing, draft_cost)
         checks.at_least("probe", probe, 1)
         checks.at_least("max_probe", max_probe, 1)
+        checks.in_range("margin", margin, 0.0)
         self.skip_draft, self.online_on, self.probe, self.max_probe = skip_draft, online, probe, max_probe
+        self.margin = margin
         self.online = OnlineCalibration()
         self.reset()
 
@@ -668,7 +688,7 @@ class AutoScheduler(_SPSScheduler):
         plan = lookahead_schedule(mean.expand(R, -1), rates, self.online.expected)
         a = mean.cumprod(0)
         gain = float(sum(a[: int(n)].sum() for n in plan))
-        return (R + gain) * rates[R + int(plan.sum())] > self._plain_rate(R)
+        return (R + gain) * rates[R + int(plan.sum())] > (1 + self.margin) * self._plain_rate(R)
 
     def wants_draft(self, R: int) -> bool:
         if not self.skip_draft:
