@@ -115,9 +115,14 @@ def main() -> None:
     ap.add_argument("--gammas", type=int, nargs="+", default=[1, 2, 3, 4, 7])
     ap.add_argument("--thresholds", type=float, nargs="+", default=[0.3])
     ap.add_argument("--max_new_tokens", type=int, default=128)
-    ap.add_argument("--coupled_batches", type=int, nargs="*", default=[8],
-                    help="batches whose T > 0 rows use coupled acceptance (every method emits plain's tokens, so a "
-                         "padded batch runs as long for each; rejection sampling's outputs differ per method)")
+    ap.add_argument(
+        "--coupled_batches",
+        type=int,
+        nargs="*",
+        default=[8],
+        help="batches whose T > 0 rows use coupled acceptance (every method emits plain's tokens, so a "
+        "padded batch runs as long for each; rejection sampling's outputs differ per method)",
+    )
     ap.add_argument("--methods", nargs="*", default=None, help="a subset of the method labels (plain always runs)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/data/sched_bench"))
     a = ap.parse_args()
