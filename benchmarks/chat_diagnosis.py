@@ -184,7 +184,8 @@ def main() -> None:
     out = {}
     for name, prompts in sets.items():
         res = decode(target, drafter, prompts, max_new_tokens=a.max_new_tokens, temperature=0.0,
-                     scheduler={"name": "static", "gamma": a.gamma}, batch_size=a.batch, progress=True)  # fmt: skip
+                     scheduler={"class_path": "static", "init_args": {"gamma": a.gamma}}, batch_size=a.batch,
+                     progress=True)  # fmt: skip
         out[name] = analyse(res, target, drafter.block_size, vocabs)
         print(name, json.dumps({k: out[name][k] for k in ("tau", "A_k", "outside_vocab")}), flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout

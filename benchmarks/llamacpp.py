@@ -103,7 +103,7 @@ def ours(target, drafter_dir: str, prompts: list[list[int]], n: int, gamma: int)
 
     res = {}
     for name, drafter in (("plain", None), ("dspark", drafter_dir)):
-        kw = {"scheduler": {"name": "static", "gamma": gamma}} if drafter else {}
+        kw = {"scheduler": {"class_path": "static", "init_args": {"gamma": gamma}}} if drafter else {}
         decode(target, drafter, [prompts[0]], max_new_tokens=8, **kw)  # warm-up (kernels, the drafter's load)
         t0, rows = time.perf_counter(), []
         for p in prompts:

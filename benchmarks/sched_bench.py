@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def methods(gammas: list[int], thresholds: list[float]) -> dict[str, object]:
     """Method label -> the ``scheduler`` argument of ``decode()`` (None: plain decoding)."""
     out: dict[str, object] = {"plain": None, "auto": "auto", "hardware_aware": "hardware_aware"}
-    out |= {f"threshold:{t:g}": {"name": "threshold", "threshold": t} for t in thresholds}
-    out |= {f"static:{g}": {"name": "static", "gamma": g} for g in gammas}
+    out |= {f"threshold:{t:g}": {"class_path": "threshold", "init_args": {"threshold": t}} for t in thresholds}
+    out |= {f"static:{g}": {"class_path": "static", "init_args": {"gamma": g}} for g in gammas}
     return out
 
 

@@ -42,7 +42,7 @@ def ours(target, drafter, prompts: list[list[int]], gamma: int, max_new_tokens: 
     rounds, tokens, per_pos, ids = 0, 0, [0] * gamma, []
     for p in prompts:
         out = decode(target, drafter, [p], max_new_tokens=max_new_tokens, temperature=0.0, batch_size=1,
-                     scheduler={"name": "static", "gamma": gamma})  # fmt: skip
+                     scheduler={"class_path": "static", "init_args": {"gamma": gamma}})  # fmt: skip
         s = out.stats
         rounds += s.rounds
         tokens += round(s.tau * s.rounds)

@@ -236,6 +236,33 @@ def create(kind: str, name: str, *args: Any, **kwargs: Any) -> Any:
         raise UsageError(f"{what}: {wrong}") from exc
 
 
+def build(kind: str, spec: Any, *args: Any) -> Any:
+    """A component from its one spelling, the same in a recipe, on the command line (a YAML value) and in Python:
+    a registered name (``"static"``) or ``{"class_path": name, "init_args": {...}}``, where ``name`` is a registered
+    name or the dotted import path of a class (``my_pkg.rules.MyRule``, which need not be registered). ``args``
+    are positional arguments the caller supplies (a geometry); ``init_args`` are the user's."""
+    if isinstance(spec, str):
+        return _build_path(kind, spec, args, {})
+    if isinstance(spec, dict) and isinstance(spec.get("class_path"), str) and set(spec) <= {"class_path", "init_args"}:
+        init = spec.get("init_args") or {}
+        if not isinstance(init, dict):
+            raise UsageError(f"{kind} {spec['class_path']!r}: init_args must be a mapping, got {init!r}")
+        return _build_path(kind, spec["class_path"], args, init)
+    raise UsageError(f"a {kind} is a registered name or {{class_path: NAME, init_args: {{...}}}}, got {spec!r}")
+
+
+def _build_path(kind: str, path: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+    if "." not in path:
+        return create(kind, path, *args, **kwargs)
+    module, _, attr = path.rpartition(".")
+    try:
+        obj = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"{kind} class_path {path!r} cannot be imported ({type(exc).__name__}: {exc})") from None
+    unknown_arguments(f"{kind} {path!r}", obj, kwargs)
+    return obj(*args, **kwargs)
+
+
 _PLAIN_TYPES: dict[str, tuple[type, ...]] = {
     "int": (numbers.Integral,), "float": (numbers.Real,), "bool": (bool, numbers.Integral), "str": (str,),
 }  # fmt: skip

@@ -175,7 +175,7 @@ def check_scheduler(spec: Any, seed: int = 0, **kwargs: Any) -> None:
     from .infer.schedule.schedulers import Scheduler
 
     def make() -> Scheduler:
-        return build_scheduler({"name": spec, **kwargs}) if isinstance(spec, str) else spec(**kwargs)
+        return build_scheduler({"class_path": spec, "init_args": kwargs}) if isinstance(spec, str) else spec(**kwargs)
 
     assert isinstance(spec, str | type), f"check_scheduler takes a registered name or a class, got {spec!r}"
     name = spec if isinstance(spec, str) else spec.__name__

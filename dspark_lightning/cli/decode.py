@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from .. import checks, devices
 from ..atomic import atomic_write
@@ -30,15 +30,15 @@ def check_choice(name: str, value: str, choices) -> None:
         raise checks.UsageError(f"{name} {value!r} is not one of {', '.join(choices)}")
 
 
-def scheduler_arg(text: str, sps: str | None = None, flag: str = "--scheduler") -> dict:
-    """A command's scheduler text as its spec (:func:`~dspark_lightning.infer.schedule.schedulers.parse_scheduler`),
+def scheduler_arg(text: str, sps: str | None = None, flag: str = "--scheduler") -> Any:
+    """A command's scheduler value as its spec (:func:`~dspark_lightning.infer.schedule.schedulers.scheduler_spec`),
     the ``--sps`` file checked first: both before any model is loaded."""
-    from ..infer.schedule.schedulers import parse_scheduler
+    from ..infer.schedule.schedulers import scheduler_spec
 
     if sps:
         check_sps_file(sps)
     try:
-        return parse_scheduler(text, sps)
+        return scheduler_spec(text, sps)
     except checks.UsageError as exc:
         raise checks.UsageError(f"{flag} {exc}") from None
 
@@ -130,8 +130,8 @@ def decode(
         temperature: 0 = greedy
         top_k: sample among the k most likely tokens only (default: all)
         top_p: sample within the smallest set of tokens of probability p (default: all)
-        scheduler: a registered scheduler, name[:value | :key=value,...]: auto (the hardware-aware scheduler this
-            machine's SPS curve calls for) | static[:γ] | threshold[:θ] | hardware_aware | async_hardware_aware
+        scheduler: a registered scheduler's name or {class_path: NAME, init_args: {...}}: auto (the hardware-aware
+            scheduler this machine's SPS curve calls for) | static | threshold | hardware_aware | async_hardware_aware
         sps: SPS table JSON for the schedulers that take one (default: this machine's cached profile)
         batch_size: concurrent requests (default: all)
         batching: padded (a row per request) | flat (one strip, no padding compute)
@@ -168,7 +168,9 @@ def decode(
                              on_commit=_Streamer(tgt.tokenizer) if stream else None,
                              progress=not stream)  # fmt: skip
     mode = "greedy" if temperature < GREEDY_EPS else f"T={temperature}"
-    who = f"drafter {drafter}, scheduler {scheduler}" if model is not None else "plain decoding"
+    from ..eval.runner import scheduler_label
+
+    who = f"drafter {drafter}, scheduler {scheduler_label(spec)}" if model is not None else "plain decoding"
     _report(res, stream, f"{who}, {mode}", json_out)
 
 

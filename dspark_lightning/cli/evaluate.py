@@ -3,7 +3,7 @@
 dspark-lightning eval --drafter dspark=outputs/compare/dspark/tb/version_0/drafter --drafter dflash=... --out DIR
 dspark-lightning bench --drafter dspark=... --out outputs/bench
 dspark-lightning bench --drafter DIR --scheduler static hardware_aware --batching padded flat --out DIR
-dspark-lightning eval --drafter DIR --scheduler static:7 --temperature 0 --batch_size 1 --out DIR
+dspark-lightning eval --drafter DIR --scheduler '{class_path: static, init_args: {gamma: 7}}' --temperature 0 --out DIR
 dspark-lightning calibrate --drafter outputs/compare/dspark/tb/version_0/drafter --temperature 1.0
 """
 
@@ -19,7 +19,8 @@ from .. import checks, devices
 from ..checkpoint import load_target_and_drafters
 from ..checks import UsageError
 from ..data.prompts.sources import DOMAINS
-from ..eval.serve_bench import DEFAULT_METHODS
+from ..eval.runner import scheduler_label
+from ..eval.serve_bench import DEFAULT_METHODS, method_text
 from .decode import Batching, check_choice, check_registered, check_sps_file, scheduler_arg
 from .signature import REPEATED, run
 
@@ -49,8 +50,9 @@ class Shared:
         for spec in self.drafter:
             checks.drafter_config(spec.rpartition("=")[2])
         specs = [scheduler_arg(text, sps) for text in schedulers or ()]
-        if schedulers is not None and len(set(schedulers)) != len(schedulers):
-            raise checks.UsageError(f"--scheduler names a scheduler twice: {' '.join(schedulers)}")
+        labels = [scheduler_label(spec) for spec in specs]
+        if len(set(labels)) != len(labels):
+            raise checks.UsageError(f"--scheduler names a scheduler twice: {' '.join(labels)}")
         if schedulers is None and sps:
             check_sps_file(sps)
         checks.output_dir("--out", self.out)
@@ -119,8 +121,8 @@ def evaluate(
         target: default: the first drafter's target
         prompts_per_domain: prompts of each set
         max_new_tokens: most tokens generated per prompt
-        scheduler: scheduler for every drafter, name[:value | :key=value,...] (default static: full blocks, as the
-            paper's Table 1; static:4 verifies 4 drafts a round)
+        scheduler: scheduler for every drafter: a name or {class_path: NAME, init_args: {...}} (default static:
+            full blocks, as the paper's Table 1; {class_path: static, init_args: {gamma: 4}} verifies 4 drafts a round)
         sps: SPS table JSON for the schedulers that take one
         dataset: extra {"turns": [...]} JSONL: name=path.jsonl[:domain] (repeatable)
         prompts: a responses JSONL (e.g. a recipe's <work_dir>/responses_heldout.jsonl) instead of the built-in
@@ -193,8 +195,8 @@ def bench(
         target: default: the first drafter's target
         prompts_per_domain: prompts of each set
         max_new_tokens: most tokens generated per prompt
-        scheduler: scheduler(s) for every drafter, each name[:value | :key=value,...]; several: one row per drafter
-            and scheduler
+        scheduler: scheduler(s) for every drafter, each a name or {class_path: NAME, init_args: {...}}; several: one
+            row per drafter and scheduler
         sps: SPS table JSON for the schedulers that take one
         temperatures: sampling temperatures (a cell each)
         batches: concurrent requests (a cell each)
@@ -229,7 +231,7 @@ def bench(
         batches=tuple(batches),
         max_new_tokens=max_new_tokens,
         repeats=repeats,
-        schedulers=dict(zip(scheduler, specs, strict=True)),
+        schedulers={scheduler_label(spec): spec for spec in specs},
         seed=seed,
         prompt_lookup_tokens=prompt_lookup_tokens,
         acceptance=tuple(acceptance),
@@ -317,7 +319,7 @@ def serve_bench(
     sps: str | None = None,
     out: str,
     concurrency: Sequence[int] = (1, 2, 4, 8, 16, 32),
-    methods: Sequence[str] = tuple(DEFAULT_METHODS),
+    methods: Sequence[str] = tuple(method_text(m) for m in DEFAULT_METHODS),
     window_s: float = 20.0,
     repeats: int = 1,
     batching: Batching = "padded",
@@ -335,7 +337,7 @@ def serve_bench(
         max_new_tokens: most tokens generated per request
         sps: SPS table JSON for hardware_aware schedulers
         concurrency: concurrent clients (a cell each)
-        methods: plain, or a scheduler as --scheduler names it: static:γ, threshold:θ, hardware_aware, ...
+        methods: plain, or a scheduler as --scheduler takes it: a name or {class_path: NAME, init_args: {...}}
         window_s: measured seconds per cell (after warm-up)
         repeats: runs per cell (order reversed each time); rows are means
         batching: padded or flat: how requests share a forward (docs/inference.md)
@@ -351,7 +353,7 @@ def serve_bench(
     shared.check(sps=sps)
     for c in concurrency:
         checks.at_least("--concurrency", c, 1)
-    for m in methods:  # plain, or a scheduler as every command names it
+    for m in methods:  # plain, or a scheduler as --scheduler takes it
         if m != "plain":
             scheduler_arg(m, sps, "--methods")
     checks.in_range("--window_s", window_s, 0.0, open_low=True)

@@ -89,7 +89,7 @@ def decode_counts(target: Any, drafter: Any, prompts: Sequence[str], *, gamma: i
     out = []
     for text in prompts:
         s = decode(target, drafter, [target.encode_prompt(text)], max_new_tokens=max_new_tokens, temperature=0.0,
-                   scheduler={"name": "static", "gamma": gamma}, batch_size=1).stats  # fmt: skip
+                   scheduler={"class_path": "static", "init_args": {"gamma": gamma}}, batch_size=1).stats  # fmt: skip
         first = s.survival[0] if s.survival and s.survival[0] is not None else 0.0
         out.append(Counts(s.rounds, round(s.tau * s.rounds), round(first * s.rounds)))
         if progress is not None:

@@ -111,10 +111,21 @@ def responses_datasets(path: str | Path, n: int) -> list[Dataset]:
 
 
 def scheduler_label(spec: Any) -> str:
-    """A scheduler spec as the reports name it: ``static``, ``static:3`` (a fixed γ), ``hardware_aware``."""
+    """A scheduler spec as the reports name it: ``static``, ``static:3`` (one argument: its value),
+    ``threshold:threshold=0.6,mode=raw`` (several), ``hardware_aware``; a spec given as YAML text is read first."""
+    if isinstance(spec, str) and spec.strip().startswith("{"):
+        import yaml
+
+        try:
+            spec = yaml.safe_load(spec)
+        except yaml.YAMLError:
+            return spec
     if isinstance(spec, dict):
-        name = str(spec.get("name", "?"))
-        return f"{name}:{spec['gamma']}" if spec.get("gamma") is not None else name
+        name = str(spec.get("class_path", "?")).rpartition(".")[2]
+        init = {k: v for k, v in (spec.get("init_args") or {}).items() if k != "sps"}
+        if len(init) == 1:
+            return f"{name}:{next(iter(init.values()))}"
+        return f"{name}:{','.join(f'{k}={v}' for k, v in init.items())}" if init else name
     return str(spec)
 
 

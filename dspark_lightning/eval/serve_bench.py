@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..checks import UsageError
-from ..infer.schedule.schedulers import parse_scheduler
+from ..infer.schedule.schedulers import scheduler_spec
 
 OUTPUT_FILES = {
     "serve_bench.json": "run info and one row per concurrency x method",
@@ -32,17 +32,31 @@ OUTPUT_FILES = {
     "frontier.png": "aggregate tok/s against per-user tok/s, one line per method over concurrency",
     "budget.png": "mean verified drafts per request-round and per step against concurrency",
 }
-DEFAULT_METHODS = ["plain", "static:1", "static:3", "static:5", "static:7", "threshold:0.5", "hardware_aware",
-                   "async_hardware_aware"]  # fmt: skip
+DEFAULT_METHODS = [
+    "plain",
+    *({"class_path": "static", "init_args": {"gamma": g}} for g in (1, 3, 5, 7)),
+    {"class_path": "threshold", "init_args": {"threshold": 0.5}},
+    "hardware_aware",
+    "async_hardware_aware",
+]
 
 
-def method_scheduler(method: str, sps: Any = None) -> tuple[bool, Any]:
-    """``plain`` (no drafter) or a scheduler as every command names it (:func:`parse_scheduler`: ``static:γ``,
-    ``threshold:θ``, ``hardware_aware``, a plugin's) -> (uses the drafter, scheduler spec); ``sps``: the table every
-    scheduler that takes one gets."""
+def method_text(method: Any) -> str:
+    """A method as the command line gives it: its name, or its spec as one line of YAML."""
+    if isinstance(method, str):
+        return method
+    import yaml
+
+    return yaml.safe_dump(method, default_flow_style=True, width=10**6).strip()
+
+
+def method_scheduler(method: Any, sps: Any = None) -> tuple[bool, Any]:
+    """``plain`` (no drafter) or a scheduler spec as every command takes it (:func:`scheduler_spec`: a name or
+    ``{class_path, init_args}``) -> (uses the drafter, scheduler spec); ``sps``: the table every scheduler that
+    takes one gets."""
     if method == "plain":
         return False, "static"
-    return True, parse_scheduler(method, sps)
+    return True, scheduler_spec(method, sps)
 
 
 def closed_loop(
@@ -137,7 +151,7 @@ def serve_bench(
     prompts: list[str],
     *,
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
-    methods: list[str] | None = None,
+    methods: list[Any] | None = None,
     sps: Any = None,
     temperature: float = 1.0,
     max_new_tokens: int = 64,
@@ -151,12 +165,15 @@ def serve_bench(
     repeat. A row holds the mean over repeats of every number, and each repeat's tok/s in ``runs_*``."""
     from tqdm.auto import tqdm
 
-    from .runner import run_info, warmup
+    from .runner import run_info, scheduler_label, warmup
 
-    methods = list(methods or DEFAULT_METHODS)
+    given = list(methods or DEFAULT_METHODS)
+    specs = {scheduler_label(m): method_scheduler(m, sps) for m in given}
+    if len(specs) != len(given):
+        raise UsageError(f"a method is given twice: {', '.join(scheduler_label(m) for m in given)}")
+    methods = list(specs)
     if repeats < 1:
         raise UsageError(f"repeats must be >= 1, got {repeats}")
-    specs = {m: method_scheduler(m, sps) for m in methods}
     if drafter is None and any(uses for uses, _ in specs.values()):
         raise UsageError("every method but 'plain' needs a drafter")
     ids = [target.encode_prompt(p) for p in prompts]

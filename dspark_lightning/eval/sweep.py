@@ -52,8 +52,8 @@ def threshold_sweep(
         for theta in thresholds:
             bar.set_postfix_str(f"{ds.domain} θ={theta:g}")
             res = decode(target, drafter, ds.prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                         scheduler={"name": "threshold", "threshold": theta, "mode": mode}, seed=seed,
-                         batch_size=batch_size, calibrated=calibrated)  # fmt: skip
+                         scheduler={"class_path": "threshold", "init_args": {"threshold": theta, "mode": mode}},
+                         seed=seed, batch_size=batch_size, calibrated=calibrated)  # fmt: skip
             ell, m = res.log.ell, res.log.accepted
             n = len(ell)
             rows.append({

@@ -164,8 +164,9 @@ def decode(
         temperature, top_k, top_p: the sampling law, applied identically to draft and target (T=0: greedy).
         scheduler: ``auto`` (default: the hardware-aware scheduler this machine's measured SPS curve calls for,
             with the draft gate) | ``static`` | ``threshold`` | ``hardware_aware`` | ``async_hardware_aware``, a
-            ``{"name": ..., **kwargs}`` dict, or a :class:`~.schedulers.Scheduler` (it keeps per-run state: use one
-            object in one call at a time; names and dicts build a fresh scheduler per call, safe across threads).
+            ``{"class_path": name, "init_args": {...}}`` spec, or a :class:`~.schedulers.Scheduler` (it keeps per-run
+            state: use one object in one call at a time; names and specs build a fresh scheduler per call, safe
+            across threads).
         seed: request i draws from its own drafting and acceptance streams, derived from (seed, i).
         seeds: one per prompt, pinning each request's streams (request i's from ``seeds[i]``), so
             ``decode([A], seeds=[7])`` and ``decode([B, A], seeds=[3, 7])`` give A the same tokens with the static

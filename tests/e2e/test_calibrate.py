@@ -65,7 +65,12 @@ def test_temperatures_round_trip_and_change_the_schedule(drafter_dir):
     drafter = load_drafter(drafter_dir, target)
     assert drafter.calibrations == {1.0: [0.01, 0.01, 0.01]}
     prompts = ["hello there", "count to ten"]
-    kw = {"max_new_tokens": 12, "temperature": 1.0, "seed": 1, "scheduler": {"name": "threshold", "threshold": 0.9}}
+    kw = {
+        "max_new_tokens": 12,
+        "temperature": 1.0,
+        "seed": 1,
+        "scheduler": {"class_path": "threshold", "init_args": {"threshold": 0.9}},
+    }
     raw = decode(target, drafter, prompts, calibrated=False, **kw)
     cal = decode(target, drafter, prompts, **kw)
     z_raw, z_cal = torch.stack(raw.log.conf_logits), torch.stack(cal.log.conf_logits)  # raw logits, always logged
@@ -92,7 +97,11 @@ def test_hardware_aware_warns_on_uncalibrated_confidences(drafter_dir):
 
     target = load_target("tiny-debug")
     sps = SPSTable.from_points({1: 10.0, 2: 9.0, 4: 8.0, 8: 4.0})
-    kw = {"max_new_tokens": 4, "temperature": 1.0, "scheduler": {"name": "hardware_aware", "sps": sps}}
+    kw = {
+        "max_new_tokens": 4,
+        "temperature": 1.0,
+        "scheduler": {"class_path": "hardware_aware", "init_args": {"sps": sps}},
+    }
     with pytest.warns(UserWarning, match="uncalibrated confidences"):
         decode(target, load_drafter(drafter_dir, target), ["hi"], **kw)
     with warnings.catch_warnings():

@@ -30,12 +30,13 @@ def _png_size(path) -> tuple[int, int]:
     return struct.unpack(">II", head[16:24])
 
 
-# eval --scheduler static:γ, eval --prompts
+# eval --scheduler {class_path: static, init_args: {gamma: γ}}, eval --prompts
 
 
 def test_eval_static_gamma_fixes_the_block(drafter, tmp_path, capsys):
     out = tmp_path / "eval"
-    args = ["eval", "--drafter", f"d={drafter}", "--scheduler", "static:1", "--temperature", "0"]
+    args = ["eval", "--drafter", f"d={drafter}", "--scheduler", "{class_path: static, init_args: {gamma: 1}}"]
+    args += ["--temperature", "0"]
     args += ["--batch_size", "1", "--prompts_per_domain", "1", "--max_new_tokens", "8", "--seed", "0"]
     code, _, err = run_main(args + ["--out", str(out)], capsys)
     assert code == 0, err[-2000:]
@@ -50,8 +51,9 @@ def test_eval_static_gamma_fixes_the_block(drafter, tmp_path, capsys):
 
 def test_a_schedulers_arguments_are_its_own(drafter, tmp_path, capsys):
     """An argument the scheduler does not take, or a value it refuses, is one line naming --scheduler."""
-    for text, fact in (("threshold:gamma=2", "it takes threshold, mode"), ("static:-1", "gamma"),
-                       ("static:4,5", "key=value")):  # fmt: skip
+    for text, fact in (("{class_path: threshold, init_args: {gamma: 2}}", "it takes threshold, mode"),
+                       ("{class_path: static, init_args: {gamma: -1}}", "gamma"),
+                       ("static:4", "{class_path: static, init_args: {...}}")):  # fmt: skip
         args = ["eval", "--drafter", drafter, "--scheduler", text, "--out", str(tmp_path / "o")]
         code, _, err = run_main(args, capsys)
         assert code == 2 and len(err.strip().splitlines()) == 1 and "--scheduler" in err and fact in err, err
@@ -74,7 +76,7 @@ def test_one_scheduler_spec_means_the_same_in_decode_eval_bench_and_serve_bench(
     monkeypatch.setattr(engine, "build_scheduler", record)
     sps = tmp_path / "sps.json"
     sps.write_text(json.dumps({"tokens": [1, 2, 4, 8], "sps": [100.0, 95.0, 80.0, 50.0]}))
-    text, out = "hardware_aware:context_len=64", str(tmp_path / "o")
+    text, out = "{class_path: hardware_aware, init_args: {context_len: 64}}", str(tmp_path / "o")
     small = ["--prompts_per_domain", "1", "--domains", "math", "--max_new_tokens", "3", "--sps", str(sps)]
     runs = {
         "decode": ["decode", "--target", "tiny-debug", "--drafter", drafter, "--prompt", "hi", "--max_new_tokens",

@@ -32,12 +32,12 @@ DECODE_BAD = {  # decode() keyword -> values it must refuse
     "scheduler": [
         "nope",
         3,
-        {"name": "threshold", "threshold": 2.0},
-        {"name": "static", "gamma": -1},
-        {"name": "static", "gamma": 1.5},
-        {"name": "threshold", "threshold": NAN},
-        {"name": "threshold", "threshold": None},
-        {"name": "static", "gama": 3},
+        {"class_path": "threshold", "init_args": {"threshold": 2.0}},
+        {"class_path": "static", "init_args": {"gamma": -1}},
+        {"class_path": "static", "init_args": {"gamma": 1.5}},
+        {"class_path": "threshold", "init_args": {"threshold": NAN}},
+        {"class_path": "threshold", "init_args": {"threshold": None}},
+        {"class_path": "static", "init_args": {"gama": 3}},
         {},
     ],  # fmt: skip
     "device": ["nope", 3],
@@ -57,7 +57,7 @@ REGEN_BAD = {"max_new_tokens": [0, -3, 2048, 10**6, None, 2.5], "batch_size": [0
 
 def api_cases(seed: int = SEED) -> list[tuple[str, str, dict]]:
     """(class, id, spec) of every API case; spec: {"call": ..., "kw"/"args": ...}."""
-    out = [("api-decode", f"decode-{k}={v!r:.40}", {"call": "decode", "kw": {k: v}}) for k, vs in DECODE_BAD.items()
+    out = [("api-decode", f"decode-{k}={v!r:.90}", {"call": "decode", "kw": {k: v}}) for k, vs in DECODE_BAD.items()
            for v in vs]  # fmt: skip
     out += [("api-decode", f"decode-prompt={p!r:.40}", {"call": "decode", "prompts": p}) for p in PROMPTS_BAD]
     out += [("api-scheduler", f"{n}-{k}={v!r:.30}", {"call": "scheduler", "name": n, "kw": {k: v}})

@@ -7,6 +7,7 @@ import torch
 
 from dspark_lightning import create, load_target
 from dspark_lightning.checkpoint import save_drafter
+from dspark_lightning.eval.runner import scheduler_label
 from dspark_lightning.eval.serve_bench import DEFAULT_METHODS
 from dspark_lightning.eval.serve_bench import OUTPUT_FILES as SERVE_FILES
 from dspark_lightning.eval.sweep import OUTPUT_FILES as SWEEP_FILES
@@ -40,7 +41,11 @@ def test_serve_bench_writes_every_file(drafter_dir, sps_file, tmp_path, capsys):
     assert code == 0, err[-2000:]
     assert sorted(p.name for p in out.iterdir()) == sorted(SERVE_FILES)
     doc = json.loads((out / "serve_bench.json").read_text())
-    assert doc["methods"] == DEFAULT_METHODS and doc["concurrency"] == [1, 4] and doc["info"]["prompts"] == 2
+    assert (
+        doc["methods"] == [scheduler_label(m) for m in DEFAULT_METHODS]
+        and doc["concurrency"] == [1, 4]
+        and doc["info"]["prompts"] == 2
+    )
     rows = {(r["concurrency"], r["method"]): r for r in doc["rows"]}
     assert len(rows) == len(doc["rows"]) == 2 * len(DEFAULT_METHODS)
     for (n, method), r in rows.items():
@@ -89,11 +94,12 @@ def test_a_registered_scheduler_is_a_method(monkeypatch):
 
     registry._ensure_loaded()
     monkeypatch.setitem(registry._REGISTRY["scheduler"], "serve_bench_test_one", One)  # undone after the test
-    assert method_scheduler("serve_bench_test_one") == (True, {"name": "serve_bench_test_one"})
+    assert method_scheduler("serve_bench_test_one") == (True, "serve_bench_test_one")
     with pytest.raises(ValueError, match="serve_bench_test_one"):  # listed among the choices
-        method_scheduler("serve_bench_test_one:2")
+        method_scheduler("{class_path: serve_bench_tests_one}")
     assert method_scheduler("plain") == (False, "static")
-    assert method_scheduler("static:3") == (True, {"name": "static", "gamma": 3})
+    spec = {"class_path": "static", "init_args": {"gamma": 3}}
+    assert method_scheduler("{class_path: static, init_args: {gamma: 3}}") == method_scheduler(spec) == (True, spec)
 
 
 def test_threshold_sweep_writes_every_file(drafter_dir, tmp_path, capsys):

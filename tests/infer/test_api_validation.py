@@ -9,7 +9,7 @@ import torch
 from infer_helpers import make_drafter
 
 from dspark_lightning.infer import SPSTable, decode
-from dspark_lightning.registry import create
+from dspark_lightning.registry import build
 
 PROMPT = [5, 17, 33, 9]
 
@@ -62,18 +62,17 @@ def test_token_id_prompts_must_be_ints_in_the_vocabulary(varied_target, prompt):
 @pytest.mark.parametrize(
     "spec, match",
     [
-        ({"name": "threshold", "threshold": 5}, "threshold"),
-        ({"name": "threshold", "threshold": -2}, "threshold"),
-        ({"name": "threshold", "threshold": math.nan}, "threshold"),
-        ({"name": "static", "gamma": -1}, "gamma"),
-        ({"name": "static", "gamma": 2.5}, "gamma"),
-        ({"name": "static", "gamma": True}, "gamma"),
+        ({"class_path": "threshold", "init_args": {"threshold": 5}}, "threshold"),
+        ({"class_path": "threshold", "init_args": {"threshold": -2}}, "threshold"),
+        ({"class_path": "threshold", "init_args": {"threshold": math.nan}}, "threshold"),
+        ({"class_path": "static", "init_args": {"gamma": -1}}, "gamma"),
+        ({"class_path": "static", "init_args": {"gamma": 2.5}}, "gamma"),
+        ({"class_path": "static", "init_args": {"gamma": True}}, "gamma"),
     ],
 )
 def test_scheduler_arguments_are_checked_at_the_api(spec, match):
-    spec = dict(spec)
     with pytest.raises(ValueError, match=match) as exc:
-        create("scheduler", spec.pop("name"), **spec)
+        build("scheduler", spec)
     one_line(exc)
 
 

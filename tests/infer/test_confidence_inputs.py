@@ -41,7 +41,9 @@ def test_a_margin_map_drives_the_confidences_of_a_drafter_without_a_head(tiny_ta
     proposer = make_proposer(d, confidence=cmap)
     ids = prompts[:2]
     plain = decode(tiny_target, None, ids, max_new_tokens=10)
-    spec = decode(tiny_target, d, ids, max_new_tokens=10, scheduler={"name": "threshold", "threshold": 0.2})
+    spec = decode(
+        tiny_target, d, ids, max_new_tokens=10, scheduler={"class_path": "threshold", "init_args": {"threshold": 0.2}}
+    )
     assert spec.token_ids == plain.token_ids
     with pytest.raises(ValueError, match="confidence head"):
         make_proposer(d, confidence=ConfidenceMap((1.0, 1.0, 1.0), (0.0,) * 3, (0.0,) * 3))

@@ -19,7 +19,12 @@ def sps():
 
 def schedulers():
     hw = {"sps": sps(), "include_draft_time": False}
-    return ["static", "threshold", {"name": "hardware_aware", **hw}, {"name": "async_hardware_aware", **hw}]
+    return [
+        "static",
+        "threshold",
+        {"class_path": "hardware_aware", "init_args": {**hw}},
+        {"class_path": "async_hardware_aware", "init_args": {**hw}},
+    ]
 
 
 def coupled(target, drafter, prompts=PROMPTS, **kw):

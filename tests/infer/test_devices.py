@@ -43,7 +43,8 @@ def test_bf16_target_greedy_equals_hf_generate(bf16_target, prompts, drafter_nam
     if scheduler == "hardware_aware":
         from dspark_lightning.infer import SPSTable
 
-        spec = {"name": scheduler, "sps": SPSTable.from_points({1: 1.0, 4: 0.9, 8: 0.7, 16: 0.45, 32: 0.25})}
+        sps = SPSTable.from_points({1: 1.0, 4: 0.9, 8: 0.7, 16: 0.45, 32: 0.25})
+        spec = {"class_path": scheduler, "init_args": {"sps": sps}}
     res = decode(bf16_target, drafter, prompts, max_new_tokens=MAX_NEW, scheduler=spec)
     for p, got, ref in zip(prompts, res.token_ids, want, strict=True):
         assert_greedy_equal_up_to_ties(bf16_target, p, got, ref)
@@ -141,8 +142,8 @@ def test_schedulers_return_host_lengths():
 
     conf = torch.tensor([[0.9, 0.8, 0.1], [0.5, 0.2, 0.1]], dtype=torch.bfloat16)
     sps = SPSTable.from_points({1: 1.0, 4: 0.95, 8: 0.9})
-    for spec in ("static", "threshold", {"name": "hardware_aware", "sps": sps},
-                 {"name": "async_hardware_aware", "sps": sps}):  # fmt: skip
+    for spec in ("static", "threshold", {"class_path": "hardware_aware", "init_args": {"sps": sps}},
+                 {"class_path": "async_hardware_aware", "init_args": {"sps": sps}}):  # fmt: skip
         ell = build_scheduler(spec)(conf)
         assert ell.device.type == "cpu" and ell.dtype == torch.long and ell.shape == (2,)
 

@@ -32,7 +32,11 @@ def reference(varied_target, prompts):
 def test_greedy_equality_with_reduced_vocab(varied_target, prompts, reference, seq_head, scheduler):
     d = vocab_drafter(varied_target, block_size=4, seq_head=seq_head)
     sps = SPSTable.from_points({1: 1.0, 4: 0.9, 8: 0.7, 16: 0.45, 32: 0.25})
-    spec = {"name": "hardware_aware", "sps": sps, "include_draft_time": False} if scheduler != "static" else "static"
+    spec = (
+        {"class_path": "hardware_aware", "init_args": {"sps": sps, "include_draft_time": False}}
+        if scheduler != "static"
+        else "static"
+    )
     res = decode(varied_target, d, prompts, max_new_tokens=MAX_NEW, scheduler=spec)
     assert res.token_ids == reference
 

@@ -28,7 +28,7 @@ def sps():
 def scheduler_spec(name, sps):
     """Registered schedulers that take an SPS table get the test's table (no profiling in tests)."""
     params = inspect.signature(get("scheduler", name)).parameters
-    return {"name": name, "sps": sps} if "sps" in params else name
+    return {"class_path": name, "init_args": {"sps": sps}} if "sps" in params else name
 
 
 @pytest.mark.parametrize("drafter_name", names("drafter"))

@@ -162,7 +162,7 @@ def test_decode_output_law_matches_target(toy_target, marginals, quality, schedu
     drafter = make_drafter(toy_target, block_size=3) if quality == "bad" else OracleDrafter(toy_target, 3, mix=0.6)
     # Without the measured drafting time the schedule does not depend on how busy the machine is (the oracle
     # drafter runs the target, so on a loaded machine its cost alone would push every length to 0).
-    hw = {"name": "hardware_aware", "sps": toy_sps(), "include_draft_time": False}
+    hw = {"class_path": "hardware_aware", "init_args": {"sps": toy_sps(), "include_draft_time": False}}
     spec = hw if scheduler == "hardware_aware" else scheduler
     res, out = toy_decode(toy_target, drafter, temperature=1.0, scheduler=spec, seed=3)
     assert out.shape == (N_SAMPLES, 4)

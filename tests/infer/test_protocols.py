@@ -242,7 +242,9 @@ def test_a_decode_takes_only_declared_attributes(varied_target, monkeypatch, acc
         m.setattr(engine, "acceptance_mode", lambda *a, **k: Recorder(real[2](*a, **k), seen["acceptance"]))
         scheduler = record_scheduler(create("scheduler", "hardware_aware", sps=SPS), seen["scheduler"])
         got = decode(varied_target, drafter, prompts, scheduler=scheduler, **kw)
-    want = decode(varied_target, drafter, prompts, scheduler={"name": "hardware_aware", "sps": SPS}, **kw)
+    want = decode(
+        varied_target, drafter, prompts, scheduler={"class_path": "hardware_aware", "init_args": {"sps": SPS}}, **kw
+    )
     assert got.token_ids == want.token_ids and got.log.ell == want.log.ell  # the recorders change nothing
     for role, attrs in seen.items():
         assert attrs <= declared(role), f"decode() took {sorted(attrs - declared(role))} of its {role}"

@@ -23,7 +23,7 @@ def drafter(varied_target):
     return make_drafter(varied_target, "dspark", block_size=4)
 
 
-@pytest.mark.parametrize("scheduler", ["static", {"name": "threshold", "threshold": 0.3}])
+@pytest.mark.parametrize("scheduler", ["static", {"class_path": "threshold", "init_args": {"threshold": 0.3}}])
 @pytest.mark.parametrize("batching", ["padded", "flat"])
 def test_pinned_seed_fixes_a_request_whatever_its_neighbours(varied_target, prompts, drafter, scheduler, batching):
     A, B, C = prompts[1], prompts[0], prompts[3]
@@ -61,7 +61,7 @@ def test_hardware_aware_output_does_not_depend_on_machine_load(varied_target, pr
             return next(now) * 0.01 + rng.random() * 0.5  # not even monotone within a step
 
         monkeypatch.setattr(engine_mod.time, "perf_counter", clock)
-        spec = {"name": name, "sps": sps, "draft_cost": 0.012}
+        spec = {"class_path": name, "init_args": {"sps": sps, "draft_cost": 0.012}}
         out = decode(varied_target, drafter, prompts, max_new_tokens=MAX_NEW, temperature=1.0, seed=9, scheduler=spec)
         monkeypatch.undo()
         return out.token_ids

@@ -104,7 +104,7 @@ def test_decode_command_with_drafter_and_prompt_file(tiny_target, tmp_path, caps
             "--max_new_tokens",
             "5",
             "--scheduler",
-            "threshold:0.0",
+            "{class_path: threshold, init_args: {threshold: 0.0}}",
         ]
     )
     cap = capsys.readouterr()

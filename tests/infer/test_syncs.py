@@ -54,7 +54,7 @@ def test_at_most_two_syncs_per_round(varied_target, name, verifier, R):
 
 @pytest.mark.parametrize("scheduler", ["threshold", "flat"])
 def test_at_most_two_syncs_per_round_other_schedulers_and_layouts(varied_target, scheduler):
-    kw = {"batching": "flat", "scheduler": "static"} if scheduler == "flat" else {"scheduler": {"name": scheduler}}
+    kw = {"batching": "flat", "scheduler": "static"} if scheduler == "flat" else {"scheduler": scheduler}
     counts = rounds(varied_target, "dspark", "hf", 4, 0.0, **kw)
     worst = max(counts, key=lambda c: c[0])
     assert worst[0] <= BUDGET, f"{worst[0]} syncs in a round: {worst[1]}"

@@ -101,7 +101,11 @@ def test_output_law_at_temperature_one(toy_family, scheduler):
     marg = exact_marginals(toy_family, PROMPT, 4, SamplingParams(1.0))
     drafter = make_drafter(toy_family, "dspark", block_size=3)
     sps = SPSTable.from_points({1: 1.0, N: 1.0, int(1.5 * N): 0.8, 2 * N: 0.55, 4 * N: 0.3})
-    spec = {"name": "hardware_aware", "sps": sps, "include_draft_time": False} if scheduler != "static" else scheduler
+    spec = (
+        {"class_path": "hardware_aware", "init_args": {"sps": sps, "include_draft_time": False}}
+        if scheduler != "static"
+        else scheduler
+    )
     res = decode(toy_family, drafter, [PROMPT] * N, max_new_tokens=4, stop_token_ids=[], temperature=1.0,
                  scheduler=spec, seed=11)  # fmt: skip
     out = torch.tensor(res.token_ids)

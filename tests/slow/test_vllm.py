@@ -83,7 +83,7 @@ def test_vllm_runs_the_export_with_our_tokens_and_our_acceptance(vllm_venv, smol
     target, (drafter,) = load_target_and_drafters(None, [drafter_dir], drafter_dtype="fp32")
     prompts = [target.encode_prompt(p) for p in PROMPTS]
     ours = decode(target, drafter, prompts, max_new_tokens=NEW_TOKENS, temperature=0.0, batch_size=1,
-                  scheduler={"name": "static", "gamma": GAMMA})  # fmt: skip
+                  scheduler={"class_path": "static", "init_args": {"gamma": GAMMA}})  # fmt: skip
     params = {"max_tokens": NEW_TOKENS, "temperature": 0.0}
     model = embedded_path(SMOLLM2)
     with vllm.VLLMWorker(model) as plain:

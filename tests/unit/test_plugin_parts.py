@@ -9,7 +9,7 @@ from dspark_lightning import create
 from dspark_lightning.checks import UsageError
 from dspark_lightning.drafters.heads.sequential import LOW_RANK_WEIGHTS, GatedMarkovHead
 from dspark_lightning.infer import Scheduler, decode
-from dspark_lightning.infer.schedule.schedulers import parse_scheduler
+from dspark_lightning.infer.schedule.schedulers import scheduler_spec
 from dspark_lightning.testing import random_target
 
 
@@ -29,18 +29,24 @@ class Capped(Scheduler):
 
 def test_a_plugin_scheduler_with_arguments_is_named_like_the_builtins(registered):
     registered("scheduler", "capped")(Capped)
-    assert parse_scheduler("capped:2") == {"name": "capped", "cap": 2}
-    assert parse_scheduler("capped:cap=2,every=3") == {"name": "capped", "cap": 2, "every": 3}
-    for bad, fact in (("capped:cap=-1", "cap must be >= 0"), ("capped:depth=2", "depth"), ("capped:2,3", "key=value")):
+    spec = {"class_path": "capped", "init_args": {"cap": 2, "every": 3}}
+    assert scheduler_spec("{class_path: capped, init_args: {cap: 2, every: 3}}") == spec  # the command line's YAML
+    assert scheduler_spec("capped") == "capped"
+    bad = {"{class_path: capped, init_args: {cap: -1}}": "cap must be >= 0", "capped:2": "class_path: capped",
+           "{class_path: capped, init_args: {depth: 2}}": "depth", "{class_path: capped, init_args: 2}": "mapping",
+           "{name: capped}": "class_path"}  # fmt: skip
+    for text, fact in bad.items():
         with pytest.raises(UsageError, match=fact):
-            parse_scheduler(bad)
+            scheduler_spec(text)
     target = random_target(layers=4, seed=1)
     drafter = create("drafter", "dspark", target, block_size=4, backbone={"name": "dense", "num_layers": 1},
                      mask_token_id=1)  # fmt: skip
-    res = decode(
-        target, drafter, [[5, 6, 7]], max_new_tokens=8, stop_token_ids=[], scheduler=parse_scheduler("capped:2")
-    )
-    assert res.stats.mean_verify_len == pytest.approx(2.0)  # its argument reached the engine: 2 drafts verified a round
+    for capped in (
+        {"class_path": "capped", "init_args": {"cap": 2}},  # registered: its name
+        {"class_path": f"{Capped.__module__}.Capped", "init_args": {"cap": 2}},
+    ):  # or its import path
+        res = decode(target, drafter, [[5, 6, 7]], max_new_tokens=8, stop_token_ids=[], scheduler=capped)
+        assert res.stats.mean_verify_len == pytest.approx(2.0)  # its argument reached the engine: 2 drafts a round
 
 
 def test_a_plugin_acceptance_mode_is_chosen_by_name_in_python_and_the_cli(registered, capsys):

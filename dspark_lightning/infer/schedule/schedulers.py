@@ -23,7 +23,7 @@ import torch
 
 from ... import checks
 from ...checks import UsageError
-from ...registry import RegistryError, create, get, register
+from ...registry import RegistryError, build, get, register
 from .sps import SPSTable
 
 if TYPE_CHECKING:
@@ -466,7 +466,7 @@ class OnlineCalibration:
     applies to the whole window at once. Lossless: the shifts and means of step t come from steps < t only.
     """
 
-    def __init__(self, prior: float = 4.0, clip: float = 4.0, window: int = 50) -> None:
+    def __init__(self, prior: float = 8.0, clip: float = 4.0, window: int = 50) -> None:
         self.prior, self.clip, self.window = prior, clip, window
         self.reset()
 
@@ -478,6 +478,7 @@ class OnlineCalibration:
         self.drafted = 0
         self._shift: torch.Tensor | None = None
         self._mean: list[float] | None = None
+        self._survival: list[float] = []
 
     def _grow(self, g: int) -> None:
         while len(self.n) < g:
@@ -503,19 +504,34 @@ class OnlineCalibration:
         c = conf.double().clamp(1e-6, 1 - 1e-6)
         return torch.sigmoid(torch.logit(c) + self.shifts(c.shape[1]))
 
+    def _window(self) -> None:
+        """The mean over the window of ĉ'_k and of the survival Π_{j≤k} ĉ'_j per position, each row corrected with
+        the current shifts (a row's own product: positions of one round rise and fall together)."""
+        g = max((t.shape[1] for t in self.recent), default=0)
+        conf, surv, count = (torch.zeros(g, dtype=torch.float64) for _ in range(3))
+        shift = self.shifts(g) if g else None
+        for logit in self.recent:
+            w = logit.shape[1]
+            c = torch.sigmoid(logit + shift[:w])
+            conf[:w] += c.sum(0)
+            surv[:w] += c.cumprod(1).sum(0)
+            count[:w] += logit.shape[0]
+        self._mean = (conf / count.clamp(min=1)).tolist()
+        self._survival = (surv / count.clamp(min=1)).tolist()
+
     @property
     def mean(self) -> list[float]:
         """Mean ĉ'_k per position over the window (empty before any drafted step)."""
         if self._mean is None:
-            g = max((t.shape[1] for t in self.recent), default=0)
-            total, count = torch.zeros(g, dtype=torch.float64), torch.zeros(g, dtype=torch.float64)
-            shift = self.shifts(g) if g else None
-            for logit in self.recent:
-                w = logit.shape[1]
-                total[:w] += torch.sigmoid(logit + shift[:w]).sum(0)
-                count[:w] += logit.shape[0]
-            self._mean = (total / count.clamp(min=1)).tolist()
+            self._window()
         return self._mean
+
+    @property
+    def survival(self) -> list[float]:
+        """Mean survival a_k = Π_{j≤k} ĉ'_j per position over the window (empty before any drafted step)."""
+        if self._mean is None:
+            self._window()
+        return self._survival
 
     def expected(self, k: int) -> float | None:
         """The mean of ĉ'_k (0-based k) over the window, None before any drafted step."""
@@ -598,10 +614,11 @@ class AutoScheduler(_SPSScheduler):
       ``sps`` and ``draft_cost``), the SPS table plus the drafting cost.
     - ℓ: :func:`lookahead_schedule` on those whole-step rates, which is Algorithm 1 on a smooth curve and still
       admits the blocks that pay at a step of the curve.
-    - Whether to draft at all: the expected rate of drafting, (R + the plan's Σ a) over the modelled step time, with
-      R requests of the earlier rounds' mean survival, against plain decoding's R tokens per plain step, drafting
-      only when it is ``margin`` faster (a gain smaller than the estimate's error is not worth the risk); a skipping
-      gate drafts again after ``probe`` skipped steps (doubling up to ``max_probe``) to refresh its estimate.
+    - Whether to draft at all: the best fixed verification length n for R requests whose drafts survive as the
+      recent rounds' did (the window's mean of each round's own survival Π ĉ', corrected), R (1 + Σ_{k≤n} a_k) over
+      the modelled step time, against plain decoding's R tokens per plain step, drafting only when it is ``margin``
+      faster (a gain smaller than the estimate's error is not worth the risk); a skipping gate drafts again after
+      ``probe`` skipped steps (doubling up to ``max_probe``) to refresh its estimate.
 
     Every decision reads the current confidences as Algorithm 1 does and earlier steps otherwise, so the output law
     is the target's; with ``timing="model"`` (default) nothing depends on the wall clock.
@@ -683,12 +700,16 @@ class AutoScheduler(_SPSScheduler):
         return self._pays_cache["pays"]
 
     def _drafting_pays(self, R: int) -> bool:
-        mean = torch.tensor(self.online.mean, dtype=torch.float64).clamp(0, 1)
-        rates = self._rates(R, len(mean))
-        plan = lookahead_schedule(mean.expand(R, -1), rates, self.online.expected)
-        a = mean.cumprod(0)
-        gain = float(sum(a[: int(n)].sum() for n in plan))
-        return (R + gain) * rates[R + int(plan.sum())] > (1 + self.margin) * self._plain_rate(R)
+        """The best fixed verification length for R requests whose drafts survive as the window's rounds did, in
+        tokens per second, against plain decoding's, which it must beat by ``margin``."""
+        a = self.online.survival
+        rates = self._rates(R, len(a))
+        gains = [0.0]
+        for v in a:
+            gains.append(gains[-1] + v)
+        fits = [n for n in range(1, len(a) + 1) if R * (1 + n) < len(rates)]
+        best = max((R * (1 + gains[n]) * rates[R * (1 + n)] for n in fits), default=0.0)
+        return best > (1 + self.margin) * self._plain_rate(R)
 
     def wants_draft(self, R: int) -> bool:
         if not self.skip_draft:
@@ -705,24 +726,17 @@ class AutoScheduler(_SPSScheduler):
 
 
 def build_scheduler(spec: Any) -> Scheduler:
-    """A scheduler from a name, ``{"name": ..., **kwargs}``, a :class:`Scheduler` (returned as is) or a plain function
-    ``conf -> lengths`` (wrapped). The one check of a spec: the constructors check their arguments, and an argument a
-    scheduler does not take is named here."""
-    if isinstance(spec, str):
-        return create("scheduler", spec)
-    if isinstance(spec, dict):
-        kwargs = dict(spec)
-        name = kwargs.pop("name", None)
-        if not isinstance(name, str):
-            raise checks.UsageError(f"a scheduler spec needs a string 'name', got {checks.short(spec)}")
-        cls = get("scheduler", name)
-        sig = inspect.signature(cls)
-        try:
-            sig.bind(**kwargs)
-        except TypeError as exc:
-            takes = ", ".join(sig.parameters) or "no arguments"
-            raise checks.UsageError(f"scheduler {name!r}: {exc} (it takes {takes})") from None
-        return cls(**kwargs)
+    """A scheduler from its spec, a :class:`Scheduler` (returned as is) or a plain function ``conf -> lengths``
+    (wrapped). The spec is a component's one spelling (:func:`~dspark_lightning.registry.build`): a registered name
+    (``"auto"``) or ``{"class_path": "static", "init_args": {"gamma": 3}}``; the constructors check their arguments."""
+    if isinstance(spec, str) and ":" in spec:
+        name = spec.partition(":")[0]
+        get("scheduler", name)  # an unknown name is named first
+        takes = ", ".join(scheduler_params(name)) or "none"
+        raise checks.UsageError(f"scheduler {spec!r}: name a scheduler and its arguments as {{class_path: {name}, "
+                                f"init_args: {{...}}}} (its arguments: {takes})")  # fmt: skip
+    if isinstance(spec, (str, dict)):
+        spec = build("scheduler", spec)
     if isinstance(spec, Scheduler):
         return spec
     if callable(spec):
@@ -733,42 +747,37 @@ def build_scheduler(spec: Any) -> Scheduler:
                 "dspark_lightning.infer.Scheduler, so the engine would never call them; subclass it"
             )
         return FunctionScheduler(spec)
-    raise checks.UsageError(f"scheduler must be a registered name, a {{'name': ...}} spec or a scheduler object, got "
-                            f"{checks.short(spec)}")  # fmt: skip
+    raise checks.UsageError(f"a scheduler is a registered name, {{class_path: NAME, init_args: {{...}}}}, a Scheduler "
+                            f"or a function conf -> lengths, got {checks.short(spec)}")  # fmt: skip
 
 
-def parse_scheduler(text: str, sps: str | SPSTable | None = None) -> dict[str, Any]:
-    """The spec a command's scheduler text means, the same in every command (``decode``, ``eval``, ``bench``,
-    ``serve-bench``) and in Python: ``name``, ``name:value`` (the scheduler's first argument: ``static:4``,
-    ``threshold:0.7``) or ``name:key=value,key=value`` (``threshold:threshold=0.6,mode=raw``); values are read as
-    YAML scalars. ``sps``: a measured SPS table (its JSON path) for every scheduler that takes one and is not given
-    one in ``text``. The spec is built once here, so a bad name, argument or value is one line before any work."""
+def scheduler_params(name: str) -> list[str]:
+    try:
+        return list(inspect.signature(get("scheduler", name)).parameters)
+    except RegistryError:
+        return []
+
+
+def scheduler_spec(value: Any, sps: str | SPSTable | None = None) -> Any:
+    """A command's ``--scheduler`` value as its spec, checked once before any work: a registered name or a YAML
+    ``{class_path: ..., init_args: {...}}`` (a spec already parsed is taken as is). ``sps``: a measured SPS table
+    (its JSON path) for a scheduler that takes one and is not given one."""
     import yaml
 
-    if not isinstance(text, str) or not text.strip():
-        raise checks.UsageError(f"a scheduler is a registered name with optional arguments, got {text!r}")
-    name, _, args = text.strip().partition(":")
-    try:
-        params = list(inspect.signature(get("scheduler", name)).parameters)
-    except RegistryError as exc:
-        raise checks.UsageError(exc.args[0]) from None
-    kwargs: dict[str, Any] = {}
-    for part in filter(None, (p.strip() for p in args.split(","))):
-        key, eq, value = part.partition("=")
-        if not eq:
-            if kwargs or not params:
-                raise checks.UsageError(f"scheduler {text!r}: give arguments as key=value ({name} takes "
-                                        f"{', '.join(params) or 'no arguments'})")  # fmt: skip
-            key, value = params[0], part
+    if isinstance(value, str):
         try:
-            kwargs[key.strip()] = yaml.safe_load(value)
+            value = yaml.safe_load(value) if value.strip().startswith("{") else value.strip()
         except yaml.YAMLError:
-            raise checks.UsageError(f"scheduler {text!r}: {value!r} is not a value") from None
-    if sps is not None and "sps" in params and "sps" not in kwargs:
-        kwargs["sps"] = sps
-    spec = {"name": name, **kwargs}
+            raise checks.UsageError(f"scheduler {value!r} is not a name or a YAML mapping") from None
+    if sps is not None and isinstance(value, (str, dict)):
+        spec = {"class_path": value} if isinstance(value, str) else dict(value)
+        path = spec.get("class_path")
+        if isinstance(path, str) and "sps" in scheduler_params(path) and "sps" not in (spec.get("init_args") or {}):
+            value = {**spec, "init_args": {**(spec.get("init_args") or {}), "sps": sps}}
     try:
-        build_scheduler(spec)
-    except (TypeError, ValueError) as exc:
-        raise checks.UsageError(f"scheduler {text!r}: {' '.join(str(exc).split())}") from None
-    return spec
+        build_scheduler(value)
+    except (TypeError, ValueError) as exc:  # a plugin's constructor refusing the user's value
+        if isinstance(exc, checks.UsageError):
+            raise
+        raise checks.UsageError(f"scheduler {checks.short(value)}: {' '.join(str(exc).split())}") from exc
+    return value
