@@ -8,7 +8,8 @@ it was trained on, prompts it never saw; data-curve's fixed order) with plain de
 ``hardware_aware``, ``threshold:θ`` and ``static:γ``. At batch 1 every prompt is decoded by every method back to
 back (the order rotating, so machine drift hits all alike); at batch B each group of B prompts is one call per
 method. Writes ``<out>/sched_bench.json`` (rows ``{drafter, set, batch, T, method, tok_s, tau, speedup}``, speedup
-over plain in the same run; with the CPU, commit and date), ``sched_bench.md`` and ``sched_bench.png``. At T = 0
+over plain in the same run, and with 5 groups or more ``speedup_ci``, its 95 % bootstrap interval over the groups;
+with the CPU, commit and date), ``sched_bench.md`` and ``sched_bench.png``. At T = 0
 every method's output is compared with plain's (``greedy_equal``); so it is at T > 0 in the batches of
 ``--coupled_batches``, decoded with coupled acceptance (drafter-invariant outputs: a padded batch then runs
 equally long for every method). Run it alone on the machine.
@@ -20,6 +21,7 @@ import argparse
 import datetime
 import json
 import os
+import random
 import subprocess
 import time
 from pathlib import Path
@@ -47,7 +49,8 @@ def run_set(target, drafter, prompts: list[str], *, batch: int, T: float, max_ne
             table: dict[str, object], acceptance: str = "rejection") -> dict[str, dict]:  # fmt: skip
     """Every method on every group of ``batch`` prompts, back to back, the order rotating per group."""
     names = list(table)
-    acc = {n: {"s": 0.0, "tokens": 0, "rounds": 0, "committed": 0, "equal": 0, "calls": 0} for n in names}
+    acc = {n: {"s": 0.0, "tokens": 0, "rounds": 0, "committed": 0, "equal": 0, "calls": 0, "groups": []}
+           for n in names}  # fmt: skip
     groups = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
     for gi, group in enumerate(groups):
         order = names[gi % len(names) :] + names[: gi % len(names)]
@@ -58,9 +61,10 @@ def run_set(target, drafter, prompts: list[str], *, batch: int, T: float, max_ne
             res = decode(target, None if sched is None else drafter, group, max_new_tokens=max_new_tokens,
                          temperature=T, scheduler="static" if sched is None else sched, seed=gi,
                          batch_size=batch, acceptance=acceptance)  # fmt: skip
-            a = acc[name]
-            a["s"] += time.perf_counter() - t0
+            a, seconds = acc[name], time.perf_counter() - t0
+            a["s"] += seconds
             a["tokens"] += res.stats.generated_tokens
+            a["groups"].append((seconds, res.stats.generated_tokens))
             a["rounds"] += res.stats.rounds
             a["committed"] += round(res.stats.tau * res.stats.rounds)
             a["calls"] += 1
@@ -68,6 +72,23 @@ def run_set(target, drafter, prompts: list[str], *, batch: int, T: float, max_ne
         for name in names:
             acc[name]["equal"] += int(outs[name] == outs["plain"])
     return acc
+
+
+def speedup_interval(method: list[tuple[float, int]], plain: list[tuple[float, int]], n: int = 2000,
+                     seed: int = 0) -> list[float] | None:  # fmt: skip
+    """95 % bootstrap interval of the speed-up over plain, resampling the groups (paired: a group's methods ran back
+    to back); None for fewer than 5 groups."""
+    if len(method) < 5:
+        return None
+    g = random.Random(seed)
+    draws = []
+    for _ in range(n):
+        idx = [g.randrange(len(method)) for _ in method]
+        mine = sum(method[i][1] for i in idx) / sum(method[i][0] for i in idx)
+        base = sum(plain[i][1] for i in idx) / sum(plain[i][0] for i in idx)
+        draws.append(mine / base)
+    draws.sort()
+    return [round(draws[int(0.025 * n)], 3), round(draws[int(0.975 * n) - 1], 3)]
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -96,10 +117,12 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| drafter | set | batch | T | method | tok/s | τ | speed-up | output = plain |", "|---" * 9 + "|"]
+    lines = ["| drafter | set | batch | T | method | tok/s | τ | speed-up | 95 % interval | output = plain |",
+             "|---" * 10 + "|"]  # fmt: skip
     for r in rows:
+        ci = "—" if "speedup_ci" not in r else f"{r['speedup_ci'][0]:.3f}–{r['speedup_ci'][1]:.3f}"
         lines.append(f"| {r['drafter']} | {r['set']} | {r['batch']} | {r['T']:g} | {r['method']} | {r['tok_s']:.1f} "
-                     f"| {r['tau']:.2f} | {r['speedup']:.3f} | {r.get('greedy_equal', '—')} |")  # fmt: skip
+                     f"| {r['tau']:.2f} | {r['speedup']:.3f} | {ci} | {r.get('greedy_equal', '—')} |")  # fmt: skip
     return "\n".join(lines)
 
 
@@ -157,6 +180,9 @@ def main() -> None:
                            "prompts": len(prompts), "acceptance": mode}  # fmt: skip
                     if T == 0 or mode == "coupled":  # outputs that must equal plain's
                         row["greedy_equal"] = f"{x['equal']}/{x['calls']}"
+                    interval = speedup_interval(x["groups"], acc["plain"]["groups"])
+                    if interval and name != "plain":
+                        row["speedup_ci"] = interval
                     rows.append(row)
                     print(json.dumps(row), flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout

@@ -104,9 +104,8 @@ class Engine:
         self._observes_draft_time = overrides(self.scheduler, "observe_draft_time")
         self._observes_rounds = overrides(self.scheduler, "observe_rounds")
         kernels = self.verifier.kernels if isinstance(self.verifier, KernelChoice) else None
-        self.hardware = HardwareProfile(kernels=kernels)
-        if hardware is not None:
-            self.use_hardware(hardware)
+        self.padded = getattr(self.verifier, "batching", "padded") == "padded"
+        self.use_hardware(hardware if hardware is not None else HardwareProfile(kernels=kernels))
         self.stop_ids = {int(t) for t in stop_token_ids}
         self.stop_strings = [s for s in (stop_strings or []) if s]
         dev = self.verifier.device
@@ -123,7 +122,9 @@ class Engine:
         self.trace = None  # an optional FeatureTrace (infer.generation): the target features of committed positions
 
     def use_hardware(self, profile: HardwareProfile) -> None:
-        """Hand the machine's profile to the scheduler (before the first step: nothing in the loop measures it)."""
+        """Hand the machine's profile, with how this engine batches a verification, to the scheduler (before the
+        first step: nothing in the loop measures it)."""
+        profile = profile.with_parts(padded=self.padded)
         self.hardware = profile
         self.scheduler.use_hardware(profile)
 

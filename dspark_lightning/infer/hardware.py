@@ -30,10 +30,11 @@ class HardwareProfile:
     sps: SPSTable | None = None  # the target's verification steps per second by verified tokens B
     draft_cost: DraftCost | None = None  # the drafter's seconds per drafted round by batch size
     kernels: KernelTable | None = None  # the matrix kernel per weight shape and row count (CPU; None: the library's)
+    padded: bool = False  # the engine verifies R rows of 1 + max ℓ positions (set by the engine, not measured)
 
     def with_parts(self, **parts) -> HardwareProfile:
         """A copy with some parts replaced (unknown names are refused)."""
-        unknown = set(parts) - set(PARTS)
+        unknown = set(parts) - {*PARTS, "padded"}
         if unknown:
             raise UsageError(f"a HardwareProfile has no part {sorted(unknown)}; its parts are {', '.join(PARTS)}")
         return replace(self, **parts)

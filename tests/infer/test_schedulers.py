@@ -353,3 +353,57 @@ def test_auto_drafts_only_when_drafting_beats_plain_by_its_margin():
             sched.observe_rounds(conf, torch.tensor([1]), [m])
         decisions[margin] = sched.wants_draft(1)
     assert decisions == {0.0: True, 0.03: False}
+
+
+def test_padded_verification_is_priced_at_what_the_padded_step_computes():
+    """A padded forward computes R (1 + max ℓ) positions whatever the lengths, so ``auto`` on a padded engine gives
+    every request the same n, priced at B = R (1 + n): here the token-count walk gives the 0.95 request four drafts
+    (8 tokens priced, 20 computed: 68 tokens/s, not the 218 it expected), the padded walk one draft each (167)."""
+    from dspark_lightning.infer.schedule.schedulers import lookahead_schedule, step_rates, uniform_schedule
+
+    rates = step_rates(SPSTable.from_points({1: 30.0, 4: 30.0, 8: 29.0, 12: 12.0, 28: 6.0}))
+    conf = torch.tensor([[0.95] * 6, [0.6] * 6, [0.1] * 6, [0.1] * 6])
+    a = conf.cumprod(-1)
+
+    def padded_rate(lengths: torch.Tensor) -> float:
+        value = 4 + sum(float(a[r, : int(n)].sum()) for r, n in enumerate(lengths))
+        return value * rates[4 * (1 + int(lengths.max()))]
+
+    ragged, uniform = lookahead_schedule(conf, rates), uniform_schedule(conf, rates)
+    assert ragged.tolist() == [4, 0, 0, 0] and uniform.tolist() == [1, 1, 1, 1]
+    assert padded_rate(uniform) > 2 * padded_rate(ragged)
+    flat = step_rates(SPSTable.from_points({1: 30.0, 64: 30.0}))
+    assert uniform_schedule(conf, flat).tolist() == [6] * 4  # free positions: the whole block
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_padded_admission_of_a_position_never_reads_later_confidences(seed):
+    """Non-anticipation of the padded walk: whether request r verifies position k depends on ĉ_{r,1..k} and on the
+    other requests, never on ĉ_{r,k+1..}."""
+    from dspark_lightning.infer.schedule.schedulers import step_rates, uniform_schedule
+
+    g = torch.Generator().manual_seed(seed)
+    R, gamma = 1 + seed % 4, 5
+    pts = sorted({1, *torch.randint(2, 40, (6,), generator=g).tolist()})
+    sps = SPSTable.from_points(dict(zip(pts, sorted(torch.rand(len(pts), generator=g).tolist(), reverse=True),
+                                        strict=True)))  # fmt: skip
+    rates = step_rates(sps, extra=float(torch.rand(1, generator=g)) * 0.5)
+    conf = torch.rand(R, gamma, generator=g)
+    base = uniform_schedule(conf, rates, expected=lambda k: 0.5)
+    for r in range(R):
+        for k in range(gamma):
+            other = conf.clone()
+            other[r, k + 1 :] = torch.rand(gamma - k - 1, generator=g)
+            assert bool(uniform_schedule(other, rates, expected=lambda k: 0.5)[r] >= k + 1) == bool(base[r] >= k + 1)
+
+
+def test_the_engine_tells_auto_how_it_batches_a_verification(tiny_target):
+    """The lean verifier pads (one cache row per request); the HF verifier's flat batching does not."""
+    from dspark_lightning.infer import Engine, SamplingParams
+    from dspark_lightning.infer.schedule.schedulers import AutoScheduler
+
+    for verifier, batching, padded in (("lean", "padded", True), ("hf", "flat", False)):
+        sched = AutoScheduler(SPSTable.from_points({1: 30.0, 8: 20.0}), draft_cost=0.01)
+        Engine(tiny_target, None, params=SamplingParams(), scheduler=sched, stop_token_ids=[],
+               verifier=verifier, batching=batching)  # fmt: skip
+        assert sched.padded is padded

@@ -601,6 +601,39 @@ def lookahead_schedule(conf: torch.Tensor, rates: list[float], expected=None) ->
     return pos
 
 
+def uniform_schedule(conf: torch.Tensor, rates: list[float], expected=None) -> torch.Tensor:
+    """:func:`lookahead_schedule` for a padded verifier, whose forward computes 1 + max ℓ positions in every row
+    whatever the lengths: every request verifies the same n drafts, and the walk raises n while admitting position n
+    of every request (plus, looking ahead, up to γ − n more valued as in :func:`lookahead_schedule`) beats stopping,
+    a step of R requests costing ``rates[R (1 + n)]``.
+
+    Non-anticipating: including position n of request r reads its a_{r,n} (computed before x_{r,n} was drawn), the
+    other requests' (independent of r's drafts) and earlier rounds."""
+    R, g = conf.shape
+    c = conf.double().clamp(0, 1)
+    a = c.cumprod(-1)
+    column = a.sum(0).tolist()  # what position n adds over all requests
+    limit = len(rates) - 1
+    n, tau = 0, float(R)
+    while n < g and R * (n + 2) <= limit:
+        current = tau * rates[R * (1 + n)]
+        best, extra, a_next = -1.0, 0.0, a[:, n]
+        for i in range(0, g - n):
+            B = R * (n + 2 + i)
+            if B > limit:
+                break
+            if i:
+                e = expected(n + i) if expected is not None else None
+                a_next = a_next * (c[:, n] if e is None else e)
+                extra += float(a_next.sum())
+            best = max(best, (tau + column[n] + extra) * rates[B])
+        if best <= current:
+            break
+        tau += column[n]
+        n += 1
+    return torch.full((R,), n, dtype=torch.long)
+
+
 @register("scheduler", "auto")
 class AutoScheduler(_SPSScheduler):
     """The default: the verification length that pays on this machine, from confidences corrected by this run.
@@ -613,7 +646,8 @@ class AutoScheduler(_SPSScheduler):
       beyond the target's forward is counted for plain decoding and drafting alike; without that profile (a given
       ``sps`` and ``draft_cost``), the SPS table plus the drafting cost.
     - ℓ: :func:`lookahead_schedule` on those whole-step rates, which is Algorithm 1 on a smooth curve and still
-      admits the blocks that pay at a step of the curve.
+      admits the blocks that pay at a step of the curve; with a padded verifier (every row computes 1 + max ℓ
+      positions), :func:`uniform_schedule`, priced at what the padded step computes.
     - Whether to draft at all: the best fixed verification length n for R requests whose drafts survive as the
       recent rounds' did (the window's mean of each round's own survival Π ĉ', corrected), R (1 + Σ_{k≤n} a_k) over
       the modelled step time, against plain decoding's R tokens per plain step, drafting only when it is ``margin``
@@ -644,6 +678,7 @@ class AutoScheduler(_SPSScheduler):
         self.skip_draft, self.online_on, self.probe, self.max_probe = skip_draft, online, probe, max_probe
         self.margin = margin
         self.online = OnlineCalibration()
+        self.padded = False  # how the engine verifies (its HardwareProfile says)
         self.reset()
 
     def reset(self) -> None:
@@ -681,10 +716,15 @@ class AutoScheduler(_SPSScheduler):
         """Tokens per second of plain decoding at R requests."""
         return R / self.cost.plain_seconds(R) if self._steps() else R * float(self.sps(R))
 
+    def use_hardware(self, profile: HardwareProfile) -> None:
+        super().use_hardware(profile)
+        self.padded = profile.padded
+
     def __call__(self, conf: torch.Tensor) -> torch.Tensor:
         conf = conf.detach().cpu()
         expected = self.online.expected if self.online_on else None
-        return lookahead_schedule(self._conf(conf), self._rates(*conf.shape), expected)
+        walk = uniform_schedule if self.padded else lookahead_schedule
+        return walk(self._conf(conf), self._rates(*conf.shape), expected)
 
     def observe_rounds(self, conf: torch.Tensor, lengths: torch.Tensor, accepted: list[int]) -> None:
         self.online.observe(conf.detach().cpu(), lengths, accepted)
