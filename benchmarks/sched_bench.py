@@ -46,14 +46,16 @@ def methods(gammas: list[int], thresholds: list[float]) -> dict[str, object]:
 
 
 def run_set(target, drafter, prompts: list[str], *, batch: int, T: float, max_new_tokens: int,
-            table: dict[str, object], acceptance: str = "rejection") -> dict[str, dict]:  # fmt: skip
-    """Every method on every group of ``batch`` prompts, back to back, the order rotating per group."""
+            table: dict[str, object], acceptance: str = "rejection", repeats: int = 1) -> dict[str, dict]:  # fmt: skip
+    """Every method on every group of ``batch`` prompts, back to back, the order rotating per group; each group
+    ``repeats`` times (a repeat is one more paired sample of the speed-up, with the same seed)."""
     names = list(table)
     acc = {n: {"s": 0.0, "tokens": 0, "rounds": 0, "committed": 0, "equal": 0, "calls": 0, "groups": []}
            for n in names}  # fmt: skip
     groups = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
-    for gi, group in enumerate(groups):
-        order = names[gi % len(names) :] + names[: gi % len(names)]
+    runs = [(gi, group) for _ in range(repeats) for gi, group in enumerate(groups)]
+    for ri, (gi, group) in enumerate(runs):
+        order = names[ri % len(names) :] + names[: ri % len(names)]
         outs = {}
         for name in order:
             sched = table[name]
@@ -72,6 +74,10 @@ def run_set(target, drafter, prompts: list[str], *, batch: int, T: float, max_ne
         for name in names:
             acc[name]["equal"] += int(outs[name] == outs["plain"])
     return acc
+
+
+def now() -> str:
+    return datetime.datetime.now().isoformat(timespec="minutes")
 
 
 def speedup_interval(method: list[tuple[float, int]], plain: list[tuple[float, int]], n: int = 2000,
@@ -147,6 +153,7 @@ def main() -> None:
         "padded batch runs as long for each; rejection sampling's outputs differ per method)",
     )
     ap.add_argument("--methods", nargs="*", default=None, help="a subset of the method labels (plain always runs)")
+    ap.add_argument("--repeats", type=int, default=1, help="decode every group this many times (paired samples)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/data/sched_bench"))
     a = ap.parse_args()
 
@@ -159,6 +166,7 @@ def main() -> None:
     for batch in a.batches:  # one-time profiles (kernels, SPS, drafting cost up to this batch) before any timing
         for sched in ("auto", "static"):
             decode(target, drafter, (warm * batch)[:batch], max_new_tokens=8, scheduler=sched, batch_size=batch)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "sched_bench.json"
@@ -170,14 +178,15 @@ def main() -> None:
             for s, prompts in sets.items():
                 mode = "coupled" if T > 0 and batch in a.coupled_batches else "rejection"
                 acc = run_set(target, drafter, prompts, batch=batch, T=T, max_new_tokens=a.max_new_tokens,
-                              table=table, acceptance=mode)  # fmt: skip
+                              table=table, acceptance=mode, repeats=a.repeats)  # fmt: skip
                 plain = acc["plain"]["tokens"] / acc["plain"]["s"]
                 for name, x in acc.items():
                     tok_s = x["tokens"] / x["s"]
                     tau = round(x["committed"] / x["rounds"], 3) if x["rounds"] else 1.0
                     row = {"drafter": a.label, "set": s, "batch": batch, "T": T, "method": name,
                            "tok_s": round(tok_s, 2), "tau": tau, "speedup": round(tok_s / plain, 3),
-                           "prompts": len(prompts), "acceptance": mode}  # fmt: skip
+                           "prompts": len(prompts), "acceptance": mode, "calls": x["calls"],
+                           "commit": commit.strip(), "when": now()}  # fmt: skip
                     if T == 0 or mode == "coupled":  # outputs that must equal plain's
                         row["greedy_equal"] = f"{x['equal']}/{x['calls']}"
                     interval = speedup_interval(x["groups"], acc["plain"]["groups"])
@@ -185,7 +194,6 @@ def main() -> None:
                         row["speedup_ci"] = interval
                     rows.append(row)
                     print(json.dumps(row), flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     doc = {
         "command": "benchmarks/sched_bench.py " + " ".join(f"--{k} {v}" for k, v in vars(a).items()),
         "cpu": cpu_model(),

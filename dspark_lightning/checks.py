@@ -234,7 +234,7 @@ def drafter_config(path: str | os.PathLike) -> dict[str, Any]:
         raise UsageError(f"drafter config {p / 'config.json'} is not a JSON object")
     if "format_version" not in cfg and "architectures" in cfg:  # a serving layout: its registered reader checks it
         return cfg
-    parts = ("drafter", "drafter_args") if "drafter" in cfg else ("backbone", "seq_head", "conf_head", "mask_token_id")
+    parts = ("drafter",) if "drafter" in cfg else ("backbone", "seq_head", "conf_head", "mask_token_id")
     missing = [
         k for k in ("format_version", "target", "geometry", "block_size", "weights_sha256", *parts) if k not in cfg
     ]

@@ -88,7 +88,7 @@ def _head(spec: Any, geometry, kwargs: dict[str, Any]):
     from .drafters import build_part
 
     if isinstance(spec, str):
-        return build_part("seq_head", {"name": spec, **kwargs}, geometry)
+        return build_part("seq_head", {"class_path": spec, "init_args": kwargs}, geometry)
     return spec(geometry, **kwargs)
 
 
@@ -204,7 +204,7 @@ def check_scheduler(spec: Any, seed: int = 0, **kwargs: Any) -> None:
             second.observe_step(True, R, int(a.sum()) + R, 0.01, verified=R + int(a.sum()))
     target = random_target()
     torch.manual_seed(seed)
-    drafter = build_drafter(target, 4, backbone="dense", seq_head={"name": "vanilla", "rank": 8},
+    drafter = build_drafter(target, 4, backbone="dense", seq_head={"class_path": "vanilla", "init_args": {"rank": 8}},
                             conf_head="linear", mask_token_id=1).eval()  # fmt: skip
     try:
         assert_decodes_target_greedy(target, drafter, scheduler=make(), hardware=profile)
@@ -235,7 +235,7 @@ def check_server(spec: Any, seed: int = 0) -> None:
     rules = server.rules_for(LAYOUT)
     target = random_target()
     torch.manual_seed(seed)
-    drafter = build_drafter(target, 4, backbone="dense", seq_head={"name": "vanilla", "rank": 8},
+    drafter = build_drafter(target, 4, backbone="dense", seq_head={"class_path": "vanilla", "init_args": {"rank": 8}},
                             conf_head="linear", mask_token_id=1).eval()  # fmt: skip
     try:
         notes = rules.check(drafter, target)
@@ -359,8 +359,14 @@ def check_acceptance(spec: str, seed: int = 0) -> None:
     missing = sorted(m for m in members(AcceptanceMode) if not hasattr(mode, m))
     assert not missing, f"{spec}: the mode lacks {missing}"
     target = random_target(init=0.3, seed=seed)
-    drafter = create("drafter", "dspark", target, block_size=3, backbone={"name": "dense", "num_layers": 1},
-                     mask_token_id=1)  # fmt: skip
+    drafter = create(
+        "drafter",
+        "dspark",
+        target,
+        block_size=3,
+        backbone={"class_path": "dense", "init_args": {"num_layers": 1}},
+        mask_token_id=1,
+    )
     ids = [[5, 6, 7], [9, 3]]
     greedy = decode(target, None, ids, max_new_tokens=8, stop_token_ids=[], temperature=0.0)
     got = decode(target, drafter, ids, max_new_tokens=8, stop_token_ids=[], temperature=0.0, acceptance=spec,
@@ -390,8 +396,14 @@ def check_layout(spec: str, drafter: str = "dspark", seed: int = 0) -> None:
     torch.manual_seed(seed)
     kind, drafter = drafter, None
     if kind == "dspark":
-        drafter = build_drafter(target, 4, backbone="dense", seq_head={"name": "vanilla", "rank": 8},
-                                conf_head="linear", mask_token_id=1).eval()  # fmt: skip
+        drafter = build_drafter(
+            target,
+            4,
+            backbone="dense",
+            seq_head={"class_path": "vanilla", "init_args": {"rank": 8}},
+            conf_head="linear",
+            mask_token_id=1,
+        ).eval()
     else:
         drafter = create("drafter", kind, target, block_size=3).eval()
     cfg, state, extra, notes = layout.build(drafter, target, dtype=torch.float32, num_anchors=4,

@@ -53,8 +53,14 @@ def random_dspark(target, block_size: int = 4, seed: int = 0):
     from dspark_lightning import create
 
     torch.manual_seed(seed)
-    d = create("drafter", "dspark", target, block_size=block_size, backbone={"name": "dense", "num_layers": 1},
-               mask_token_id=1)  # fmt: skip
+    d = create(
+        "drafter",
+        "dspark",
+        target,
+        block_size=block_size,
+        backbone={"class_path": "dense", "init_args": {"num_layers": 1}},
+        mask_token_id=1,
+    )
     return d.to(device=target.device, dtype=target.dtype).eval()
 
 

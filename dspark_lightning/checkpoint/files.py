@@ -15,7 +15,7 @@ import torch
 from ..checks import UsageError, regular_entries, short
 from ..devices import resolve_device, resolve_drafter_dtype
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 HASH_KEYS = ("weights_sha256", "config_sha256")
 EXPORT_TAG = "export-"  # temp folders are .<name>.export-tmp-<pid>-*, a swapped-out one .<name>.export-old-<pid>-*
 OWN_FILES = ("config.json", "model.safetensors")
@@ -218,16 +218,14 @@ def check_native_config(cfg: dict[str, Any], where: str) -> None:
     config_field(cfg, "geometry.draft_vocab_size", "int", where, optional=True, low=1)
     config_field(cfg, "block_size", "int", where, low=1)
     config_field(cfg, "weights_sha256", "str", where)
-    if "drafter" in cfg:
-        config_field(cfg, "drafter", "str", where)
-        config_field(cfg, "drafter_args", "dict", where)
-        return
-    config_field(cfg, "mask_token_id", "int", where)
-    for part in ("backbone", "seq_head", "conf_head"):
-        if part == "backbone" or cfg.get(part):
+    parts = ("drafter",) if "drafter" in cfg else ("backbone", "seq_head", "conf_head")
+    if "drafter" not in cfg:
+        config_field(cfg, "mask_token_id", "int", where)
+    for part in parts:
+        if part in ("drafter", "backbone") or cfg.get(part):
             config_field(cfg, part, "dict", where)
-            config_field(cfg, f"{part}.name", "str", where)
-            config_field(cfg, f"{part}.args", "dict", where, optional=True)
+            config_field(cfg, f"{part}.class_path", "str", where)
+            config_field(cfg, f"{part}.init_args", "dict", where, optional=True)
 
 
 def place_drafter(drafter: Any, target: Any, device=None, dtype=None) -> Any:

@@ -244,7 +244,10 @@ def load_drafter(
         check_finite(drafter.state_dict(), str(path))
         return drafter
     if cfg.get("format_version") != FORMAT_VERSION:
-        raise DrafterLoadError(f"{path}: unsupported format_version {cfg.get('format_version')}")
+        raise DrafterLoadError(
+            f"{path}: format_version {cfg.get('format_version')!r}; this version reads "
+            f"{FORMAT_VERSION} (export the drafter again with it)"
+        )
     check_native_config(cfg, str(path / "config.json"))
     check_config_hash(cfg, path)
     if target is None:
@@ -314,7 +317,7 @@ def _recorded_parts(cfg: dict[str, Any]) -> dict[str, Any]:
     """The :func:`~dspark_lightning.drafters.build_drafter` arguments config.json records: one registered drafter
     (eagle3, mtp1) with its arguments, or the parts of a composed one."""
     if "drafter" in cfg:
-        return {"drafter": {"name": cfg["drafter"], "args": cfg["drafter_args"]}}
+        return {"drafter": cfg["drafter"]}
     return {
         "backbone": cfg["backbone"],
         "seq_head": cfg["seq_head"],

@@ -6,7 +6,7 @@ Python composes by name::
     from dspark_lightning import create, load_target
     target = load_target("tiny-debug")
     drafter = create("drafter", "dspark", target, block_size=7,
-                     backbone={"name": "dense", "num_layers": 2}, seq_head="rnn")
+                     backbone={"class_path": "dense", "init_args": {"num_layers": 2}}, seq_head="rnn")
 
 Everything that assembles a drafter (the registered ``dspark`` / ``dflash``, a recipe's ``model:`` section in
 ``DSparkModule``, an export's config.json in ``load_drafter``) goes through :func:`build_drafter`.
@@ -21,7 +21,7 @@ from typing import Any
 from torch import nn
 
 from ..checks import UsageError
-from ..registry import create, register
+from ..registry import build, register
 from .backbones import DenseBackbone, MoESWABackbone
 from .chain import ChainDrafter, ChainLayer
 from .drafter import CONVENTION, Drafter, DraftOutput
@@ -51,18 +51,14 @@ Spec = str | dict[str, Any] | Callable[..., nn.Module] | None
 
 
 def build_part(kind: str, spec: Spec, *args: Any) -> nn.Module | None:
-    """Instantiate a part from a registered ``"name"``, ``{"name": ..., **args}`` or ``{"name", "args"}``, or call a
-    builder with ``args`` (a recipe's ``class_path`` + ``init_args``, which jsonargparse hands over as a callable)."""
+    """Instantiate a part from its one spelling (:func:`~dspark_lightning.registry.build`: a registered name or
+    ``{"class_path": ..., "init_args": {...}}``) with the caller's ``args`` (the geometry), or call a builder with
+    ``args`` (what jsonargparse makes of a recipe's ``class_path`` + ``init_args``)."""
     if spec is None:
         return None
-    if isinstance(spec, str):
-        return create(kind, spec, *args)
     if callable(spec):
         return spec(*args)
-    spec = dict(spec)
-    name = spec.pop("name")
-    kwargs = spec.pop("args", None) or spec
-    return create(kind, name, *args, **kwargs)
+    return build(kind, spec, *args)
 
 
 def compose(
@@ -118,16 +114,17 @@ def build_drafter(
     draft_vocab_size: int | None = None,
 ) -> nn.Module:
     """The one way to assemble a drafter: a registered drafter whole (``drafter``: a name such as ``eagle3``, or
-    ``{name: ..., <its arguments>}``, given ``block_size`` and ``draft_vocab_size``), or :func:`assemble` of parts."""
+    ``{class_path: NAME, init_args: {...}}``, given ``block_size`` and ``draft_vocab_size``), or :func:`assemble` of
+    parts."""
     if drafter is not None:
         if backbone is not None or seq_head is not None or conf_head is not None:
             raise UsageError("give either model.drafter or model.backbone/seq_head/conf_head, not both")
-        spec = {"name": drafter} if isinstance(drafter, str) else dict(drafter)
-        name = spec.pop("name")
-        kwargs = dict(spec.pop("args", spec))
-        if draft_vocab_size is not None:
-            kwargs["draft_vocab_size"] = draft_vocab_size
-        return create("drafter", name, target, block_size=block_size, **kwargs)
+        spec = {"class_path": drafter} if isinstance(drafter, str) else dict(drafter)
+        init = spec.get("init_args") or {}
+        if isinstance(init, dict):  # anything else: build() names it
+            vocab = {} if draft_vocab_size is None else {"draft_vocab_size": draft_vocab_size}
+            init = {**init, "block_size": block_size, **vocab}
+        return build("drafter", {**spec, "init_args": init}, target)
     if backbone is None:
         raise UsageError("model.backbone is required (or name a registered model.drafter)")
     return assemble(target, block_size, backbone, seq_head, conf_head, mask_token_id, draft_vocab_size)

@@ -125,8 +125,7 @@ class ChainDrafter(SharesTargetParts, nn.Module):
     def config(self) -> dict[str, Any]:
         return {
             "convention": self.convention,
-            "drafter": self.registered_name,
-            "drafter_args": dict(self.hparams),
+            "drafter": {"class_path": self.registered_name, "init_args": dict(self.hparams)},
             "block_size": self.block_size,
             "geometry": self.geometry.to_dict(),
         }

@@ -158,7 +158,7 @@ class Drafter(SharesTargetParts, nn.Module):
         """Everything needed to rebuild this drafter from the registry (see export.py)."""
 
         def part(m: nn.Module | None) -> dict[str, Any] | None:
-            return None if m is None else {"name": name_of(m), "args": dict(getattr(m, "hparams", {}))}
+            return None if m is None else {"class_path": name_of(m), "init_args": dict(getattr(m, "hparams", {}))}
 
         return {
             "convention": self.convention,

@@ -316,12 +316,12 @@ def _build(cfg: dict[str, Any], target: Any) -> Drafter:
     registered: dict[str, str] = {}
     for cls, kind in serving_heads().items():  # the first registered head of a kind reads it (built-ins first)
         registered.setdefault(kind, cls.registry_name)
-    seq_head = {"name": registered[cfg["markov_head_type"]], "rank": rank} if rank else None
+    seq_head = {"class_path": registered[cfg["markov_head_type"]], "init_args": {"rank": rank}} if rank else None
     conf_head = None
     if cfg.get("enable_confidence_head"):  # on [h_k; W1[x]] (the head's token width), or on h_k alone
         with_markov = cfg.get("confidence_head_with_markov", True)
         conf_head = "linear" if with_markov else (lambda g, _token_dim: build_part("conf_head", "linear", g, 0))
-    backbone = {"name": "dense", "num_layers": int(cfg["num_hidden_layers"])}
+    backbone = {"class_path": "dense", "init_args": {"num_layers": int(cfg["num_hidden_layers"])}}
     return assemble(target, int(cfg["block_size"]), backbone, seq_head, conf_head, int(cfg["mask_token_id"]), reduced)
 
 

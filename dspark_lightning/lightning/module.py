@@ -62,7 +62,7 @@ class DSparkModule(L.LightningModule):
             which ``dspark-lightning fit`` gives to the model and the data alike.
         mask_token_id: token id for mask slots (null = the target's default unused special token).
         drafter: a registered drafter built whole instead of from parts: a name (``eagle3``, ``mtp1``) or
-            ``{name: ..., <its arguments>}``; ``block_size`` is passed to it.
+            ``{class_path: NAME, init_args: {...}}``; ``block_size`` is passed to it.
         draft_vocab_size: reduced draft vocabulary (FR-Spec): the drafter's LM head, sequential-head output and
             sampling law cover the N most frequent target tokens of the training responses (stop tokens always
             included), chosen in :meth:`setup` from the datamodule's ``token_counts`` (a resumed checkpoint restores

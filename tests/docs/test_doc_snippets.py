@@ -30,8 +30,6 @@ in the user's cache. The snippets load the real SmolLM2 target: ``slow``.
 
 from __future__ import annotations
 
-import functools
-import importlib
 import os
 import re
 import shutil
@@ -103,12 +101,6 @@ def test_the_snippets_are_found():
     assert len({page for page, _, _ in CASES}) >= 3
 
 
-def _part(spec: dict):
-    """A recipe's ``class_path`` + ``init_args`` as the builder ``build_drafter`` takes (what jsonargparse hands)."""
-    module, name = spec["class_path"].rsplit(".", 1)
-    return functools.partial(getattr(importlib.import_module(module), name), **spec.get("init_args", {}))
-
-
 def make_run_drafter(out: Path) -> None:
     """An untrained drafter of ``recipes/smollm2_dspark.yaml``'s shape, exported as ``fit`` exports it."""
     from dspark_lightning.checkpoint import save_drafter
@@ -120,9 +112,8 @@ def make_run_drafter(out: Path) -> None:
     model = recipe["model"]
     target = TargetConfig(**recipe["target"]).load()  # as fit loads it: name, taps, chat format
     torch.manual_seed(0)
-    drafter = build_drafter(target, model["block_size"], backbone=_part(model["backbone"]),
-                            seq_head=_part(model["seq_head"]), conf_head=_part(model["conf_head"]),
-                            draft_vocab_size=model["draft_vocab_size"])  # fmt: skip
+    drafter = build_drafter(target, model["block_size"], backbone=model["backbone"], seq_head=model["seq_head"],
+                            conf_head=model["conf_head"], draft_vocab_size=model["draft_vocab_size"])  # fmt: skip
     V = target.geometry.vocab_size
     counts = torch.arange(V, 0, -1)  # stands for the training responses' token counts: the lowest ids first
     drafter.set_draft_vocab(frequent_tokens(counts, model["draft_vocab_size"], always=target.stop_token_ids))
@@ -152,7 +143,9 @@ def qwen3_4b_stand_in(hub: Path, drafter_dir: Path) -> None:
     (snapshot.parents[1] / "refs" / "main").write_text("0" * 40)
     t.tap(QWEN_TAPS)
     torch.manual_seed(0)
-    drafter = create("drafter", "dspark", t, block_size=7, backbone={"name": "dense", "num_layers": 1})
+    drafter = create(
+        "drafter", "dspark", t, block_size=7, backbone={"class_path": "dense", "init_args": {"num_layers": 1}}
+    )
     unconfident(drafter)
     export_serving(drafter, t, "dspark-hf", drafter_dir, dtype="fp32", with_target_vocab=True)
 

@@ -55,10 +55,10 @@ def _drafter_variants() -> dict[str, object]:
         "block_zero": put(["block_size"], 0),
         "block_neg": put(["block_size"], -3),
         "block_str": put(["block_size"], "four"),
-        "rank_neg": put(["seq_head", "args", "rank"], -1),
-        "layers_neg": put(["backbone", "args", "num_layers"], -2),
-        "unknown_backbone": put(["backbone", "name"], "nope"),
-        "unknown_seq_head": put(["seq_head", "name"], "nope"),
+        "rank_neg": put(["seq_head", "init_args", "rank"], -1),
+        "layers_neg": put(["backbone", "init_args", "num_layers"], -2),
+        "unknown_backbone": put(["backbone", "class_path"], "nope"),
+        "unknown_seq_head": put(["seq_head", "class_path"], "nope"),
         "bad_format_version": put(["format_version"], 99),
         "target_unknown": put(["target", "name"], "no-such-target"),
         "geometry_str": put(["geometry"], "wide"),
@@ -79,7 +79,9 @@ def make_workspace(root: Path) -> Path:
     target = load_target("tiny-debug")
     torch.manual_seed(0)
     good = save_drafter(
-        create("drafter", "dspark", target, block_size=2, backbone={"name": "dense", "num_layers": 1}),
+        create(
+            "drafter", "dspark", target, block_size=2, backbone={"class_path": "dense", "init_args": {"num_layers": 1}}
+        ),
         root / "drafter",
         target,
     )

@@ -67,7 +67,9 @@ def test_drafter_for_a_different_target_is_refused(workdir, tmp_path):
 
     tiny = load_target("tiny-debug")
     path = save_drafter(
-        create("drafter", "dspark", tiny, block_size=2, backbone={"name": "dense", "num_layers": 1}),
+        create(
+            "drafter", "dspark", tiny, block_size=2, backbone={"class_path": "dense", "init_args": {"num_layers": 1}}
+        ),
         tmp_path / "d",
         tiny,
     )

@@ -18,7 +18,9 @@ from .conftest import run_main
 def drafter_dir(tmp_path):
     target = load_target("tiny-debug")
     torch.manual_seed(0)
-    d = create("drafter", "dspark", target, block_size=3, backbone={"name": "dense", "num_layers": 1})
+    d = create(
+        "drafter", "dspark", target, block_size=3, backbone={"class_path": "dense", "init_args": {"num_layers": 1}}
+    )
     return save_drafter(d, tmp_path / "dspark", target)
 
 

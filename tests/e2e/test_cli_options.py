@@ -20,7 +20,9 @@ def drafter(tmp_path_factory):
     """A random exported DSpark drafter (γ = 3) for tiny-debug."""
     target = load_target("tiny-debug")
     torch.manual_seed(0)
-    d = create("drafter", "dspark", target, block_size=3, backbone={"name": "dense", "num_layers": 1})
+    d = create(
+        "drafter", "dspark", target, block_size=3, backbone={"class_path": "dense", "init_args": {"num_layers": 1}}
+    )
     return str(save_drafter(d, tmp_path_factory.mktemp("cli") / "dspark", target))
 
 

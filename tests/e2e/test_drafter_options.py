@@ -55,7 +55,9 @@ def test_warm_start_copies_the_target_layers(tiny_target):
     from dspark_lightning import create
     from dspark_lightning.drafters.warm_start import WarmStart, warm_start
 
-    d = create("drafter", "dspark", tiny_target, block_size=3, backbone={"name": "dense", "num_layers": 1})
+    d = create(
+        "drafter", "dspark", tiny_target, block_size=3, backbone={"class_path": "dense", "init_args": {"num_layers": 1}}
+    )
     ids = warm_start(d, tiny_target, WarmStart())
     src = tiny_target.decoder_layers[ids[0]]
     taps = tiny_target.geometry.layer_ids

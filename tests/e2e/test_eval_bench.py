@@ -19,7 +19,9 @@ def drafters(tmp_path_factory):
     root = tmp_path_factory.mktemp("drafters")
     target = load_target("tiny-debug")
     torch.manual_seed(0)
-    dspark = create("drafter", "dspark", target, block_size=3, backbone={"name": "dense", "num_layers": 1})
+    dspark = create(
+        "drafter", "dspark", target, block_size=3, backbone={"class_path": "dense", "init_args": {"num_layers": 1}}
+    )
     mtp = create("drafter", "mtp1", target)
     return {"dspark": save_drafter(dspark, root / "dspark", target), "mtp1": save_drafter(mtp, root / "mtp1", target)}
 

@@ -67,7 +67,12 @@ def test_a_plain_trainer_fit_checks_trains_and_exports(workdir):
         **{**data, "target": recipe["target"], "regen": RegenConfig(**data["regen"])}
     )  # work_dir: the workdir's copy
     torch.manual_seed(0)
-    module = DSparkModule(backbone="dense", seq_head={"name": "vanilla", "rank": 16}, conf_head="linear", block_size=4)
+    module = DSparkModule(
+        backbone="dense",
+        seq_head={"class_path": "vanilla", "init_args": {"rank": 16}},
+        conf_head="linear",
+        block_size=4,
+    )
     trainer = _plain_trainer(workdir / "run")
     trainer.fit(module, dm)
 

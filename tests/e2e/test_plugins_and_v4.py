@@ -51,7 +51,7 @@ def test_fit_with_plugin_head_then_decode(workdir, tmp_path, by):
     )
     cli, export = _fit(["--config", TINY, "--config", str(recipe)])
     cfg = yaml.safe_load((export / "config.json").read_text())
-    assert cfg["seq_head"]["name"] == "bigram_markov"
+    assert cfg["seq_head"]["class_path"] == "bigram_markov"
     _greedy_equal(export)
 
 

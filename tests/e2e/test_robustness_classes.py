@@ -27,7 +27,9 @@ def target():
 @pytest.fixture
 def drafter_dir(tmp_path, target):
     torch.manual_seed(0)
-    d = create("drafter", "dspark", target, block_size=3, backbone={"name": "dense", "num_layers": 1})
+    d = create(
+        "drafter", "dspark", target, block_size=3, backbone={"class_path": "dense", "init_args": {"num_layers": 1}}
+    )
     return save_drafter(d, tmp_path / "dspark", target)
 
 
@@ -89,8 +91,14 @@ def test_finite_weights_far_out_of_range_are_refused_at_load(drafter_dir, target
 
 def test_a_reduced_vocabulary_export_loads_and_decodes(tmp_path, target):
     torch.manual_seed(0)
-    d = create("drafter", "dspark", target, block_size=3, backbone={"name": "dense", "num_layers": 1},
-               draft_vocab_size=64)  # fmt: skip
+    d = create(
+        "drafter",
+        "dspark",
+        target,
+        block_size=3,
+        backbone={"class_path": "dense", "init_args": {"num_layers": 1}},
+        draft_vocab_size=64,
+    )
     d.set_draft_vocab(torch.arange(64) * 3)  # the mask token (a target token) lies outside the draft vocabulary
     path = save_drafter(d, tmp_path / "reduced", target)
     res = decode(target, str(path), ["hello"], max_new_tokens=4, scheduler="static")
@@ -180,7 +188,7 @@ def test_commands_load_the_target_with_the_layers_the_drafter_was_trained_on(tmp
     """A drafter trained on other taps than the target's default is served by ``--target NAME --drafter DIR``."""
     t = load_target("tiny-debug", layer_ids=[1, 3, 5])
     torch.manual_seed(0)
-    d = create("drafter", "dspark", t, block_size=3, backbone={"name": "dense", "num_layers": 1})
+    d = create("drafter", "dspark", t, block_size=3, backbone={"class_path": "dense", "init_args": {"num_layers": 1}})
     path = save_drafter(d, tmp_path / "taps135", t)
     args = {
         "decode": ["decode", "--target", "tiny-debug", "--drafter", str(path), "--prompt", "hi",

@@ -21,7 +21,9 @@ def drafter_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("serve")
     target = load_target("tiny-debug")
     torch.manual_seed(0)
-    d = create("drafter", "dspark", target, block_size=3, backbone={"name": "dense", "num_layers": 1})
+    d = create(
+        "drafter", "dspark", target, block_size=3, backbone={"class_path": "dense", "init_args": {"num_layers": 1}}
+    )
     return save_drafter(d, root / "dspark", target)
 
 

@@ -31,8 +31,13 @@ def _module(**target):
     from dspark_lightning.lightning.module import DSparkModule
 
     torch.manual_seed(0)
-    return DSparkModule(backbone="dense", seq_head={"name": "vanilla", "rank": 16}, conf_head="linear", block_size=4,
-                        target={"name": "tiny-debug", **target})  # fmt: skip
+    return DSparkModule(
+        backbone="dense",
+        seq_head={"class_path": "vanilla", "init_args": {"rank": 16}},
+        conf_head="linear",
+        block_size=4,
+        target={"name": "tiny-debug", **target},
+    )
 
 
 @pytest.mark.parametrize(

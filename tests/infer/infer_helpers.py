@@ -14,7 +14,7 @@ def make_drafter(target, name="dspark", block_size=3, seed=0, **kw):
     torch.manual_seed(seed)
     accepted = inspect.signature(get("drafter", name)).parameters
     if "backbone" in accepted:
-        kw.setdefault("backbone", {"name": "dense", "num_layers": 1})
+        kw.setdefault("backbone", {"class_path": "dense", "init_args": {"num_layers": 1}})
     if "mask_token_id" in accepted:
         kw.setdefault("mask_token_id", 1)
     return create("drafter", name, target, block_size=block_size, **kw)

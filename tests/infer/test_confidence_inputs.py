@@ -13,7 +13,9 @@ from dspark_lightning.infer.propose.draft import make_proposer
 
 
 def test_draft_features_are_the_margin_and_entropy_of_the_logits(tiny_target):
-    d = make_drafter(tiny_target, conf_head={"name": "linear", "draft_features": ["margin", "entropy"]})
+    d = make_drafter(
+        tiny_target, conf_head={"class_path": "linear", "init_args": {"draft_features": ["margin", "entropy"]}}
+    )
     z = torch.tensor([[2.0, 0.5, -1.0], [0.0, 0.0, 0.0]])
     f = d.conf_head.features(z)
     assert f[:, 0].tolist() == pytest.approx([1.5, 0.0])
@@ -23,11 +25,13 @@ def test_draft_features_are_the_margin_and_entropy_of_the_logits(tiny_target):
     with pytest.raises(ValueError, match="draft logits"):
         d.conf_head(h, torch.zeros(2, d.conf_head.token_dim))
     with pytest.raises(ValueError, match="distinct names"):
-        make_drafter(tiny_target, conf_head={"name": "linear", "draft_features": ["margin", "margin"]})
+        make_drafter(
+            tiny_target, conf_head={"class_path": "linear", "init_args": {"draft_features": ["margin", "margin"]}}
+        )
 
 
 def test_a_head_with_draft_features_decodes_losslessly_and_is_not_exported(tiny_target, prompts):
-    d = make_drafter(tiny_target, conf_head={"name": "linear", "draft_features": ["margin"]})
+    d = make_drafter(tiny_target, conf_head={"class_path": "linear", "init_args": {"draft_features": ["margin"]}})
     plain = decode(tiny_target, None, prompts, max_new_tokens=12)
     spec = decode(tiny_target, d, prompts, max_new_tokens=12, scheduler="auto")
     assert spec.token_ids == plain.token_ids

@@ -93,7 +93,10 @@ def test_train_infer_parity_with_context_state(tiny_target, tiny_batch, batching
     context, hidden, ids = tiny_batch
     g, a = 4, 11
     drafter = make_drafter(
-        tiny_target, "dspark", block_size=g, backbone={"name": "dense", "num_layers": 1, "context_state": True}
+        tiny_target,
+        "dspark",
+        block_size=g,
+        backbone={"class_path": "dense", "init_args": {"num_layers": 1, "context_state": True}},
     ).eval()
     assert not drafter.backbone.state_proj.weight.any()  # starts as the plain design
     with torch.no_grad():

@@ -139,7 +139,11 @@ def test_drafts_equal_a_concatenating_cache_and_decoding_stays_greedy(varied_tar
 
 @pytest.mark.parametrize(("name", "batching"), [*CASES, ("dspark-state", "padded")])
 def test_storage_does_not_move_across_rounds(varied_target, name, batching):
-    kw = {"backbone": {"name": "dense", "num_layers": 2, "context_state": True}} if name == "dspark-state" else {}
+    kw = (
+        {"backbone": {"class_path": "dense", "init_args": {"num_layers": 2, "context_state": True}}}
+        if name == "dspark-state"
+        else {}
+    )
     drafter = make_drafter(varied_target, name=name.split("-")[0], block_size=3, **kw)
     prop = make_proposer(drafter, batching=batching)
     eng = Engine(varied_target, prop, params=SamplingParams(0.0), stop_token_ids=[], batching=batching, verifier="hf")

@@ -407,3 +407,22 @@ def test_the_engine_tells_auto_how_it_batches_a_verification(tiny_target):
         Engine(tiny_target, None, params=SamplingParams(), scheduler=sched, stop_token_ids=[],
                verifier=verifier, batching=batching)  # fmt: skip
         assert sched.padded is padded
+
+
+def test_a_probe_verifies_at_least_one_draft_per_request():
+    """A shut gate's probe that verified nothing would observe nothing and leave the gate shut for good: a probe
+    verifies one draft per request however low the confidences; drafted steps that pay keep the walk's lengths."""
+    from dspark_lightning.infer.schedule.schedulers import AutoScheduler
+
+    sps = SPSTable.from_points({1: 30.0, 4: 28.0, 8: 20.0, 16: 10.0})
+    sched = AutoScheduler(sps, draft_cost=0.01, probe=2, max_probe=2)
+    low = torch.full((2, 4), 0.02)
+    sched.observe_rounds(low, torch.tensor([1, 1]), [0, 0])  # drafting does not pay: the gate shuts
+    decisions, lengths = [], []
+    for _ in range(6):
+        decisions.append(sched.wants_draft(2))
+        if decisions[-1]:
+            lengths.append(sched(low).tolist())
+    assert decisions == [False, False, True] * 2
+    assert lengths == [[1, 1], [1, 1]]
+    assert sched(low).tolist() == [0, 0]  # not a probe: the walk's own answer

@@ -134,8 +134,15 @@ def test_llamacpp_loads_every_servable_kind(kind, smol_tiny, tmp_path):
     kw = {"draft_vocab_size": 300} if kind == "reduced_vocab" else {}
     if kind == "no_confidence_head":
         kw["conf_head"] = None
-    drafter = create("drafter", "dspark", target, block_size=5, backbone={"name": "dense", "num_layers": 2},
-                     seq_head={"name": "vanilla", "rank": 32}, **kw)  # fmt: skip
+    drafter = create(
+        "drafter",
+        "dspark",
+        target,
+        block_size=5,
+        backbone={"class_path": "dense", "init_args": {"num_layers": 2}},
+        seq_head={"class_path": "vanilla", "init_args": {"rank": 32}},
+        **kw,
+    )
     if kind == "reduced_vocab":
         drafter.set_draft_vocab(torch.arange(0, 600, 2))
     res = export_serving(drafter, target, "dspark-hf", tmp_path / "out", server="llamacpp",
@@ -153,8 +160,14 @@ def test_export_all_includes_the_gguf_and_the_target_gguf(smol_tiny, tmp_path):
 
     hf, _ = smol_tiny
     target = load_target(str(hf))
-    drafter = create("drafter", "dspark", target, block_size=4, backbone={"name": "dense", "num_layers": 1},
-                     seq_head={"name": "vanilla", "rank": 16})  # fmt: skip
+    drafter = create(
+        "drafter",
+        "dspark",
+        target,
+        block_size=4,
+        backbone={"class_path": "dense", "init_args": {"num_layers": 1}},
+        seq_head={"class_path": "vanilla", "init_args": {"rank": 16}},
+    )
     res = export_serving(drafter, target, "dspark-hf", tmp_path / "all", server="all", target_gguf=True)
     names = {p.name for p in res.path.iterdir()}
     assert {"config.json", "model.safetensors", "draft.gguf", "target.gguf"} <= names
@@ -171,8 +184,14 @@ def test_fit_end_export_writes_the_gguf_and_says_how_to_serve_it(smol_tiny, tmp_
 
     hf, target_gguf = smol_tiny
     target = load_target(str(hf))
-    drafter = create("drafter", "dspark", target, block_size=3, backbone={"name": "dense", "num_layers": 1},
-                     seq_head={"name": "vanilla", "rank": 16})  # fmt: skip
+    drafter = create(
+        "drafter",
+        "dspark",
+        target,
+        block_size=3,
+        backbone={"class_path": "dense", "init_args": {"num_layers": 1}},
+        seq_head={"class_path": "vanilla", "init_args": {"rank": 16}},
+    )
     native = save_drafter(drafter, tmp_path / "version_0" / "drafter", target)
     lines: list[str] = []
     done = export_for_servers(native, "dspark-hf", ["llamacpp", "vllm"], "bf16", lines.append)

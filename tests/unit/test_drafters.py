@@ -16,7 +16,7 @@ def _drafter(target, backbone, seq_head, block_size=4):
         "dspark",
         target,
         block_size=block_size,
-        backbone={"name": backbone, "num_layers": 2},
+        backbone={"class_path": backbone, "init_args": {"num_layers": 2}},
         seq_head=seq_head,
         conf_head="linear",
     )
@@ -47,7 +47,9 @@ def test_forward_backward(tiny_target, tiny_batch, backbone, seq_head):
 
 def test_dflash_has_no_heads(tiny_target, tiny_batch):
     context, _, ids = tiny_batch
-    d = create("drafter", "dflash", tiny_target, block_size=3, backbone={"name": "dense", "num_layers": 1})
+    d = create(
+        "drafter", "dflash", tiny_target, block_size=3, backbone={"class_path": "dense", "init_args": {"num_layers": 1}}
+    )
     out = d(context, ids, torch.tensor([[3], [5]]), torch.ones(2, 1, dtype=torch.bool))
     assert out.conf_logits is None and out.logits.shape[:3] == (2, 1, 3)
 
@@ -93,7 +95,7 @@ def test_mask_isolation(tiny_target, tiny_batch, seq_head):
 def test_step_api_equals_teacher_forced(tiny_target, seq_head):
     """Pitfall 12: the left-to-right step API (carrying RNN state) equals the teacher-forced block."""
     torch.manual_seed(0)
-    head = build_part("seq_head", {"name": seq_head, "rank": 8}, tiny_target.geometry)
+    head = build_part("seq_head", {"class_path": seq_head, "init_args": {"rank": 8}}, tiny_target.geometry)
     h = torch.randn(3, 5, tiny_target.geometry.hidden_size)
     prev = torch.randint(0, 256, (3, 5))
     bias_tf, feat_tf = head.teacher_forced(h, prev)

@@ -12,10 +12,9 @@ from dspark_lightning.registry import get
 
 
 def _spec(name):
-    spec = {"name": name}
-    if "backbone" in inspect.signature(get("drafter", name)).parameters:
-        spec["backbone"] = {"name": "dense", "num_layers": 1}
-    return spec
+    if "backbone" not in inspect.signature(get("drafter", name)).parameters:
+        return name
+    return {"class_path": name, "init_args": {"backbone": {"class_path": "dense", "init_args": {"num_layers": 1}}}}
 
 
 @pytest.mark.parametrize("name", names("drafter"))

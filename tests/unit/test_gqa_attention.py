@@ -114,7 +114,10 @@ def test_enable_gqa_is_detected_on_this_torch():
 
 @pytest.mark.parametrize(
     "backbone",
-    [{"name": "dense", "num_layers": 2}, {"name": "moe_swa", "num_layers": 2, "sliding_window": 5, "num_experts": 4}],
+    [
+        {"class_path": "dense", "init_args": {"num_layers": 2}},
+        {"class_path": "moe_swa", "init_args": {"num_layers": 2, "sliding_window": 5, "num_experts": 4}},
+    ],
     ids=["dense", "moe_swa"],
 )
 def test_drafter_logits_and_gradients_unchanged(tiny_target, tiny_batch, backbone, monkeypatch):

@@ -102,9 +102,16 @@ def test_the_module_continues_from_a_folder(tmp_path, target):
     class Trainer:
         datamodule, precision, gradient_clip_val = DM(), "32-true", None
 
-    m = DSparkModule(backbone={"name": "dense", "num_layers": 1}, seq_head="vanilla", conf_head="linear",
-                     block_size=3, target="tiny-debug", mask_token_id=1, draft_vocab_size=len(VOCAB),
-                     init_from=str(folder))  # fmt: skip
+    m = DSparkModule(
+        backbone={"class_path": "dense", "init_args": {"num_layers": 1}},
+        seq_head="vanilla",
+        conf_head="linear",
+        block_size=3,
+        target="tiny-debug",
+        mask_token_id=1,
+        draft_vocab_size=len(VOCAB),
+        init_from=str(folder),
+    )
     m.trainer = Trainer()
     m.setup("fit")
     assert torch.equal(m.drafter.draft_vocab, VOCAB)
@@ -116,6 +123,6 @@ def test_a_folder_with_other_taps_is_refused(tmp_path, target):
     other = load_target("tiny-debug", layer_ids=[0])
     folder = save_drafter(make_drafter(other, block_size=3), tmp_path / "src", other)
     with pytest.raises(ValueError, match=r"target\.layer_ids"):
-        DSparkModule(backbone={"name": "dense", "num_layers": 1}, seq_head="vanilla", block_size=3,
+        DSparkModule(backbone={"class_path": "dense", "init_args": {"num_layers": 1}}, seq_head="vanilla", block_size=3,
                      target="tiny-debug", mask_token_id=1, init_from=str(folder))  # fmt: skip
     assert load_target("tiny-debug").geometry.layer_ids != (0,)  # the shared target keeps its taps

@@ -44,9 +44,9 @@ HEAD_KEYS = {
 def parallel(target, name="dspark", layers=2, seed=0, **kw):
     """A registered parallel drafter with every weight perturbed (norms != 1, biases != 0: mix-ups would show)."""
     torch.manual_seed(seed)
-    kw.setdefault("backbone", {"name": "dense", "num_layers": layers})
+    kw.setdefault("backbone", {"class_path": "dense", "init_args": {"num_layers": layers}})
     if name == "dspark":
-        kw.setdefault("seq_head", {"name": "vanilla", "rank": RANK})
+        kw.setdefault("seq_head", {"class_path": "vanilla", "init_args": {"rank": RANK}})
     d = create("drafter", name, target, block_size=3, mask_token_id=1, **kw)
     with torch.no_grad():
         for p in d.parameters():
@@ -74,19 +74,19 @@ def export_dir(drafter, target, tmp_path, **kw):
 
 @pytest.mark.parametrize("head", ["vanilla", "gated", "rnn"])
 def test_fp32_round_trip_gives_identical_logits_and_confidences(varied_target, batch, tmp_path, head):
-    d = parallel(varied_target, seq_head={"name": head, "rank": RANK})
+    d = parallel(varied_target, seq_head={"class_path": head, "init_args": {"rank": RANK}})
     back = load_drafter(export_dir(d, varied_target, tmp_path, dtype="fp32"), varied_target)
     a, b = run(d, batch), run(back, batch)
     assert torch.equal(a.logits, b.logits) and torch.equal(a.conf_logits, b.conf_logits)
 
 
 def test_bf16_export_rounds_weights_only_and_keeps_the_confidence_head_fp32(varied_target, batch, tmp_path):
-    d = parallel(varied_target, seq_head={"name": "rnn", "rank": RANK})
+    d = parallel(varied_target, seq_head={"class_path": "rnn", "init_args": {"rank": RANK}})
     out = export_dir(d, varied_target, tmp_path)  # default dtype: bf16
     state = load_file(str(out / "model.safetensors"))
     assert {n for n, t in state.items() if t.dtype == torch.float32} == CONF
     assert all(t.dtype == torch.bfloat16 for n, t in state.items() if n not in CONF)
-    rounded = parallel(varied_target, seq_head={"name": "rnn", "rank": RANK})
+    rounded = parallel(varied_target, seq_head={"class_path": "rnn", "init_args": {"rank": RANK}})
     with torch.no_grad():
         for name, p in rounded.named_parameters():
             if not name.startswith("conf_head."):
@@ -148,7 +148,7 @@ def test_key_set_and_config_match_the_interop_table(varied_target, tmp_path, hea
     d = (
         parallel(varied_target, "dflash")
         if head is None
-        else parallel(varied_target, seq_head={"name": head, "rank": RANK})
+        else parallel(varied_target, seq_head={"class_path": head, "init_args": {"rank": RANK}})
     )
     out = export_dir(d, varied_target, tmp_path)
     assert set(load_file(str(out / "model.safetensors"))) == BASE | HEAD_KEYS.get(head, set())
@@ -174,10 +174,19 @@ def test_reduced_draft_vocabulary_ships_d2t_t2d_and_its_lm_head_rows(varied_targ
 
 
 REFUSALS = [
-    ({"backbone": {"name": "moe_swa", "num_layers": 1, "num_experts": 2, "top_k": 1}}, "moe_swa backbone: servers"),
-    ({"backbone": {"name": "dense", "num_layers": 1, "sliding_window": 4}}, "sliding_window=4: our window"),
-    ({"backbone": {"name": "dense", "num_layers": 1, "context_state": True}}, "context_state=true: the serving"),
-    ({"backbone": {"name": "dense", "num_layers": 1, "qk_norm": False}}, "without q/k norm"),
+    (
+        {"backbone": {"class_path": "moe_swa", "init_args": {"num_layers": 1, "num_experts": 2, "top_k": 1}}},
+        "moe_swa backbone: servers",
+    ),
+    (
+        {"backbone": {"class_path": "dense", "init_args": {"num_layers": 1, "sliding_window": 4}}},
+        "sliding_window=4: our window",
+    ),
+    (
+        {"backbone": {"class_path": "dense", "init_args": {"num_layers": 1, "context_state": True}}},
+        "context_state=true: the serving",
+    ),
+    ({"backbone": {"class_path": "dense", "init_args": {"num_layers": 1, "qk_norm": False}}}, "without q/k norm"),
     ({"seq_head": None}, "confidence_head_with_markov=true"),
 ]
 
@@ -210,7 +219,9 @@ def test_unknown_head_subclass_and_other_families_are_refused(varied_target, tin
 
 
 def test_cli_refusal_is_one_line_and_exit_code_2(tiny_target, tmp_path, capsys):
-    d = parallel(tiny_target, backbone={"name": "moe_swa", "num_layers": 1, "num_experts": 2, "top_k": 1})
+    d = parallel(
+        tiny_target, backbone={"class_path": "moe_swa", "init_args": {"num_layers": 1, "num_experts": 2, "top_k": 1}}
+    )
     save_drafter(d, tmp_path / "native", tiny_target)
     with pytest.raises(SystemExit) as exc:
         main(["export", "--drafter", str(tmp_path / "native"), "--layout", "dspark-hf", "--out", str(tmp_path / "o")])
@@ -220,7 +231,7 @@ def test_cli_refusal_is_one_line_and_exit_code_2(tiny_target, tmp_path, capsys):
 
 
 def test_cli_writes_sts_side_file_and_notes_and_it_loads_back(tiny_target, tmp_path, capsys):
-    d = parallel(tiny_target, seq_head={"name": "gated", "rank": RANK})
+    d = parallel(tiny_target, seq_head={"class_path": "gated", "init_args": {"rank": RANK}})
     native = save_drafter(d, tmp_path / "native", tiny_target)
     temps = [1.5, 2.0, 2.5]
     doc = {"temperatures": temps, "sampling_temperature": 1.0, "weights_sha256": read_config(native)["weights_sha256"]}
@@ -233,7 +244,7 @@ def test_cli_writes_sts_side_file_and_notes_and_it_loads_back(tiny_target, tmp_p
     assert load_drafter(tmp_path / "hf", tiny_target).calibrations == {1.0: temps}
     main(["export", "--drafter", str(tmp_path / "hf"), "--layout", "native", "--out", str(tmp_path / "back"),
           "--target", "tiny-debug"])  # fmt: skip
-    assert read_config(tmp_path / "back")["seq_head"]["name"] == "gated"
+    assert read_config(tmp_path / "back")["seq_head"]["class_path"] == "gated"
     with pytest.raises(SystemExit):  # an existing export is not overwritten silently
         main(["export", "--drafter", str(native), "--out", str(tmp_path / "hf")])
     assert "is not empty (pass --overwrite" in capsys.readouterr().err

@@ -15,9 +15,17 @@ from dspark_lightning.export.llamacpp import check_target
 def drafter(target, head="vanilla"):
     torch.manual_seed(0)
     if head is None:
-        return create("drafter", "dflash", target, block_size=3, backbone={"name": "dense", "num_layers": 1})
-    return create("drafter", "dspark", target, block_size=3, backbone={"name": "dense", "num_layers": 1},
-                  seq_head={"name": head, "rank": 8})  # fmt: skip
+        return create(
+            "drafter", "dflash", target, block_size=3, backbone={"class_path": "dense", "init_args": {"num_layers": 1}}
+        )
+    return create(
+        "drafter",
+        "dspark",
+        target,
+        block_size=3,
+        backbone={"class_path": "dense", "init_args": {"num_layers": 1}},
+        seq_head={"class_path": head, "init_args": {"rank": 8}},
+    )
 
 
 @pytest.mark.parametrize(
@@ -39,7 +47,13 @@ def test_moe_and_context_state_are_refused_for_llamacpp(tiny_target, tmp_path):
                "context_state": True})  # fmt: skip
     with pytest.raises(InteropError, match="context_state=true"):
         export_serving(d, tiny_target, "dspark-hf", tmp_path / "out", server="llamacpp")
-    moe = create("drafter", "dspark", tiny_target, block_size=3, backbone={"name": "moe_swa", "num_layers": 1})
+    moe = create(
+        "drafter",
+        "dspark",
+        tiny_target,
+        block_size=3,
+        backbone={"class_path": "moe_swa", "init_args": {"num_layers": 1}},
+    )
     with pytest.raises(InteropError, match="moe_swa backbone"):
         export_serving(moe, tiny_target, "dspark-hf", tmp_path / "out", server="llamacpp")
 

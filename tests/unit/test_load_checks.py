@@ -17,7 +17,9 @@ from dspark_lightning.targets import ChatFormat
 @pytest.fixture(scope="module")
 def exported(tiny_target, tmp_path_factory):
     torch.manual_seed(0)
-    d = create("drafter", "dspark", tiny_target, block_size=3, backbone={"name": "dense", "num_layers": 1})
+    d = create(
+        "drafter", "dspark", tiny_target, block_size=3, backbone={"class_path": "dense", "init_args": {"num_layers": 1}}
+    )
     return save_drafter(d, tmp_path_factory.mktemp("d") / "drafter", tiny_target)
 
 

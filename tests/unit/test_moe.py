@@ -88,7 +88,10 @@ def test_sliding_window_mask_equals_hand_written():
 
 def _moe_drafter(target, window, types=None):
     torch.manual_seed(0)
-    bb = {"name": "moe_swa", "num_layers": 2, "sliding_window": window, "num_experts": 4, "layer_types": types}
+    bb = {
+        "class_path": "moe_swa",
+        "init_args": {"num_layers": 2, "sliding_window": window, "num_experts": 4, "layer_types": types},
+    }
     return create("drafter", "dspark", target, block_size=3, backbone=bb).eval()
 
 

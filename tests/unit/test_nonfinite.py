@@ -66,7 +66,7 @@ def test_decay_zero_is_refused_at_the_root():
 @pytest.fixture
 def drafter(tiny_target):
     torch.manual_seed(0)
-    d = create("drafter", "dspark", tiny_target, block_size=3, mask_token_id=1, backbone={"name": "dense"})
+    d = create("drafter", "dspark", tiny_target, block_size=3, mask_token_id=1, backbone={"class_path": "dense"})
     return d.eval()
 
 

@@ -39,8 +39,14 @@ def test_a_plugin_scheduler_with_arguments_is_named_like_the_builtins(registered
         with pytest.raises(UsageError, match=fact):
             scheduler_spec(text)
     target = random_target(layers=4, seed=1)
-    drafter = create("drafter", "dspark", target, block_size=4, backbone={"name": "dense", "num_layers": 1},
-                     mask_token_id=1)  # fmt: skip
+    drafter = create(
+        "drafter",
+        "dspark",
+        target,
+        block_size=4,
+        backbone={"class_path": "dense", "init_args": {"num_layers": 1}},
+        mask_token_id=1,
+    )
     for capped in (
         {"class_path": "capped", "init_args": {"cap": 2}},  # registered: its name
         {"class_path": f"{Capped.__module__}.Capped", "init_args": {"cap": 2}},
@@ -60,8 +66,14 @@ def test_a_plugin_acceptance_mode_is_chosen_by_name_in_python_and_the_cli(regist
 
     registered("acceptance", "counted")(counted)
     target = random_target(layers=4, seed=1)
-    drafter = create("drafter", "dspark", target, block_size=3, backbone={"name": "dense", "num_layers": 1},
-                     mask_token_id=1)  # fmt: skip
+    drafter = create(
+        "drafter",
+        "dspark",
+        target,
+        block_size=3,
+        backbone={"class_path": "dense", "init_args": {"num_layers": 1}},
+        mask_token_id=1,
+    )
     kw = {"max_new_tokens": 6, "stop_token_ids": [], "temperature": 1.0, "seed": 3}
     a = decode(target, drafter, [[5, 6, 7]], acceptance="counted", **kw)
     b = decode(target, drafter, [[5, 6, 7]], acceptance="rejection", **kw)
@@ -89,8 +101,16 @@ def test_a_plugin_head_that_declares_serving_names_exports_and_reads_back(regist
     registered("seq_head", "scaled_markov")(ScaledMarkov)
     target = random_target(layers=4, seed=1)
     torch.manual_seed(0)
-    drafter = create("drafter", "dspark", target, block_size=3, backbone={"name": "dense", "num_layers": 1},
-                     seq_head={"name": "scaled_markov", "rank": 8}, conf_head="linear", mask_token_id=1)  # fmt: skip
+    drafter = create(
+        "drafter",
+        "dspark",
+        target,
+        block_size=3,
+        backbone={"class_path": "dense", "init_args": {"num_layers": 1}},
+        seq_head={"class_path": "scaled_markov", "init_args": {"rank": 8}},
+        conf_head="linear",
+        mask_token_id=1,
+    )
     src = save_drafter(drafter, tmp_path / "native", target)
     out = tmp_path / "hf"
     export_drafter(src, "dspark-hf", out, target=target)
@@ -160,7 +180,9 @@ def test_a_plugin_layout_writer_is_exported_by_name(registered, tmp_path):
     assert "backbone-only" in serving_layouts()
     check_layout("backbone-only")
     target = random_target()
-    drafter = build_drafter(target, 4, backbone="dense", seq_head={"name": "vanilla", "rank": 8}, mask_token_id=1)
+    drafter = build_drafter(
+        target, 4, backbone="dense", seq_head={"class_path": "vanilla", "init_args": {"rank": 8}}, mask_token_id=1
+    )
     native = save_drafter(drafter, tmp_path / "native", target)
     res = export_drafter(native, "backbone-only", tmp_path / "out", target=target, dtype="fp32", num_anchors=9)
     assert res.layout == "backbone-only" and "backbone only" in res.notes

@@ -245,9 +245,17 @@ def drafter(target, head="vanilla", conf=True, vocab=None):
     if head is None:
         return create("drafter", "dflash", target, block_size=3, mask_token_id=1, backbone={"name": "dense",
                       "num_layers": 1})  # fmt: skip
-    d = create("drafter", "dspark", target, block_size=3, mask_token_id=1, backbone={"name": "dense", "num_layers": 1},
-               seq_head={"name": head, "rank": RANK}, conf_head="linear" if conf else None,
-               draft_vocab_size=vocab)  # fmt: skip
+    d = create(
+        "drafter",
+        "dspark",
+        target,
+        block_size=3,
+        mask_token_id=1,
+        backbone={"class_path": "dense", "init_args": {"num_layers": 1}},
+        seq_head={"class_path": head, "init_args": {"rank": RANK}},
+        conf_head="linear" if conf else None,
+        draft_vocab_size=vocab,
+    )
     if vocab:
         d.set_draft_vocab(torch.arange(0, 2 * vocab, 2))
     return d.eval()

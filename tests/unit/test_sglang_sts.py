@@ -57,9 +57,16 @@ def sglang_confidence(logits, temps):
 
 def drafter(target):
     torch.manual_seed(0)
-    return create("drafter", "dspark", target, block_size=GAMMA, mask_token_id=1,
-                  backbone={"name": "dense", "num_layers": 1}, seq_head={"name": "vanilla", "rank": 8},
-                  conf_head="linear").eval()  # fmt: skip
+    return create(
+        "drafter",
+        "dspark",
+        target,
+        block_size=GAMMA,
+        mask_token_id=1,
+        backbone={"class_path": "dense", "init_args": {"num_layers": 1}},
+        seq_head={"class_path": "vanilla", "init_args": {"rank": 8}},
+        conf_head="linear",
+    ).eval()
 
 
 def calibrated(target, tmp_path, cals):

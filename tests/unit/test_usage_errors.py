@@ -32,7 +32,7 @@ def one_line(exc: BaseException) -> str:
 
 def small(target, **kw):
     torch.manual_seed(0)
-    kw.setdefault("backbone", {"name": "dense", "num_layers": 1})
+    kw.setdefault("backbone", {"class_path": "dense", "init_args": {"num_layers": 1}})
     return create("drafter", "dspark", target, block_size=3, mask_token_id=1, **kw)
 
 
@@ -46,7 +46,7 @@ def test_a_string_block_size_is_named_not_a_raw_type_error(tiny_target):
 
 def test_a_part_argument_of_the_wrong_type_or_name_is_named(tiny_target):
     with pytest.raises(UsageError, match=r"backbone 'dense': num_layers must be an int, got 'two'"):
-        small(tiny_target, backbone={"name": "dense", "num_layers": "two"})
+        small(tiny_target, backbone={"class_path": "dense", "init_args": {"num_layers": "two"}})
     with pytest.raises(UsageError, match=r"takes no argument 'blok_size'.*block_size"):
         create("drafter", "dspark", tiny_target, blok_size=4)
     with pytest.raises(UsageError, match="block_size"):  # the class itself, built without the registry
@@ -61,7 +61,11 @@ def test_a_part_argument_of_the_wrong_type_or_name_is_named(tiny_target):
 def serving_dir(varied_target, tmp_path):
     from dspark_lightning.export import export_drafter
 
-    save_drafter(small(varied_target, seq_head={"name": "vanilla", "rank": 8}), tmp_path / "native", varied_target)
+    save_drafter(
+        small(varied_target, seq_head={"class_path": "vanilla", "init_args": {"rank": 8}}),
+        tmp_path / "native",
+        varied_target,
+    )
     export_drafter(tmp_path / "native", "dspark-hf", tmp_path / "hf", target=varied_target)
     return tmp_path / "hf"
 

@@ -177,7 +177,7 @@ def draft_variants(target, trained: dict[str, Any] | None = None, layers: int = 
     device = _device(target)
     out = dict(trained or {})
     V = target.geometry.vocab_size
-    backbone = {"name": "dense", "num_layers": layers}
+    backbone = {"class_path": "dense", "init_args": {"num_layers": layers}}
     subsets = [n for n in DRAFT_VOCABS if n < V]
     for n in (None, *subsets):
         torch.manual_seed(0)

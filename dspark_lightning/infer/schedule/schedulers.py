@@ -652,7 +652,8 @@ class AutoScheduler(_SPSScheduler):
       recent rounds' did (the window's mean of each round's own survival Π ĉ', corrected), R (1 + Σ_{k≤n} a_k) over
       the modelled step time, against plain decoding's R tokens per plain step, drafting only when it is ``margin``
       faster (a gain smaller than the estimate's error is not worth the risk); a skipping gate drafts again after
-      ``probe`` skipped steps (doubling up to ``max_probe``) to refresh its estimate.
+      ``probe`` skipped steps (doubling up to ``max_probe``) to refresh its estimate, verifying at least one draft
+      per request there (a probe that verified nothing would observe nothing).
 
     Every decision reads the current confidences as Algorithm 1 does and earlier steps otherwise, so the output law
     is the target's; with ``timing="model"`` (default) nothing depends on the wall clock.
@@ -685,6 +686,7 @@ class AutoScheduler(_SPSScheduler):
         super().reset()
         self.online.reset()
         self.skipped, self.interval = 0, self.probe
+        self.probing = False  # this step drafts only to refresh the estimate: it verifies at least one draft
         self._rate_cache: dict = {}
         self._pays_cache: dict = {}
 
@@ -724,7 +726,10 @@ class AutoScheduler(_SPSScheduler):
         conf = conf.detach().cpu()
         expected = self.online.expected if self.online_on else None
         walk = uniform_schedule if self.padded else lookahead_schedule
-        return walk(self._conf(conf), self._rates(*conf.shape), expected)
+        lengths = walk(self._conf(conf), self._rates(*conf.shape), expected)
+        if self.probing:  # a probe that verified nothing would observe nothing and leave the gate shut for good
+            lengths, self.probing = lengths.clamp(min=1), False
+        return lengths
 
     def observe_rounds(self, conf: torch.Tensor, lengths: torch.Tensor, accepted: list[int]) -> None:
         self.online.observe(conf.detach().cpu(), lengths, accepted)
@@ -755,11 +760,12 @@ class AutoScheduler(_SPSScheduler):
         if not self.skip_draft:
             return True
         pays = self.drafting_pays(R)
+        self.probing = False
         if pays is None or pays:
             self.skipped, self.interval = 0, self.probe
             return True
-        if self.skipped >= self.interval:  # probe: draft once to refresh the estimate
-            self.skipped, self.interval = 0, min(2 * self.interval, self.max_probe)
+        if self.skipped >= self.interval:  # probe: draft once, verifying at least one draft, to refresh the estimate
+            self.skipped, self.interval, self.probing = 0, min(2 * self.interval, self.max_probe), True
             return True
         self.skipped += 1
         return False
