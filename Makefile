@@ -38,7 +38,7 @@ vllm-check: vllm-tools
 	$(PY) -m pytest -q -s tests/slow/test_vllm.py
 
 test: setup llamacpp-tools vllm-tools
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" tests/unit tests/data tests/infer

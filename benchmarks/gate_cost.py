@@ -3,12 +3,12 @@
     .venv/bin/python benchmarks/gate_cost.py --drafter outputs/smollm2_dspark/tb/version_0/drafter \\
         --heldout outputs/smollm2_dspark/data/responses_heldout.jsonl --set chat      (make gate-cost)
 
-Decodes the first ``--prompts`` held-out prompts of one set ``--repeats`` times, each prompt by the three methods back
-to back (the order rotating). ``skip_all`` is ``auto`` whose gate never drafts: the drafter still reads the prompt
-and every skipped step's features wait in the backlog, so it prices the bookkeeping of a gated engine apart from its
-drafted steps. Per method: tok/s, the speed ratio to plain with a 95 % bootstrap interval over the (prompt, repeat)
-pairs, the engine's own time per stage (``DecodeStats.time_s``, seconds per call) and the drafted steps per call.
-Writes ``<out>/gate_cost.json``. Run it alone on the machine.
+Decodes the first ``--prompts`` held-out prompts of one set in groups of ``--batch``, ``--repeats`` times, each group by
+the three methods back to back (the order rotating). ``skip_all`` is ``auto`` whose gate never drafts: the drafter still
+reads the prompt and every skipped step's features wait in the backlog, so it prices the bookkeeping of a gated engine
+apart from its drafted steps. Per method: tok/s, the speed ratio to plain with a 95 % bootstrap interval over the
+(group, repeat) pairs, the engine's own time per stage (``DecodeStats.time_s``, seconds per call) and the drafted steps
+per call. Writes ``<out>/gate_cost_<set>_b<batch>.json``. Run it alone on the machine.
 """
 
 from __future__ import annotations
@@ -61,26 +61,28 @@ def main() -> None:
     ap.add_argument("--set", default="chat")
     ap.add_argument("--prompts", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--max_new_tokens", type=int, default=128)
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/data/gate_cost"))
     a = ap.parse_args()
 
     target, (drafter,) = load_target_and_drafters(None, [a.drafter])
     prompts = heldout_prompts(a.heldout, a.prompts, (a.set,))[a.set]
+    groups = [prompts[i : i + a.batch] for i in range(0, len(prompts), a.batch)]
     for name in ("auto", "static"):  # one-time profiles before any timing
-        decode(target, drafter, prompts[:1], max_new_tokens=8, scheduler=name)
+        decode(target, drafter, groups[0], max_new_tokens=8, scheduler=name, batch_size=a.batch)
     names = list(METHODS)
     acc = {n: {"s": 0.0, "tokens": 0, "calls": [], "drafted": 0, "time_s": {}} for n in names}
     k = 0
     for _ in range(a.repeats):
-        for p in prompts:
+        for group in groups:
             k += 1
             for name in names[k % 3 :] + names[: k % 3]:
                 sched = METHODS[name]
                 scheduler = "static" if sched is None else sched() if isinstance(sched, type) else sched
                 t0 = time.perf_counter()
-                res = decode(target, None if sched is None else drafter, [p], max_new_tokens=a.max_new_tokens,
-                             scheduler=scheduler)  # fmt: skip
+                res = decode(target, None if sched is None else drafter, group, max_new_tokens=a.max_new_tokens,
+                             scheduler=scheduler, batch_size=a.batch)  # fmt: skip
                 seconds = time.perf_counter() - t0
                 x = acc[name]
                 x["s"] += seconds
@@ -107,8 +109,9 @@ def main() -> None:
            "calls_per_method": calls, "rows": rows}  # fmt: skip
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "gate_cost.json", json.dumps(doc, indent=1) + "\n")
-    print(f"-> {out / 'gate_cost.json'}")
+    path = out / f"gate_cost_{a.set}_b{a.batch}.json"
+    atomic_write(path, json.dumps(doc, indent=1) + "\n")
+    print(f"-> {path}")
 
 
 if __name__ == "__main__":

@@ -66,7 +66,8 @@ class Shared:
         for spec in self.drafter:
             name, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
             cfg = checks.drafter_config(path)
-            pairs.append((name or cfg.get("drafter") or ("dspark" if cfg.get("seq_head") else "dflash"), path, cfg))
+            kind = (cfg.get("drafter") or {}).get("class_path") or ("dspark" if cfg.get("seq_head") else "dflash")
+            pairs.append((name or kind, path, cfg))
         names = [n for n, _, _ in pairs]
         if len(set(names)) != len(names):
             raise UsageError(f"drafter names must be unique, got {names}; name them: --drafter name=path")

@@ -104,7 +104,7 @@ class Engine:
         self._observes_draft_time = overrides(self.scheduler, "observe_draft_time")
         self._observes_rounds = overrides(self.scheduler, "observe_rounds")
         kernels = self.verifier.kernels if isinstance(self.verifier, KernelChoice) else None
-        self.padded = getattr(self.verifier, "batching", "padded") == "padded"
+        self.padded = self.verifier.batching == "padded"
         self.use_hardware(hardware if hardware is not None else HardwareProfile(kernels=kernels))
         self.stop_ids = {int(t) for t in stop_token_ids}
         self.stop_strings = [s for s in (stop_strings or []) if s]

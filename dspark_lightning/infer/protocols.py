@@ -43,6 +43,7 @@ class Verifier(Protocol):
     """The target's forward over a batch of requests, with a per-request KV cache that can roll back."""
 
     device: torch.device
+    batching: str  # padded: a row per request, a forward computes R (1 + max ℓ) positions; flat: Σ (1 + ℓ_r)
 
     def prefill(self, ids: list[int], prompts: list[list[int]]) -> SegmentOutput:
         """Cache new requests' prompts; outputs padded to the longest prompt, in the order of ``ids``."""

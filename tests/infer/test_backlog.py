@@ -48,8 +48,8 @@ def decode_recorded(target, drafter, prompts, pattern, max_steps, max_new=24):
 @pytest.mark.parametrize("pattern", ["dsssd", "ssssssd", "dsdssd"])
 def test_lazy_extend_drafts_what_an_eager_cache_drafts(varied_target, context_state, pattern):
     torch.manual_seed(0)
-    drafter = make_drafter(varied_target, block_size=3, backbone={"name": "dense", "num_layers": 1,
-                                                                  "context_state": context_state})  # fmt: skip
+    drafter = make_drafter(varied_target, block_size=3, backbone={"class_path": "dense",
+                               "init_args": {"num_layers": 1, "context_state": context_state}})  # fmt: skip
     prompts = [[5, 17, 33, 9, 41], [7, 2, 99, 14, 3, 60, 21, 8]]  # ragged: the backlog rows differ per request
     lazy_out, lazy_q, eng = decode_recorded(varied_target, drafter, prompts, pattern, max_steps=64)
     eager_out, eager_q, _ = decode_recorded(varied_target, drafter, prompts, pattern, max_steps=1)

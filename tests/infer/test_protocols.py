@@ -155,7 +155,7 @@ def test_every_registered_acceptance_mode_is_an_acceptance_mode():
 
 def test_the_protocols_are_public_and_name_their_members():
     assert infer.Verifier is Verifier and infer.Proposer is Proposer
-    assert members(Verifier) == {"device", "prefill", "forward", "logits", "commit", "remove"}
+    assert members(Verifier) == {"device", "batching", "prefill", "forward", "logits", "commit", "remove"}
     assert members(Proposer) == {"block_size", "add", "remove", "extend", "propose"}
     assert scheduler_members() == {"__call__", "reset", "reads_hardware", "needs_hardware", "use_hardware",
                                    "wants_draft", "observe_step", "observe_draft_time", "observe_rounds"}  # fmt: skip

@@ -43,8 +43,8 @@ def test_heads_llamacpp_cannot_run_are_refused_before_any_file(tiny_target, tmp_
 
 
 def test_moe_and_context_state_are_refused_for_llamacpp(tiny_target, tmp_path):
-    d = create("drafter", "dspark", tiny_target, block_size=3, backbone={"name": "dense", "num_layers": 1,
-               "context_state": True})  # fmt: skip
+    d = create("drafter", "dspark", tiny_target, block_size=3, backbone={"class_path": "dense",
+               "init_args": {"num_layers": 1, "context_state": True}})  # fmt: skip
     with pytest.raises(InteropError, match="context_state=true"):
         export_serving(d, tiny_target, "dspark-hf", tmp_path / "out", server="llamacpp")
     moe = create(

@@ -243,8 +243,8 @@ def targets(varied_target):
 def drafter(target, head="vanilla", conf=True, vocab=None):
     torch.manual_seed(0)
     if head is None:
-        return create("drafter", "dflash", target, block_size=3, mask_token_id=1, backbone={"name": "dense",
-                      "num_layers": 1})  # fmt: skip
+        return create("drafter", "dflash", target, block_size=3, mask_token_id=1, backbone={"class_path": "dense",
+                      "init_args": {"num_layers": 1}})  # fmt: skip
     d = create(
         "drafter",
         "dspark",
