@@ -108,8 +108,15 @@ def plot(rows: list[dict], path: Path) -> None:
         names = list(dict.fromkeys(r["method"] for r in sel))
         width = 0.8 / len(sets)
         for i, s in enumerate(sets):
-            vals = [next((r["speedup"] for r in sel if r["set"] == s and r["method"] == n), 0) for n in names]
-            ax.bar([j + i * width for j in range(len(names))], vals, width=width, label=s)
+            found = [next((r for r in sel if r["set"] == s and r["method"] == n), {}) for n in names]
+            vals = [r.get("speedup", 0) for r in found]
+            ci = [r.get("speedup_ci") or [r.get("speedup", 0)] * 2 for r in found]  # no interval: no bar
+            err = [
+                [v - lo for v, (lo, _) in zip(vals, ci, strict=True)],
+                [hi - v for v, (_, hi) in zip(vals, ci, strict=True)],
+            ]
+            ax.bar([j + i * width for j in range(len(names))], vals, width=width, label=s, yerr=err, capsize=1.5,
+                   error_kw={"lw": 0.6})  # fmt: skip
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, rotation=60, fontsize=7)
         ax.set_ylabel("speed-up over plain")
