@@ -29,7 +29,6 @@ import matrix  # noqa: E402
 import torch  # noqa: E402
 
 from dspark_lightning.data.prompts.mixture import mixture  # noqa: E402
-from dspark_lightning.data.regen.regen_server import ServerConfig  # noqa: E402
 from dspark_lightning.data.regen.regenerate import regenerate  # noqa: E402
 from dspark_lightning.devices import decode_bf16_faster  # noqa: E402
 from dspark_lightning.export import llamacpp  # noqa: E402
@@ -109,9 +108,9 @@ def main(argv: list[str] | None = None) -> None:
         proc, url, logf = serve(gguf, c, 4096, os.cpu_count() or 2)
         try:
             path = work / f"server-c{c}.jsonl"
-            srv = ServerConfig(url, "target", timeout_s=600, retries=2)
+            srv = {"class_path": "openai", "init_args": {"base_url": url, "model": "target", "timeout_s": 600, "retries": 2}}
             name = f"llama-server {llamacpp.RELEASE} ({a.gguf_type}, {c} slots, concurrency {c})"
-            row = run(name, path, backend="openai", concurrency=c, server=srv)
+            row = run(name, path, backend=srv, concurrency=c)
             theirs = {r["id"]: r["turns"][1]["content"] for r in map(json.loads, path.read_text().splitlines())}
             row["same_text_as_ours"] = sum(theirs.get(k) == v for k, v in mine.items())
         finally:

@@ -51,6 +51,20 @@ def _union_error(text: str) -> str | None:
     return None
 
 
+def user_error_within(exc: BaseException) -> BaseException | None:
+    """The :class:`~dspark_lightning.checks.UsageError` a component's constructor raised under ``exc`` (jsonargparse
+    wraps it in a ValueError listing every type of a union it tried), or None."""
+    from .checks import UsageError
+
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, UsageError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def one_line_error(exc: BaseException) -> str:
     """The exception's message with its lines joined (the type's name for an empty message), with jsonargparse's
     phrasing said as a user reads it: ``Parser key "name"`` is the flag ``--name``, a closed choice's

@@ -251,6 +251,32 @@ def build(kind: str, spec: Any, *args: Any) -> Any:
     raise UsageError(f"a {kind} is a registered name or {{class_path: NAME, init_args: {{...}}}}, got {spec!r}")
 
 
+class Component:
+    """A component as a recipe names it (a registered name or ``{class_path, init_args}``), kept whole: the type of a
+    recipe field that :func:`build` resolves, so the component's own constructor checks its settings. jsonargparse
+    passes it through unparsed (lightning/datamodule.py registers the type; a YAML text on the command line is read
+    as YAML); the field's owner unwraps :attr:`spec`."""
+
+    def __init__(self, spec: Any) -> None:
+        if isinstance(spec, str) and spec.lstrip().startswith("{"):
+            import yaml
+
+            try:
+                spec = yaml.safe_load(spec)
+            except yaml.YAMLError as exc:
+                raise UsageError(f"a component is a registered name or {{class_path: NAME, init_args: {{...}}}}; "
+                                 f"{spec!r} is not YAML ({str(exc).splitlines()[0]})") from None  # fmt: skip
+        if not isinstance(spec, str | dict):
+            raise UsageError(
+                f"a component is a registered name or {{class_path: NAME, init_args: {{...}}}}, got {spec!r}"
+            )
+        self.spec = spec
+
+    @staticmethod
+    def unwrap(value: Any) -> Any:
+        return value.spec if isinstance(value, Component) else value
+
+
 def _build_path(kind: str, path: str, args: tuple, kwargs: dict[str, Any]) -> Any:
     if "." not in path:
         return create(kind, path, *args, **kwargs)
@@ -308,13 +334,18 @@ def unknown_arguments(what: str, obj: Any, kwargs: dict[str, Any]) -> None:
 
 def mistyped_argument(obj: Any, args: tuple, kwargs: dict[str, Any]) -> str | None:
     """The first argument that is not the plain type (int, float, bool, str, or that or None) its parameter is
-    annotated with, said in words (``num_layers must be an int, got 'two' (str)``); None when every one fits (or the
-    signature cannot be read)."""
+    annotated with, said in words (``num_layers must be an int, got 'two' (str)``), or the required ones not given
+    (``missing model``); None when every one fits (or the signature cannot be read)."""
     sig = _signature(obj)
     try:
         bound = sig.bind_partial(*args, **kwargs).arguments if sig is not None else {}
     except TypeError:
         return None
+    named = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    params = sig.parameters.values() if sig is not None else ()
+    missing = [q.name for q in params if q.default is q.empty and q.kind in named and q.name not in bound]
+    if missing:
+        return f"missing {', '.join(missing)}"
     for key, value in bound.items():
         p = sig.parameters[key]
         plain = _plain_type(p.annotation)

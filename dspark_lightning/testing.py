@@ -308,23 +308,21 @@ def check_prompt_source(spec: Any, limit: int = 4, **kwargs: Any) -> None:
 
 
 def check_regen_backend(spec: Any, target: Any = None, **kwargs: Any) -> None:
-    """Conformance checks for a regeneration backend (a registered ``regen_backend`` name, or a
-    :class:`~dspark_lightning.data.regen.backend.RegenBackend` subclass registered under a name; ``kwargs`` go to
-    :func:`~dspark_lightning.data.regen.regenerate.regenerate`, e.g. ``server=``): on ``target`` (default a tiny
+    """Conformance checks for a regeneration backend (as ``data.regen.backend`` names it: a registered name or
+    ``{"class_path": ..., "init_args": {...}}``; ``kwargs`` go to
+    :func:`~dspark_lightning.data.regen.regenerate.regenerate`): on ``target`` (default a tiny
     random Llama with varied outputs) it answers every user turn of one- and two-turn conversations with non-empty,
     stripped text, in input order, a token count per answer within ``max_new_tokens``; a second run at T > 0 gives
     the same rows whatever the batching (each (conversation, turn) has its own seed); a rerun on the same file
     answers nothing again."""
     from .data.prompts.sources import PromptRecord
-    from .data.regen.backend import RegenBackend
+    from .data.regen.backend import as_backend
     from .data.regen.regenerate import load_conversations, regenerate
-    from .registry import get, name_of
 
-    name = spec if isinstance(spec, str) else name_of(spec)
-    assert issubclass(get("regen_backend", name), RegenBackend), f"{name}: a backend subclasses RegenBackend"
+    name = as_backend(spec).name  # a RegenBackend, its settings accepted
     target = target if target is not None else random_target(init=0.3)
     recs = [PromptRecord(f"c/{i}", "chat", "check", ["say something", "and more"][: 1 + i % 2]) for i in range(4)]
-    kw = {"max_new_tokens": 8, "temperature": 1.0, "progress": False, "backend": name, **kwargs}
+    kw = {"max_new_tokens": 8, "temperature": 1.0, "progress": False, "backend": spec, **kwargs}
     with tempfile.TemporaryDirectory() as d:
         a, b = Path(d) / "a.jsonl", Path(d) / "b.jsonl"
         stats = regenerate(target, recs, a, batch_size=4, concurrency=4, **kw)

@@ -30,7 +30,7 @@ from yaml import YAMLError  # noqa: E402
 
 from .. import checks, locks  # noqa: E402
 from ..atomic import disk_full_message, is_disk_full  # noqa: E402
-from ..errors import one_line_error  # noqa: E402
+from ..errors import one_line_error, user_error_within  # noqa: E402
 from ..lightning import recipe_checks  # noqa: E402
 from ..lightning.callbacks import DrafterExport, TrainingDiverged  # noqa: E402
 from ..lightning.checkpoint_io import AtomicCheckpointIO, checkpoint_problem  # noqa: E402
@@ -95,6 +95,8 @@ class DSparkCLI(LightningCLI):
         except (checks.UsageError, *RECIPE_ERRORS):
             raise
         except (ValueError, RuntimeError) as exc:  # a constructor refusing a value (a tensor of negative size)
+            if (ours := user_error_within(exc)) is not None:
+                raise ours from None
             raise checks.UsageError(f"the recipe's model or data cannot be built: {one_line_error(exc)}") from exc
         check_built(self.model)
         if self.subcommand == "fit":  # the export's folder and servers, before any data work

@@ -23,6 +23,7 @@ from typing import Any
 
 from ..data.features.cache import check_shards
 from ..data.prepare import SPLITS, DataPaths
+from ..errors import user_error_within
 from ..lightning import recipe_checks
 from ..lightning.config import TargetConfig, target_for_trainer
 from ..lightning.datamodule import DSparkDataModule
@@ -76,7 +77,13 @@ def parse_recipe(prog: str, argv: list[str], func: Callable) -> tuple[DSparkData
     add_function_flags(parser, func, skip=("data",))
     cfg = parser.parse_args(_data_section_only(argv))
     recipe_checks.data_args(cfg.data, DSparkDataModule)
-    return parser.instantiate(cfg).data, function_kwargs(cfg, func, skip=("data",))
+    try:
+        data = parser.instantiate(cfg).data
+    except ValueError as exc:  # a constructor refusing a value, wrapped by jsonargparse
+        if (ours := user_error_within(exc)) is None:
+            raise
+        raise ours from None
+    return data, function_kwargs(cfg, func, skip=("data",))
 
 
 def _world(rank: int | None, world_size: int | None) -> tuple[int, int, bool]:

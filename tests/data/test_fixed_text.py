@@ -158,12 +158,9 @@ def test_regen_dtype_writes_with_a_copy_of_the_target_and_is_recorded(tmp_path):
     rows = [json.loads(x) for x in (work / "responses_train.jsonl").read_text().splitlines()]
     assert rows and all(r["gen"]["regen_dtype"] == "bf16" for r in rows)
     plain = datamodule(work).prepare_job()
-    server_fields = ("dtype", "base_url", "model", "timeout_s", "retries")  # only backend openai reads the last four
-    prepare_fields = ("capture_features", "answers_per_prompt")  # prepare acts on these, regenerate() does not
-    unset = set(server_fields + prepare_fields)
+    unset = {"dtype", "capture_features", "answers_per_prompt"}  # prepare acts on these, regenerate() does not
     assert not unset & set(plain.regen.identity()) and plain.regen.settings() == {
-        **{k: v for k, v in asdict(RegenConfig(**REGEN)).items() if k not in unset},
-        "server": None,
+        k: v for k, v in asdict(RegenConfig(**REGEN)).items() if k not in unset
     }
     dm = datamodule(work)
     dm.regen = RegenConfig(**REGEN, dtype="bf16")

@@ -13,7 +13,8 @@ import pytest
 from dspark_lightning.data.prompts.sources import PromptRecord
 from dspark_lightning.data.regen import regen_hf
 from dspark_lightning.data.regen.config import RegenConfig
-from dspark_lightning.data.regen.regen_server import ServerConfig, ServerError
+from dspark_lightning.checks import UsageError
+from dspark_lightning.data.regen.regen_server import ServerError
 from dspark_lightning.data.regen.regenerate import regenerate
 from dspark_lightning.registry import RegistryError
 
@@ -83,55 +84,61 @@ def test_server_answers_equal_our_greedy_regeneration_and_resume(target, server,
     kw = {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": 8, "progress": False}
     ours, theirs = tmp_path / "hf.jsonl", tmp_path / "srv.jsonl"
     regenerate(target, PROMPTS, ours, backend="hf", batch_size=1, **kw)
-    srv = ServerConfig(server.url, "tiny", timeout_s=30, retries=0)
-    stats = regenerate(target, PROMPTS, theirs, backend="openai", concurrency=3, server=srv, **kw)
+    srv = openai(server.url, "tiny", timeout_s=30, retries=0)
+    stats = regenerate(target, PROMPTS, theirs, backend=srv, concurrency=3, **kw)
     assert stats["written"] == len(PROMPTS) and stats["tokens"] > 0
     a, b = _rows(ours), _rows(theirs)
     assert [r["turns"] for r in a] == [r["turns"] for r in b]  # every turn, history included
     assert [r["gen"]["new_tokens"] for r in a] == [r["gen"]["new_tokens"] for r in b]
     assert b[-1]["turns"][0] == {"role": "system", "content": "You are a pirate."}
-    assert b[0]["gen"]["server"] == {"base_url": server.url, "model": "tiny"}
+    assert (b[0]["gen"]["base_url"], b[0]["gen"]["model"]) == (server.url, "tiny") and "timeout_s" not in b[0]["gen"]
     sent = [r for r in server.requests if r["messages"][-1]["content"] == "and then?"]
     assert sent and all(len(r["messages"]) == 3 and r["messages"][1]["role"] == "assistant" for r in sent)
     assert all(r["max_tokens"] == 8 and r["temperature"] == 0.0 for r in server.requests)
     n = len(server.requests)
-    again = regenerate(target, PROMPTS, theirs, backend="openai", server=srv, **kw)
+    again = regenerate(target, PROMPTS, theirs, backend=srv, **kw)
     assert again["skipped"] == len(PROMPTS) and len(server.requests) == n  # resumed: nothing asked again
-    other = ServerConfig(server.url, "tiny-v2", timeout_s=30, retries=0)
+    other = openai(server.url, "tiny-v2", timeout_s=30, retries=0)
     with pytest.raises(ValueError, match="different settings"):
-        regenerate(target, PROMPTS, theirs, backend="openai", server=other, **kw)
+        regenerate(target, PROMPTS, theirs, backend=other, **kw)
 
 
 def test_retries_then_one_line_errors(target, tmp_path):
     flaky = _Server(target, fail_first=2)
     try:
         kw = {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": 4, "progress": False}
-        srv = ServerConfig(flaky.url, "tiny", timeout_s=30, retries=2)
-        stats = regenerate(target, PROMPTS[:1], tmp_path / "a.jsonl", backend="openai", server=srv, **kw)
+        srv = openai(flaky.url, "tiny", timeout_s=30, retries=2)
+        stats = regenerate(target, PROMPTS[:1], tmp_path / "a.jsonl", backend=srv, **kw)
         assert stats["written"] == 1 and len(flaky.requests) == 3  # two 503s, then the answer
         long = [*PROMPTS[:2], PromptRecord("s/long", "chat", "test", ["LONG " * 50])]
-        stats = regenerate(target, long, tmp_path / "long.jsonl", backend="openai", server=srv, **kw)
+        stats = regenerate(target, long, tmp_path / "long.jsonl", backend=srv, **kw)
         assert stats["written"] == 2 and stats["dropped_empty"] == 1  # that conversation only: counted, not fatal
         with pytest.raises(ServerError, match=r"refused the request \(HTTP 404: .*model nope not found"):
-            regenerate(target, PROMPTS[:1], tmp_path / "b.jsonl", backend="openai",
-                       server=ServerConfig(flaky.url, "nope", retries=3), **kw)  # fmt: skip
+            regenerate(target, PROMPTS[:1], tmp_path / "b.jsonl", backend=openai(flaky.url, "nope", retries=3), **kw)
         port = flaky.httpd.server_address[1]
     finally:
         flaky.close()
-    dead = ServerConfig(f"http://127.0.0.1:{port}/v1", "tiny", timeout_s=2, retries=1)
+    dead = openai(f"http://127.0.0.1:{port}/v1", "tiny", timeout_s=2, retries=1)
     with pytest.raises(ServerError, match="no answer after 2 attempts"):
-        regenerate(target, PROMPTS[:1], tmp_path / "c.jsonl", backend="openai", server=dead, **kw)
+        regenerate(target, PROMPTS[:1], tmp_path / "c.jsonl", backend=dead, **kw)
+
+
+def openai(base_url, model, **kw):
+    """The openai backend as a recipe spells it."""
+    return {"class_path": "openai", "init_args": {"base_url": base_url, "model": model, **kw}}
 
 
 def test_regen_config_checks_the_server_options_up_front():
-    with pytest.raises(ValueError, match="base_url must be an http"):
-        RegenConfig(backend="openai", base_url="localhost:8000", model="m")
-    with pytest.raises(ValueError, match="model name the server serves is required"):
-        RegenConfig(backend="openai", base_url="http://127.0.0.1:8000/v1")
-    with pytest.raises(ValueError, match="read by a server backend"):
-        RegenConfig(base_url="http://127.0.0.1:8000/v1")
+    with pytest.raises(UsageError, match="base_url must be an http"):
+        RegenConfig(backend=openai("localhost:8000", "m"))
+    with pytest.raises(UsageError, match="model, the name the server serves"):
+        RegenConfig(backend=openai("http://127.0.0.1:8000/v1", ""))
+    with pytest.raises(UsageError, match="openai.*model"):  # a missing setting: the backend's own signature says
+        RegenConfig(backend={"class_path": "openai", "init_args": {"base_url": "http://127.0.0.1:8000/v1"}})
+    with pytest.raises(UsageError, match="dspark.*base_url"):  # a setting the backend does not take
+        RegenConfig(backend={"class_path": "dspark", "init_args": {"base_url": "http://127.0.0.1:8000/v1"}})
     with pytest.raises(RegistryError, match="unknown regen_backend 'vllm2'; available: .*openai"):
         RegenConfig(backend="vllm2")
-    cfg = RegenConfig(backend="openai", base_url="http://h:1/v1", model="m", timeout_s=9)
+    cfg = RegenConfig(backend=openai("http://h:1/v1", "m", timeout_s=9))
     assert cfg.identity()["base_url"] == "http://h:1/v1" and "timeout_s" not in cfg.identity()
-    assert "base_url" not in RegenConfig().identity()
+    assert cfg.identity()["backend"] == "openai" and "base_url" not in RegenConfig().identity()

@@ -149,7 +149,7 @@ def test_a_plugin_regeneration_backend_is_chosen_by_name_in_a_recipe_and_regener
         def sample(self, prompts, seeds, budgets):
             return [(f"echo {s % 1000}", 3, True) for s in seeds]
 
-    assert RegenConfig(backend="echo").settings()["backend"] == "echo"
+    assert RegenConfig(backend="echo").identity()["backend"] == "echo"
     check_regen_backend("echo")
     out = tmp_path / "r.jsonl"
     recs = [PromptRecord("a", "chat", "t", ["hi", "again"])]

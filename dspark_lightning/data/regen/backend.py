@@ -10,43 +10,62 @@ row's response does not depend on which rows share its batch and a resume reprod
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from ... import checks
+from ...registry import build
 from ..prompts.sources import PromptRecord
 
 log = logging.getLogger(__name__)
 
 
 class RegenBackend:
-    """How the target's answers are made. :func:`~dspark_lightning.data.regen.regenerate.regenerate` builds one per
-    run with the row settings (``settings``: sampling, ``max_new_tokens``, ``max_turns``, ``seed``; what each row
-    records in ``gen``), calls :meth:`answer` on batches of :attr:`step` records, then :meth:`close`.
+    """How the target's answers are made. A backend's own settings are its constructor's keyword arguments, typed and
+    checked there; each is kept as the attribute of its name, and those not in :attr:`transient` are recorded in
+    every row's ``gen`` and enter the data fingerprint. The constructor only holds settings (it runs while a recipe is
+    read); :func:`~dspark_lightning.data.regen.regenerate.regenerate` then calls :meth:`start` with the target and the
+    row settings (``settings``: sampling, ``max_new_tokens``, ``max_turns``, ``seed``: what each row records in
+    ``gen``), :meth:`answer` on batches of :attr:`step` records, then :meth:`close`.
 
-    A subclass registered with ``@register("regen_backend", name)`` is ``data.regen.backend: name`` in a recipe; a
+    A subclass registered with ``@register("regen_backend", name)`` is ``data.regen.backend: name`` in a recipe, or
+    ``{class_path: name, init_args: {...}}`` with settings, the same spelling on the command line and in Python; a
     plugin adds one without editing the package (``testing.check_regen_backend`` checks it).
     """
 
     captures_features: ClassVar[bool] = False
     """it can keep the target features its decoding computes (``data.regen.capture_features``)"""
-    needs_server: ClassVar[bool] = False
-    """it answers through a server (``data.regen.base_url`` / ``model``, a ``ServerConfig``)"""
     reports_progress: ClassVar[bool] = False
     """it calls :attr:`on_finished` as each conversation ends (else progress moves a batch at a time)"""
     concurrent: ClassVar[bool] = True
     """``concurrency`` requests run at once: a call answers ``max(batch_size, 4 * concurrency)`` records (else
     ``batch_size``)"""
+    transient: ClassVar[tuple[str, ...]] = ()
+    """settings that never change the answers (a timeout, retries): not recorded, not in the fingerprint"""
 
-    def __init__(self, target: Any, settings: dict[str, Any], *, concurrency: int = 32, batch_size: int = 8,
-                 server: Any = None, capture: bool = False) -> None:  # fmt: skip
+    def start(self, target: Any, settings: dict[str, Any], *, concurrency: int = 32, batch_size: int = 8,
+              capture: bool = False) -> None:  # fmt: skip
+        """Bind the backend to ``target`` for one regeneration (a subclass starts its engine here, after this)."""
         self.target, self.settings = target, settings
-        self.concurrency, self.server, self.capture = concurrency, server, capture
+        self.concurrency, self.capture = concurrency, capture
         # records per :meth:`answer` call (the rows are written after each)
         self.step = max(batch_size, 4 * concurrency) if self.concurrent else batch_size
         self.prompt_tokens = 0  # rendered prompt tokens asked so far (the prefill work)
         self.on_finished: Any = None
+
+    @property
+    def name(self) -> str:
+        """The registered name (or the import path of an unregistered class) that ``gen.backend`` records."""
+        cls = type(self)
+        return cls.__dict__.get("registry_name") or f"{cls.__module__}.{cls.__qualname__}"
+
+    def identity(self) -> dict[str, Any]:
+        """The settings the answers depend on: every constructor argument but the :attr:`transient` ones."""
+        params = inspect.signature(type(self).__init__).parameters.values()
+        named = [p.name for p in params if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        return {n: getattr(self, n) for n in named if n not in self.transient}
 
     def answer(self, recs: list[PromptRecord]) -> tuple[list[dict], int, int]:
         """Every turn of ``recs``: (rows of the kept conversations in input order, generated tokens, conversations
@@ -62,6 +81,14 @@ class RegenBackend:
 
     def conversations(self, recs: list[PromptRecord]) -> Conversations:
         return Conversations(recs, self.settings, checks.positions_of(self.target))
+
+
+def as_backend(spec: Any, what: str = "data.regen.backend") -> RegenBackend:
+    """The backend ``spec`` names (a registered name or ``{class_path, init_args}``), built; a backend as given."""
+    backend = spec if isinstance(spec, RegenBackend) else build("regen_backend", spec)
+    if not isinstance(backend, RegenBackend):
+        raise checks.UsageError(f"{what}: {spec!r} is not a RegenBackend")
+    return backend
 
 
 class TurnByTurnBackend(RegenBackend):

@@ -7,7 +7,8 @@ from typing import Any
 
 from ... import checks
 from ...checks import UsageError
-from ...registry import get
+from ...registry import Component
+from .backend import as_backend
 
 
 @dataclass
@@ -21,21 +22,14 @@ class RegenConfig:
     top_k: int | None = None
     max_turns: int | None = None
     """answer at most this many user turns per conversation (null = all)"""
-    backend: str = "dspark"
-    """dspark: our decoding Engine with continuous batching over conversations; hf: HF generate in batches; openai:
-    an OpenAI-compatible chat server (vLLM, SGLang, llama-server) at ``base_url`` serving ``model``; vllm: vLLM's
+    backend: Component = "dspark"  # type: ignore[assignment]  # a name, or {class_path, init_args}
+    """a registered backend, or ``{class_path: name, init_args: {...}}`` with its own settings. dspark: our decoding
+    Engine with continuous batching over conversations; hf: HF generate in batches; openai: an OpenAI-compatible chat
+    server (vLLM, SGLang, llama-server), ``{class_path: openai, init_args: {base_url: ..., model: ...}}``; vllm: vLLM's
     offline engine on the target's directory (the pinned venv of ``dspark-lightning vllm build``)"""
     concurrency: int = 32
     """turns decoding together with the dspark backend, conversations in flight with openai, vLLM's ``max_num_seqs``
     (batch_size is the HF backend's batch)"""
-    base_url: str | None = None
-    """backend openai: the server's API root, e.g. ``http://127.0.0.1:8000/v1``"""
-    model: str | None = None
-    """backend openai: the model name the server serves (the target, with its chat template)"""
-    timeout_s: float = 300.0
-    """backend openai: seconds one request may take"""
-    retries: int = 3
-    """backend openai: retries of a request that fails to connect, times out or gets a 5xx / 429 answer"""
     dtype: str | None = None
     """precision of the target copy that writes the responses (null = the target's own, ``target.dtype``).
     ``bf16`` about doubles regeneration on a CPU with bf16 units (benchmarks/results/matrix.md, "Regeneration
@@ -59,43 +53,28 @@ class RegenConfig:
         checks.at_least("data.regen.answers_per_prompt", self.answers_per_prompt, 1)
         if self.answers_per_prompt > 1 and not self.temperature:
             raise UsageError("data.regen.answers_per_prompt > 1 needs temperature > 0: greedy answers are all the same")
-
-        kind = get("regen_backend", self.backend)  # an unknown name lists the registered backends
-        if self.capture_features and not kind.captures_features:
+        self.backend = Component.unwrap(self.backend)
+        backend = self.backend_object()  # its settings are checked now, not after the target is loaded
+        if self.capture_features and not backend.captures_features:
             raise UsageError(
-                f"data.regen.capture_features: backend {self.backend!r} cannot capture features (dspark can)"
+                f"data.regen.capture_features: backend {backend.name!r} cannot capture features (dspark can)"
             )
-        if kind.needs_server:
-            self.server()  # checks base_url and model now, not after the target is loaded
-        elif self.base_url is not None or self.model is not None:
-            raise UsageError(f"data.regen.base_url / model are read by a server backend (openai), not {self.backend!r}")
 
-    def server(self) -> Any:
-        """The :class:`~dspark_lightning.data.regen.regen_server.ServerConfig` of a server backend (else ``None``)."""
-        if not get("regen_backend", self.backend).needs_server:
-            return None
-        from .regen_server import ServerConfig
-
-        return ServerConfig(self.base_url or "", self.model or "", self.timeout_s, self.retries)
+    def backend_object(self) -> Any:
+        """The :class:`~dspark_lightning.data.regen.backend.RegenBackend` ``backend`` names, with its settings."""
+        return as_backend(self.backend)
 
     def settings(self) -> dict[str, Any]:
-        """What :func:`regenerate` takes (``dtype`` chooses the target it is given; the server fields are one
-        ``server``)."""
-        skip = ("dtype", "capture_features", "answers_per_prompt", *_SERVER_FIELDS)  # prepare acts on these
-        out = {k: v for k, v in asdict(self).items() if k not in skip}
-        return {**out, "server": self.server()}
+        """What :func:`regenerate` takes (``dtype`` chooses the target it is given)."""
+        skip = ("dtype", "capture_features", "answers_per_prompt")  # prepare acts on these
+        return {k: v for k, v in asdict(self).items() if k not in skip}
 
     def identity(self) -> dict[str, Any]:
-        """What the prepared data depends on: every field, ``dtype`` only when set and the server's URL and model only
-        for a server backend; timeouts and retries never change the data."""
+        """What the prepared data depends on: every field (``dtype`` only when set), the backend by its name and the
+        backend's own settings but the transient ones (a timeout never changes the data)."""
         out = asdict(self)
         for k, unset in (("dtype", None), ("capture_features", False), ("answers_per_prompt", 1)):
             if out[k] == unset:  # an unset option leaves the fingerprint as it was before the option existed
                 del out[k]
-        for k in _SERVER_FIELDS:
-            if not get("regen_backend", self.backend).needs_server or k in ("timeout_s", "retries"):
-                del out[k]
-        return out
-
-
-_SERVER_FIELDS = ("base_url", "model", "timeout_s", "retries")
+        backend = self.backend_object()
+        return {**out, "backend": backend.name, **backend.identity()}

@@ -23,10 +23,10 @@ class EngineRegenerator(RegenBackend):
 
     captures_features = reports_progress = True
 
-    def __init__(self, target: Any, settings: dict[str, Any], **kw: Any) -> None:
+    def start(self, target: Any, settings: dict[str, Any], **kw: Any) -> None:
         from ...infer.generation import FeatureTrace, generation_engine  # data/'s one seam into the runtime
 
-        super().__init__(target, settings, **kw)
+        super().start(target, settings, **kw)
         self.trace = FeatureTrace() if self.capture else None
         s = settings
         self.engine = generation_engine(target, s["temperature"], s["top_k"], s["top_p"], trace=self.trace)

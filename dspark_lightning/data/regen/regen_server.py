@@ -1,4 +1,5 @@
-"""Response regeneration through an OpenAI-compatible chat server (``data.regen.backend: openai``).
+"""Response regeneration through an OpenAI-compatible chat server (``data.regen.backend: {class_path: openai,
+init_args: {base_url: ..., model: ...}}``).
 
 vLLM, SGLang and llama.cpp's ``llama-server`` all serve ``POST {base_url}/chat/completions``. Each conversation is
 one worker's: its user turns are sent in order with the server's own earlier answers as history, so up to
@@ -53,14 +54,14 @@ class ServerConfig:
     api_key_env: str = "OPENAI_API_KEY"
 
     def __post_init__(self) -> None:
-        if not self.base_url or not self.base_url.startswith(("http://", "https://")):
-            raise UsageError(f"data.regen.base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, got "
-                             f"{self.base_url!r}")  # fmt: skip
-        if not self.model:
-            raise UsageError("data.regen.model: the model name the server serves is required with backend: openai")
-        checks.at_least("data.regen.retries", self.retries, 0)
+        if not isinstance(self.base_url, str) or not self.base_url.startswith(("http://", "https://")):
+            raise UsageError(f"regen_backend openai: base_url must be an http(s) URL such as "
+                             f"http://127.0.0.1:8000/v1, got {self.base_url!r}")  # fmt: skip
+        if not self.model or not isinstance(self.model, str):
+            raise UsageError("regen_backend openai: model, the name the server serves the target under, is required")
+        checks.at_least("regen_backend openai: retries", self.retries, 0)
         if not self.timeout_s > 0:
-            raise UsageError(f"data.regen.timeout_s must be > 0, got {self.timeout_s}")
+            raise UsageError(f"regen_backend openai: timeout_s must be > 0, got {self.timeout_s}")
 
     @property
     def url(self) -> str:
@@ -98,12 +99,17 @@ def chat_completion(server: ServerConfig, body: dict[str, Any]) -> dict[str, Any
 class ServerRegenerator(RegenBackend):
     """Regenerates conversations through a server, ``concurrency`` conversations at a time."""
 
-    needs_server = True
+    transient = ("timeout_s", "retries", "api_key_env")
 
-    def __init__(self, target: Any, settings: dict[str, Any], **kw: Any) -> None:
-        super().__init__(target, settings, **kw)
-        if not isinstance(self.server, ServerConfig):
-            raise UsageError("data.regen.backend openai needs a server (data.regen.base_url and model)")
+    def __init__(self, base_url: str, model: str, timeout_s: float = 300.0, retries: int = 3,
+                 api_key_env: str = "OPENAI_API_KEY") -> None:  # fmt: skip
+        """``base_url``: the server's API root, e.g. ``http://127.0.0.1:8000/v1``; ``model``: the name it serves the
+        target under (with its chat template); ``timeout_s``: seconds one request may take; ``retries`` of a request
+        that fails to connect, times out or gets a 5xx / 429 answer; ``api_key_env``: the environment variable whose
+        value, when set, is sent as a bearer token."""
+        self.server = ServerConfig(base_url, model, timeout_s, retries, api_key_env)
+        self.base_url, self.model, self.timeout_s, self.retries = base_url, model, timeout_s, retries
+        self.api_key_env = api_key_env
         self.lock = threading.Lock()
 
     def _body(self, messages: list[dict[str, str]], budget: int, seed: int) -> dict[str, Any]:

@@ -21,11 +21,11 @@ from .backend import TurnByTurnBackend, split_output
 class VLLMRegenerator(TurnByTurnBackend):
     """One vLLM engine for a whole regeneration (``max_num_seqs`` = ``concurrency``); :meth:`close` ends it."""
 
-    def __init__(self, target: Any, settings: dict[str, Any], **kw: Any) -> None:
+    def start(self, target: Any, settings: dict[str, Any], **kw: Any) -> None:
         from ...export.vllm import VLLMWorker
         from ...targets import resolve_target_path
 
-        super().__init__(target, settings, **kw)
+        super().start(target, settings, **kw)
         dtype = str(next(target.model.parameters()).dtype).removeprefix("torch.")
         positions = checks.positions_of(target) or 2048
         self.worker = VLLMWorker(resolve_target_path(target.name), dtype=dtype, max_model_len=positions,

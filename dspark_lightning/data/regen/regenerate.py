@@ -33,9 +33,8 @@ import torch
 from ... import checks
 from ...atomic import append_durable, atomic_write, atomic_writer
 from ...checks import UsageError
-from ...registry import get
 from ..prompts.sources import PromptRecord
-from .backend import system_turn
+from .backend import as_backend, system_turn
 
 log = logging.getLogger(__name__)
 _ROLES = ("user", "assistant", "system")
@@ -165,12 +164,12 @@ def generation_settings(
     max_new_tokens: int = 256,
     seed: int = 42,
     max_turns: int | None = None,
-    backend: str = "dspark",
-    server: Any = None,
+    backend: Any = "dspark",
     extra_settings: dict[str, Any] | None = None,
     **_: Any,  # batch_size, concurrency, progress: how the rows are made, not what they are
 ) -> dict[str, Any]:
     """What a response row depends on, recorded in its ``gen`` and compared on resume."""
+    backend = as_backend(backend, "regenerate: backend")
     return {
         "temperature": float(temperature),
         "top_p": float(top_p),
@@ -178,8 +177,8 @@ def generation_settings(
         "max_new_tokens": max_new_tokens,
         "seed": seed,
         "max_turns": max_turns,
-        "backend": backend,
-        **({"server": {"base_url": server.base_url, "model": server.model}} if server is not None else {}),
+        "backend": backend.name,
+        **backend.identity(),
         "target": target.name,
         "chat": target.chat.to_dict(),
         **(extra_settings or {}),
@@ -203,20 +202,19 @@ def regenerate(
     top_k: int | None = None,
     seed: int = 42,
     max_turns: int | None = None,
-    backend: str = "dspark",
+    backend: Any = "dspark",
     concurrency: int = 32,
     progress: bool = True,
     extra_settings: dict[str, Any] | None = None,
-    server: Any = None,
     capture_dir: str | os.PathLike | None = None,
 ) -> dict[str, Any]:
     """Answer every user turn of ``prompts`` with ``target`` and append rows to ``out_path`` (resumable).
 
-    ``backend``: a registered ``regen_backend`` name: ``dspark`` (our decoding Engine, continuous batching of up to
-    ``concurrency`` turns; rows are written every ``max(batch_size, 4 * concurrency)`` conversations), ``hf``
-    (``generate`` on batches of ``batch_size``), ``openai`` (an OpenAI-compatible server, ``server``: a
-    :class:`~dspark_lightning.data.regen.regen_server.ServerConfig`; ``concurrency`` conversations in flight) or
-    ``vllm`` (vLLM's offline engine, ``concurrency`` sequences), or a plugin's.
+    ``backend``: a ``regen_backend`` as a recipe names it (a registered name or ``{"class_path": name, "init_args":
+    {...}}``) or built: ``dspark`` (our decoding Engine, continuous batching of up to ``concurrency`` turns; rows are
+    written every ``max(batch_size, 4 * concurrency)`` conversations), ``hf`` (``generate`` on batches of
+    ``batch_size``), ``openai`` (an OpenAI-compatible server, ``init_args: {base_url, model}``; ``concurrency``
+    conversations in flight) or ``vllm`` (vLLM's offline engine, ``concurrency`` sequences), or a plugin's.
     ``temperature=0`` is greedy. Rows with an empty response at any turn are dropped. ``extra_settings`` are recorded
     in every row's ``gen`` and checked on resume like the sampling settings (prepare records ``regen_dtype`` there).
     ``capture_dir`` (a backend that captures features: ``dspark``): the target features of each conversation's last
@@ -235,12 +233,9 @@ def regenerate(
         seen: set[str] = set()
         dup = sorted({i for i in ids if i in seen or seen.add(i)})
         raise UsageError(f"regenerate: duplicate prompt ids {dup[:5]} (rows are keyed by id)")
-    kind = get("regen_backend", backend)  # an unknown name lists the registered backends
-    if capture_dir is not None and not kind.captures_features:
-        raise UsageError(f"regenerate: backend {backend!r} cannot capture features (backend 'dspark' can)")
-    if kind.needs_server != (server is not None):
-        why = "needs a server (base_url and model)" if kind.needs_server else "takes no server (base_url / model)"
-        raise UsageError(f"regenerate: backend {backend!r} {why}")
+    answering = as_backend(backend, "regenerate: backend")  # an unknown name lists the registered backends
+    if capture_dir is not None and not answering.captures_features:
+        raise UsageError(f"regenerate: backend {answering.name!r} cannot capture features (backend 'dspark' can)")
     for name, value in (("batch_size", batch_size), ("concurrency", concurrency), ("max_new_tokens", max_new_tokens)):
         checks.at_least(f"regenerate: {name}", "None" if value is None else value, 1)
     checks.at_least("regenerate: top_k", top_k, 1)
@@ -252,8 +247,8 @@ def regenerate(
         raise checks.UsageError(f"regenerate: max_new_tokens={max_new_tokens} leaves no room for a prompt in the "
                                 f"{limit} positions of the target {target.name!r}; use less than {limit}")  # fmt: skip
     cfg = generation_settings(target, temperature=temperature, top_p=top_p, top_k=top_k,
-                              max_new_tokens=max_new_tokens, seed=seed, max_turns=max_turns, backend=backend,
-                              server=server, extra_settings=extra_settings)  # fmt: skip
+                              max_new_tokens=max_new_tokens, seed=seed, max_turns=max_turns, backend=answering,
+                              extra_settings=extra_settings)  # fmt: skip
     path = Path(out_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     done = _prepare_resume(path, cfg)
@@ -272,15 +267,14 @@ def regenerate(
 
     setup = time.perf_counter()
     bar = tqdm(total=len(prompts), initial=stats["skipped"], unit="conv", desc="regenerate", disable=not progress)
-    answering = None
-    if todo:
-        answering = kind(target, cfg, concurrency=concurrency, batch_size=batch_size, server=server,
-                         capture=capture_dir is not None)  # fmt: skip
+    started = bool(todo)
+    if started:
+        answering.start(target, cfg, concurrency=concurrency, batch_size=batch_size, capture=capture_dir is not None)
         answering.on_finished = bar.update
     start = time.perf_counter()  # the rate counts answering, not starting a backend (``setup_s``)
     stats["setup_s"] = start - setup
     try:
-        for b in range(0, len(todo), answering.step if answering else 1):
+        for b in range(0, len(todo), answering.step if started else 1):
             rows, n_tok, dropped = answering.answer(todo[b : b + answering.step])
             if capture_dir is not None and rows:  # before the rows: a row on file may lack features, never the reverse
                 stats["captured"] = stats.get("captured", 0) + save_captured(
@@ -296,10 +290,10 @@ def regenerate(
             bar.set_postfix(tok_s=f"{stats['tokens'] / max(time.perf_counter() - start, 1e-9):.1f}")
         stats["seconds"] = time.perf_counter() - start
     finally:
-        if answering is not None:
+        if started:
             answering.close()
     bar.close()
-    stats["prompt_tokens"] = answering.prompt_tokens if answering else 0
+    stats["prompt_tokens"] = answering.prompt_tokens if started else 0
     stats["tokens_per_s"] = stats["tokens"] / stats["seconds"] if stats["seconds"] > 0 else 0.0
     if stats["dropped_empty"]:
         log.warning("regenerate: dropped %d conversations with an empty response", stats["dropped_empty"])
