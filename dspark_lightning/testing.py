@@ -377,19 +377,20 @@ def check_acceptance(spec: str, seed: int = 0) -> None:
     assert all(x is None or 0.0 <= x <= 1.0 for x in a.stats.survival), f"{spec}: survival {a.stats.survival}"
 
 
-def check_layout(spec: str, drafter: str = "dspark", seed: int = 0) -> None:
-    """Conformance checks for a serving layout (a registered ``layout`` name) on a small drafter of the registered
+def check_layout(spec: Any, drafter: str = "dspark", seed: int = 0) -> None:
+    """Conformance checks for a serving layout (as ``export --layout`` names it: a registered name or
+    ``{"class_path": ..., "init_args": {...}}``) on a small drafter of the registered
     kind ``drafter`` (the layout's own kind: ``eagle3`` for an EAGLE-3 layout): a
     :class:`~dspark_lightning.export.layouts.Layout` whose ``build`` gives a config, named tensors, extra files and
     notes; ``export_drafter`` writes it; and if it claims its own config, ``load_drafter`` reads it back to the same
     logits."""
     from .checkpoint import load_drafter, save_drafter
     from .drafters import build_drafter
-    from .export import Layout, export_drafter
-    from .registry import create, get
+    from .export import export_drafter
+    from .export.layouts import as_layout
+    from .registry import create
 
-    layout = get("layout", spec)
-    assert isinstance(layout, type) and issubclass(layout, Layout), f"{spec}: a layout subclasses export.Layout"
+    layout = as_layout(spec)  # an export.Layout, its settings accepted
     target = random_target()
     torch.manual_seed(seed)
     kind, drafter = drafter, None
@@ -404,14 +405,13 @@ def check_layout(spec: str, drafter: str = "dspark", seed: int = 0) -> None:
         ).eval()
     else:
         drafter = create("drafter", kind, target, block_size=3).eval()
-    cfg, state, extra, notes = layout.build(drafter, target, dtype=torch.float32, num_anchors=4,
-                                            with_target_vocab=False, server=None)  # fmt: skip
+    cfg, state, extra, notes = layout.build(drafter, target, dtype=torch.float32, server=None)
     assert isinstance(cfg, dict) and state and all(isinstance(t, torch.Tensor) for t in state.values()), spec
     assert isinstance(extra, dict) and all(isinstance(n, str) for n in notes), f"{spec}: extra files and notes"
     with tempfile.TemporaryDirectory() as tmp:
         native = save_drafter(drafter, Path(tmp) / "native", target)
         res = export_drafter(native, spec, Path(tmp) / "out", target=target, dtype="fp32")
-        assert (res.path / "config.json").is_file() and res.layout == spec, f"{spec}: no config.json written"
+        assert (res.path / "config.json").is_file() and res.layout == layout.name, f"{spec}: no config.json written"
         if not layout.claims(json.loads((res.path / "config.json").read_text())):
             return
         loaded = load_drafter(res.path, target)

@@ -26,6 +26,7 @@ from ..locks import LOCK_FILE
 WEIGHTS_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"  # sharded checkpoints (HF save_pretrained past max_shard_size)
 CONFIG_FILE = "config.json"
+DEFAULT_NUM_ANCHORS = 512  # docs/algorithm.md §4; informational for serving, and our native export does not record it
 CALIBRATION_FILE = "dspark_calibration.json"  # per-position STS temperatures: no server config key holds them
 EXPORT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 HF_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}

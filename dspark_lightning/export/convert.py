@@ -18,12 +18,10 @@ import torch
 from ..atomic import atomic_dir, atomic_write
 from ..checkpoint.files import EXPORT_TAG, artifact_entry, read_config
 from ..checkpoint.native import load_target_and_drafters, save_drafter
-from ..registry import get
-from .common import EXPORT_DTYPES, InteropError, kept_on_overwrite, prepare_out, write_layout
-from .layouts import serving_layouts, vet
+from ..registry import Component
+from .common import DEFAULT_NUM_ANCHORS, EXPORT_DTYPES, InteropError, kept_on_overwrite, prepare_out, write_layout
+from .layouts import Layout, as_layout, vet
 from .servers import ALL, ExportJob, check_server, writers
-
-DEFAULT_NUM_ANCHORS = 512  # docs/algorithm.md §4; informational for serving, and our native export does not record it
 
 
 @dataclass
@@ -38,19 +36,19 @@ class ExportResult:
 @artifact_entry("drafter")
 def export_drafter(
     drafter_dir: str | Path,
-    layout: str,
+    layout: Any,
     out: str | Path,
     *,
     dtype: str | None = None,
     overwrite: bool = False,
     target: Any = None,
-    num_anchors: int | None = None,
-    with_target_vocab: bool = False,
     server: str | None = None,
     target_gguf: bool = False,
 ) -> ExportResult:
     """Load ``drafter_dir`` (our layout or a serving one) and write it to ``out`` in ``layout``: ``native``, or a
-    registered serving layout (:func:`~.layouts.serving_layouts`: ``dspark-hf``, ``eagle3-hf``, a plugin's).
+    registered serving layout (:func:`~.layouts.serving_layouts`: ``dspark-hf``, ``eagle3-hf``, a plugin's) named
+    as a component is, with its settings: ``"dspark-hf"``, ``{"class_path": "dspark-hf", "init_args":
+    {"num_anchors": 256}}``.
 
     ``dtype``: ``bf16`` (serving default; the confidence head stays fp32) or ``fp32`` (native default: as stored).
     ``target``: a Target or a target name/directory; default the one a native export records.
@@ -59,12 +57,13 @@ def export_drafter(
     own ``target.gguf`` in the same precision.
     """
     src, out = Path(drafter_dir), Path(out)
-    if layout != "native" and layout not in serving_layouts():
-        raise InteropError(f"unknown layout {layout!r}; choose from {', '.join(['native', *serving_layouts()])}")
+    layout = Component.unwrap(Component(layout)) if isinstance(layout, str) else layout
+    native = layout == "native"
+    layout = layout if native else as_layout(layout)  # its settings are checked before the drafter is loaded
     if dtype is not None and dtype not in EXPORT_DTYPES:
         raise InteropError(f"unknown dtype {dtype!r}; choose from {', '.join(EXPORT_DTYPES)}")
     check_server(server)
-    if server is not None and layout == "native":
+    if server is not None and native:
         raise InteropError("--server applies to the serving layouts (dspark-hf, eagle3-hf), not native")
     if target_gguf and server not in (ALL, "llamacpp"):
         raise InteropError("--target_gguf writes llama.cpp's GGUF of the target: use it with --server llamacpp or all")
@@ -74,11 +73,11 @@ def export_drafter(
     if target is None and "format_version" not in cfg:
         raise InteropError(f"{src} is a serving checkpoint that does not name our target: pass --target")
     target, (drafter,) = load_target_and_drafters(target, [src], dtype=torch.float32, device="cpu", drafter_dtype=None)
-    anchors = num_anchors or cfg.get("num_anchors") or DEFAULT_NUM_ANCHORS
-    if layout == "native":
+    if native:
         return _native(drafter, target, src, out, dtype, overwrite)
-    return export_serving(drafter, target, layout, out, dtype=dtype or "bf16", overwrite=overwrite,
-                          num_anchors=anchors, with_target_vocab=with_target_vocab, server=server,
+    if getattr(layout, "num_anchors", 0) is None and cfg.get("num_anchors"):  # a serving source's own value
+        layout.num_anchors = cfg["num_anchors"]
+    return export_serving(drafter, target, layout, out, dtype=dtype or "bf16", overwrite=overwrite, server=server,
                           target_gguf=target_gguf)  # fmt: skip
 
 
@@ -86,32 +85,29 @@ def export_drafter(
 def export_serving(
     drafter: Any,
     target: Any,
-    layout: str,
+    layout: Any,
     out: str | Path,
     *,
     dtype: str = "bf16",
     overwrite: bool = False,
-    num_anchors: int = DEFAULT_NUM_ANCHORS,
-    with_target_vocab: bool = False,
     server: str | None = None,
     target_gguf: bool = False,
 ) -> ExportResult:
-    """Write an in-memory drafter in a registered serving layout (``dspark-hf``, ``eagle3-hf``, a plugin's), exact
-    for ``server`` (its rules for that layout: refused if it has none), then each server's own files."""
+    """Write an in-memory drafter in a registered serving layout (``dspark-hf``, ``eagle3-hf``, a plugin's; named
+    as in :func:`export_drafter`, or a built :class:`~.layouts.Layout`), exact for ``server`` (its rules for that
+    layout: refused if it has none), then each server's own files."""
     check_server(server)
     out, tdtype = Path(out), EXPORT_DTYPES[dtype]
-    if layout not in serving_layouts():
-        raise InteropError(f"{layout!r} is not a serving layout; choose from {', '.join(serving_layouts())}")
-    notes = vet(layout, drafter, target, server)
-    config, state, extra, built = get("layout", layout).build(
-        drafter, target, dtype=tdtype, num_anchors=int(num_anchors), with_target_vocab=with_target_vocab, server=server
-    )
-    servers, left_out = writers(server, layout, drafter, target)
+    layout: Layout = as_layout(layout)
+    notes = vet(layout.name, drafter, target, server)
+    config, state, extra, built = layout.build(drafter, target, dtype=tdtype, server=server)
+    servers, left_out = writers(server, layout.name, drafter, target)
     notes += built + left_out
-    job = ExportJob(dtype, int(num_anchors), target_gguf, strict=server != ALL, out=out)
+    anchors = getattr(layout, "num_anchors", None) or DEFAULT_NUM_ANCHORS
+    job = ExportJob(dtype, int(anchors), target_gguf, strict=server != ALL, out=out)
     prepare_out(out, overwrite)
     write_layout(out, config, state, extra, _server_files(servers, job, drafter, target, notes))
-    return ExportResult(out, layout, dtype, len(state), notes)
+    return ExportResult(out, layout.name, dtype, len(state), notes)
 
 
 def _server_files(servers: list[Any], job: ExportJob, drafter: Any, target: Any, notes: list[str]):

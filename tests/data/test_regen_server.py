@@ -10,10 +10,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from dspark_lightning.checks import UsageError
 from dspark_lightning.data.prompts.sources import PromptRecord
 from dspark_lightning.data.regen import regen_hf
 from dspark_lightning.data.regen.config import RegenConfig
-from dspark_lightning.checks import UsageError
 from dspark_lightning.data.regen.regen_server import ServerError
 from dspark_lightning.data.regen.regenerate import regenerate
 from dspark_lightning.registry import RegistryError

@@ -147,7 +147,8 @@ def qwen3_4b_stand_in(hub: Path, drafter_dir: Path) -> None:
         "drafter", "dspark", t, block_size=7, backbone={"class_path": "dense", "init_args": {"num_layers": 1}}
     )
     unconfident(drafter)
-    export_serving(drafter, t, "dspark-hf", drafter_dir, dtype="fp32", with_target_vocab=True)
+    vocab = {"class_path": "dspark-hf", "init_args": {"with_target_vocab": True}}
+    export_serving(drafter, t, vocab, drafter_dir, dtype="fp32")
 
 
 def snippet_cache(root: Path) -> Path:

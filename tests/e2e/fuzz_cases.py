@@ -352,8 +352,10 @@ def _cases() -> list[tuple[str, list[str]]]:
         "out-file": ["--out", "existing.txt"],
         "out-nonempty": ["--out", "adir"],
         "dtype-unknown": ["--dtype", "nope"],
-        "num_anchors=-1": ["--num_anchors", "-1"],
-        "num_anchors=0": ["--num_anchors", "0"],
+        "num_anchors=-1": ["--layout", "{class_path: dspark-hf, init_args: {num_anchors: -1}}"],
+        "num_anchors=0": ["--layout", "{class_path: dspark-hf, init_args: {num_anchors: 0}}"],
+        "layout-argument": ["--layout", "{class_path: dspark-hf, init_args: {colour: 1}}"],
+        "layout-not-yaml": ["--layout", "{class_path: [dspark-hf"],
         "target-unknown": ["--target", "nope"],
     })  # fmt: skip
     for name in ("trunc_config", "trunc_weights", "no_geometry", "config_list", "mask_oob", "block_huge"):

@@ -82,7 +82,6 @@ RANGED = [  # (entry point, option, kind): "--a.b" options take "=value", the ot
     (SERVE, "--concurrency", "int>=1"), (SERVE, "--repeats", "int>=1"), (SERVE, "--window_s", "pos"),
     (SERVE, "--temperature", "temp"),
     (PROFILE, "--max_tokens", "int>=1"), (PROFILE, "--context_len", "int>=1"), (PROFILE, "--repeats", "int>=1"),
-    (EXPORT, "--num_anchors", "int>=1"),
     (PREP, "--data.batch_size", "int>=1"), (PREP, "--data.max_length", "int>=2"),
     (PREP, "--data.heldout_fraction", "prob"), (PREP, "--data.max_anchors", "int>=1"),
     (PREP, "--data.regen.max_new_tokens", "int>=1"), (PREP, "--data.regen.batch_size", "int>=1"),

@@ -277,7 +277,8 @@ def test_import_refuses_a_mismatched_target_naming_the_file(varied_target, tmp_p
 
 def test_import_of_deepspec_shaped_checkpoints(varied_target, batch, tmp_path):
     d = parallel(varied_target)
-    out = export_dir(d, varied_target, tmp_path, dtype="fp32", with_target_vocab=True)  # ships embed/lm_head copies
+    vocab = {"class_path": "dspark-hf", "init_args": {"with_target_vocab": True}}  # ships embed/lm_head copies
+    out = export_dir(d, varied_target, tmp_path, dtype="fp32", fmt=vocab)
     cfg = read_config(out)
     cfg["architectures"] = ["DSparkDraftModel"]
     del cfg["sample_from_anchor"]  # DeepSpec does not write it: the shifted convention is its only one

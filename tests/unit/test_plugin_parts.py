@@ -169,26 +169,42 @@ def test_a_plugin_layout_writer_is_exported_by_name(registered, tmp_path):
     from dspark_lightning.testing import check_layout
 
     @registered("layout", "backbone-only")
-    class BackboneOnly(Layout):  # written, not read back
-        @staticmethod
-        def build(drafter, target, *, dtype, num_anchors, with_target_vocab, server):
+    class BackboneOnly(Layout):  # written, not read back; its own setting: which layers
+        def __init__(self, layers: int | None = None) -> None:
+            if layers is not None and layers < 1:
+                raise InteropError(f"layout backbone-only: layers must be >= 1, got {layers}")
+            self.layers = layers
+
+        def build(self, drafter, target, *, dtype, server):
+            keep = [f"backbone.layers.{i}." for i in range(self.layers or len(drafter.backbone.layers))]
             state = {
-                k: v.detach().to(dtype).clone() for k, v in drafter.state_dict().items() if k.startswith("backbone.")
+                k: v.detach().to(dtype).clone()
+                for k, v in drafter.state_dict().items()
+                if k.startswith("backbone.") and (not k.startswith("backbone.layers.") or k.startswith(tuple(keep)))
             }
-            return {"architectures": ["BackboneOnly"], "num_anchors": num_anchors}, state, {}, ["backbone only"]
+            return {"architectures": ["BackboneOnly"], "layers": self.layers}, state, {}, ["backbone only"]
 
     assert "backbone-only" in serving_layouts()
     check_layout("backbone-only")
+    check_layout({"class_path": "backbone-only", "init_args": {"layers": 1}})
     target = random_target()
     drafter = build_drafter(
         target, 4, backbone="dense", seq_head={"class_path": "vanilla", "init_args": {"rank": 8}}, mask_token_id=1
     )
     native = save_drafter(drafter, tmp_path / "native", target)
-    res = export_drafter(native, "backbone-only", tmp_path / "out", target=target, dtype="fp32", num_anchors=9)
+    spec = {"class_path": "backbone-only", "init_args": {"layers": 1}}
+    res = export_drafter(native, spec, tmp_path / "out", target=target, dtype="fp32")
     assert res.layout == "backbone-only" and "backbone only" in res.notes
-    assert json.loads((res.path / "config.json").read_text())["num_anchors"] == 9
+    assert json.loads((res.path / "config.json").read_text())["layers"] == 1
     with pytest.raises(InteropError, match="unknown layout 'nope'; choose from native, .*backbone-only"):
         export_drafter(native, "nope", tmp_path / "x", target=target)
+    with pytest.raises(InteropError, match="layers must be >= 1"):
+        export_drafter(native, {"class_path": "backbone-only", "init_args": {"layers": 0}}, tmp_path / "y")
+    from dspark_lightning.cli import main
+
+    main(["export", "--drafter", str(native), "--out", str(tmp_path / "cli"), "--target", "tiny-debug", "--layout",
+          "{class_path: backbone-only, init_args: {layers: 1}}"])  # fmt: skip
+    assert json.loads((tmp_path / "cli" / "config.json").read_text())["layers"] == 1
 
 
 @pytest.mark.parametrize("name", ["rejection", "coupled"])

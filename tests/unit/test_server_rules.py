@@ -528,8 +528,7 @@ def test_a_plugin_layout_brings_rules_for_a_built_in_server(targets, tmp_path, r
     class BackboneOnly(Layout):
         server_rules = {"vllm": Rules(vllm_check, vllm_add)}
 
-        @staticmethod
-        def build(drafter, target, *, dtype, num_anchors, with_target_vocab, server):
+        def build(self, drafter, target, *, dtype, server):
             state = {k: v.detach().to(dtype).clone() for k, v in drafter.state_dict().items() if "backbone." in k}
             cfg = {"architectures": ["BackboneOnly"]}
             notes = add_for("test-backbone", cfg, state, drafter, server)
