@@ -16,7 +16,7 @@ from ..drafters import Drafter
 from .common import InteropError
 from .dspark_hf import LAYOUT as DSPARK_HF
 from .eagle3_hf import LAYOUT as EAGLE3_HF
-from .layouts import vet
+from .layouts import as_layout, vet
 from .llamacpp import LlamaCppUnavailable
 from .servers import server_names
 
@@ -39,13 +39,13 @@ def serving_layout(drafter: Any) -> str:
     return DSPARK_HF if isinstance(drafter, Drafter) else EAGLE3_HF
 
 
-def check_servable(drafter: Any, servers: list[str], target: Any = None) -> None:
+def check_servable(drafter: Any, servers: list[str], target: Any = None, layout: Any = None) -> None:
     """Raise :class:`InteropError` in one line naming the servers and the option when ``drafter`` (trained or not)
-    could not be exported in its serving layout for one of ``servers`` (the layout's check, then each server's rules
-    for that layout, as ``export`` applies them)."""
+    could not be exported in ``layout`` (default its family's serving layout) for one of ``servers`` (the layout's
+    check, then each server's rules for that layout, as ``export`` applies them)."""
     if not servers:
         return
-    layout = serving_layout(drafter)
+    layout = serving_layout(drafter) if layout is None else as_layout(layout).name
     try:
         for server in servers:
             vet(layout, drafter, target, server, trained=False)
@@ -56,9 +56,10 @@ def check_servable(drafter: Any, servers: list[str], target: Any = None) -> None
 
 
 def export_for_servers(
-    native: Path, layout: str, servers: list[str], dtype: str = "bf16", log: Callable[[str], None] = print
+    native: Path, layout: Any, servers: list[str], dtype: str = "bf16", log: Callable[[str], None] = print
 ) -> dict[str, Path]:
-    """After ``fit``: one ``layout`` export per server in ``<native>/../serving/<server>``; returns those written.
+    """After ``fit``: one ``layout`` export (a name or ``{class_path, init_args}``) per server in
+    ``<native>/../serving/<server>``; returns those written.
 
     Never raises (training is done): an export that cannot be written is reported in one line, with the exact
     command for llama.cpp's GGUF when its converter is not on this machine."""

@@ -9,11 +9,17 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import torch
+from jsonargparse.typing import register_type
 
 from ..checks import UsageError
 from ..devices import resolve_dtype
+from ..registry import Component
 from ..targets import ChatFormat, Target, load_target
 from .schedule import SCHEDULES, Phase
+
+# a component a recipe names inside a section (data.regen.backend, export.layout) reaches its owner whole, for
+# registry.build and the component's own constructor
+register_type(Component, serializer=lambda c: c.spec, deserializer=Component)
 
 # Precisions that run the drafter's weights in one dtype (no autocast): the shared target parts must match it.
 TRUE_PRECISIONS = {

@@ -10,7 +10,6 @@ from typing import Any
 
 import lightning as L
 import torch
-from jsonargparse.typing import register_type
 from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import ConcatDataset, DataLoader, Subset
 
@@ -36,14 +35,9 @@ from ..data.prompts.sources import build_source
 from ..data.regen.config import RegenConfig
 from ..data.regen.regenerate import load_conversations
 from ..devices import decode_bf16_faster, dtype_name, resolve_device, resolve_dtype
-from ..registry import Component
 from .config import TargetConfig, as_config, target_config
 
 DEFAULT_SOURCES = [{"name": "gsm_symbolic", "limit": 64}, {"name": "humaneval", "limit": 64}, {"name": "mtbench"}]
-
-
-# a component a recipe names inside a section (data.regen.backend) reaches its owner whole, for registry.build
-register_type(Component, serializer=lambda c: c.spec, deserializer=Component)
 
 
 class DSparkDataModule(L.LightningDataModule):

@@ -37,6 +37,9 @@ from .conftest import TINY, run_main
         (['--export={"engines": ["vllm"]}'], ["export.engines"]),  # the old name
         (['--export={"servers": "vllm"}'], ["--export.servers", "list"]),
         (['--export={"servers": ["vllm"], "dtype": "fp16"}'], ["--export.dtype", "fp16"]),
+        (["--export.layout={class_path: dspark-hf, init_args: {num_anchors: 0}}"], ["num_anchors must be"]),
+        (["--export.layout={class_path: dspark-hf, init_args: {colour: 1}}"], ["dspark-hf", "colour"]),
+        (["--export.layout=eagle3-hf"], ["no place in the LlamaForCausalLMEagle3 layout"]),  # a DSpark drafter
     ],
     ids=[
         "context_state",
@@ -49,6 +52,9 @@ from .conftest import TINY, run_main
         "key",
         "str",
         "dtype",
+        "layout_setting",
+        "layout_argument",
+        "layout_family",
     ],  # fmt: skip
 )
 def test_fit_refuses_what_its_servers_cannot_serve_before_any_data_work(args, words, tmp_path, monkeypatch, capsys):
@@ -62,12 +68,16 @@ def test_fit_refuses_what_its_servers_cannot_serve_before_any_data_work(args, wo
 
 
 def test_fit_writes_one_export_per_server(workdir, capsys):
-    code, out, err = run_main(["fit", "--config", TINY, "--trainer.max_steps=2", "--validate_before_fit=false"], capsys)
+    """... in the layout the recipe's ``export.layout`` names, with its settings (a name or {class_path, init_args},
+    as every component)."""
+    layout = "--export.layout={class_path: dspark-hf, init_args: {num_anchors: 77}}"
+    code, out, err = run_main(["fit", "--config", TINY, "--trainer.max_steps=2", "--validate_before_fit=false", layout],
+                              capsys)  # fmt: skip
     assert code == 0, err[-2000:]
     version = workdir / "outputs/tiny_debug/tb/version_0"
     for server in ("vllm", "sglang", "deepspec"):  # tiny_debug.yaml's servers
         cfg = json.loads((version / "serving" / server / "config.json").read_text())
-        assert cfg["architectures"] == ["Qwen3DSparkModel"] and cfg["block_size"] == 4
+        assert cfg["architectures"] == ["Qwen3DSparkModel"] and cfg["block_size"] == 4 and cfg["num_anchors"] == 77
         assert f"{server} export -> " in out
     assert "dflash_config" in json.loads((version / "serving/vllm/config.json").read_text())
     assert not (version / "serving" / "llamacpp").exists()

@@ -14,7 +14,9 @@ from ... import checks
 from ...checkpoint import save_drafter
 from ...data.prepare import DataPaths
 from ...data.prompts.sources import DOMAINS
+from ...export.layouts import as_layout
 from ...export.plan import check_servable, check_servers, export_for_servers, serving_layout
+from ...registry import Component
 from ..config import as_config
 from .fit_stats import validate_if_stale
 
@@ -85,6 +87,8 @@ class DrafterExport(L.Callback):
         servers: the servers the drafter is trained for, e.g. ``[llamacpp, vllm]``: each gets an export in
             ``<dir>/../serving/<server>`` (docs/serving.md).
         dtype: the serving exports' weights.
+        layout: the serving exports' layout, a name or ``{class_path, init_args}`` with its settings (null = the
+            drafter family's: dspark-hf, or eagle3-hf for an EAGLE-3 drafter).
         enabled: false turns the export off.
     """
 
@@ -94,10 +98,14 @@ class DrafterExport(L.Callback):
         calibrate: Calibration | None = None,
         servers: list[str] | None = None,
         dtype: Literal["bf16", "fp32"] = "bf16",
+        layout: Component | None = None,
         enabled: bool = True,
     ):
         checks.output_dir("export.dir", dir)
         self.dir, self.enabled, self.dtype = dir, enabled, dtype
+        self.layout = Component.unwrap(layout)
+        if self.layout is not None:
+            as_layout(self.layout)  # its settings are checked now
         self.calibrate = as_config(calibrate, Calibration, "export.calibrate") if calibrate is not None else None
         self.servers = check_servers(list(servers or []))
         self.tau_start: float | None = None
@@ -115,7 +123,7 @@ class DrafterExport(L.Callback):
         out = self.directory(trainer)
         if out.exists() and any(out.iterdir()):
             raise FileExistsError(f"export directory {out} is not empty; refusing to overwrite it (set export.dir)")
-        check_servable(pl_module.drafter, self.servers, getattr(pl_module, "target", None))
+        check_servable(pl_module.drafter, self.servers, getattr(pl_module, "target", None), self.layout)
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit":
@@ -146,4 +154,5 @@ class DrafterExport(L.Callback):
                 )
                 calibrate(self.path, **kwargs)
         log = lambda line: print(line, flush=True)  # noqa: E731
-        export_for_servers(self.path, serving_layout(pl_module.drafter), self.servers, self.dtype, log)
+        layout = self.layout if self.layout is not None else serving_layout(pl_module.drafter)
+        export_for_servers(self.path, layout, self.servers, self.dtype, log)
