@@ -236,19 +236,49 @@ def create(kind: str, name: str, *args: Any, **kwargs: Any) -> Any:
         raise UsageError(f"{what}: {wrong}") from exc
 
 
-def build(kind: str, spec: Any, *args: Any) -> Any:
+def build(kind: str, spec: Any, *args: Any, **given: Any) -> Any:
     """A component from its one spelling, the same in a recipe, on the command line (a YAML value) and in Python:
     a registered name (``"static"``) or ``{"class_path": name, "init_args": {...}}``, where ``name`` is a registered
-    name or the dotted import path of a class (``my_pkg.rules.MyRule``, which need not be registered). ``args``
-    are positional arguments the caller supplies (a geometry); ``init_args`` are the user's."""
+    name or the dotted import path of a class (``my_pkg.rules.MyRule``, which need not be registered). ``args`` and
+    ``given`` are arguments the caller supplies (a geometry, a batching); ``init_args`` are the user's."""
+    obj, what, init = resolve(kind, spec)
+    taken = sorted(set(init) & set(given))
+    if taken:
+        raise UsageError(f"{what}: init_args may not set {', '.join(taken)} (the caller sets it)")
+    kwargs = {**init, **given}
+    try:
+        return obj(*args, **kwargs)
+    except TypeError as exc:
+        wrong = mistyped_argument(obj, args, kwargs)
+        if wrong is None:
+            raise
+        raise UsageError(f"{what}: {wrong}") from exc
+
+
+def resolve(kind: str, spec: Any) -> tuple[Any, str, dict[str, Any]]:
+    """What ``spec`` names, unbuilt: (the registered or imported object, how errors name it, its ``init_args``), its
+    arguments checked against the object's signature. An unknown name or argument is one line."""
+    spec = Component.unwrap(Component(spec)) if isinstance(spec, str) else spec
+    keys = {"class_path", "init_args"}
     if isinstance(spec, str):
-        return _build_path(kind, spec, args, {})
-    if isinstance(spec, dict) and isinstance(spec.get("class_path"), str) and set(spec) <= {"class_path", "init_args"}:
-        init = spec.get("init_args") or {}
+        path, init = spec, {}
+    elif isinstance(spec, dict) and isinstance(spec.get("class_path"), str) and spec.keys() <= keys:
+        path, init = spec["class_path"], spec.get("init_args") or {}
         if not isinstance(init, dict):
-            raise UsageError(f"{kind} {spec['class_path']!r}: init_args must be a mapping, got {init!r}")
-        return _build_path(kind, spec["class_path"], args, init)
-    raise UsageError(f"a {kind} is a registered name or {{class_path: NAME, init_args: {{...}}}}, got {spec!r}")
+            raise UsageError(f"{kind} {path!r}: init_args must be a mapping, got {init!r}")
+    else:
+        raise UsageError(f"a {kind} is a registered name or {{class_path: NAME, init_args: {{...}}}}, got {spec!r}")
+    if "." not in path:
+        obj, what = get(kind, path), f"{kind} {path!r}"
+    else:
+        module, _, attr = path.rpartition(".")
+        try:
+            obj = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise UsageError(f"{kind} class_path {path!r} cannot be imported ({type(exc).__name__}: {exc})") from None
+        what = f"{kind} {path!r}"
+    unknown_arguments(what, obj, init)
+    return obj, what, init
 
 
 class Component:
@@ -275,18 +305,6 @@ class Component:
     @staticmethod
     def unwrap(value: Any) -> Any:
         return value.spec if isinstance(value, Component) else value
-
-
-def _build_path(kind: str, path: str, args: tuple, kwargs: dict[str, Any]) -> Any:
-    if "." not in path:
-        return create(kind, path, *args, **kwargs)
-    module, _, attr = path.rpartition(".")
-    try:
-        obj = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise UsageError(f"{kind} class_path {path!r} cannot be imported ({type(exc).__name__}: {exc})") from None
-    unknown_arguments(f"{kind} {path!r}", obj, kwargs)
-    return obj(*args, **kwargs)
 
 
 _PLAIN_TYPES: dict[str, tuple[type, ...]] = {

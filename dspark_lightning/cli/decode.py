@@ -51,17 +51,19 @@ def check_sps_file(path: str) -> None:
         raise checks.UsageError(f"SPS table {path} needs non-empty 'tokens' and 'sps' lists of one length")
 
 
-def check_registered(flag: str, kind: str, value: str) -> None:
-    """``value`` names a registered ``kind`` (built-in or a plugin's)."""
-    from ..registry import names
+def component_arg(flag: str, kind: str, value: str, *special: str) -> Any:
+    """``value``, a registered ``kind`` (built-in or a plugin's) as a name or YAML ``{class_path, init_args}``, as its
+    spec; an unknown name or argument is one line naming ``flag``. ``special``: names the command resolves itself
+    (the verifier's ``auto``)."""
+    from ..registry import Component, resolve
 
-    check_choice(flag, value, names(kind))
-
-
-def check_verifier(value: str) -> None:
-    from ..registry import names
-
-    check_choice("--verifier", value, ["auto", *names("verifier")])
+    if value in special:
+        return value
+    try:
+        resolve(kind, value)
+    except checks.UsageError as exc:
+        raise checks.UsageError(f"{flag}: {exc}") from None
+    return Component(value).spec
 
 
 def read_prompts(path: str, limit: int | None) -> list[str]:
@@ -135,8 +137,9 @@ def decode(
         sps: SPS table JSON for the schedulers that take one (default: this machine's cached profile)
         batch_size: concurrent requests (default: all)
         batching: padded (a row per request) | flat (one strip, no padding compute)
-        verifier: auto (lean where supported) | lean | hf
-        acceptance: rejection | coupled (T > 0: plain coupled decoding's tokens, any drafter)
+        verifier: auto (lean where supported) | lean | hf | a plugin's, by name or {class_path: NAME, init_args: {...}}
+        acceptance: rejection | coupled (T > 0: plain coupled decoding's tokens, any drafter) | a plugin's, by name
+            or {class_path: NAME, init_args: {...}}
         no_chat: do not apply the chat template
         stop: stop string (repeatable)
         json_out: write texts, token ids and stats here
@@ -147,8 +150,8 @@ def decode(
     check_decode_args(max_new_tokens, temperature, top_k, top_p, batch_size)  # all checked before a model loads
     checks.at_least("--limit", limit, 0)
     spec = scheduler_arg(scheduler, sps)
-    check_verifier(verifier)
-    check_registered("--acceptance", "acceptance", acceptance)
+    verifier = component_arg("--verifier", "verifier", verifier, "auto")
+    acceptance = component_arg("--acceptance", "acceptance", acceptance)
     devices.check_device_args(device, dtype, drafter_dtype)
     if any(not s for s in stop):
         raise checks.UsageError("--stop must not be empty (an empty stop string would cut every output to nothing)")
@@ -246,7 +249,7 @@ def profile(
     checks.at_least("--max_tokens", max_tokens, 1)
     checks.at_least("--context_len", context_len, 1)
     checks.at_least("--repeats", repeats, 1)
-    check_verifier(verifier)
+    verifier = component_arg("--verifier", "verifier", verifier, "auto")
     devices.check_device_args(device, dtype, drafter_dtype)
     checks.output_file("--out", out)
     checks.output_file("--plot", plot)

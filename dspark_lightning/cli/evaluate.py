@@ -21,7 +21,7 @@ from ..checks import UsageError
 from ..data.prompts.sources import DOMAINS
 from ..eval.runner import scheduler_label
 from ..eval.serve_bench import DEFAULT_METHODS, method_text
-from .decode import Batching, check_choice, check_registered, check_sps_file, scheduler_arg
+from .decode import Batching, check_choice, check_sps_file, component_arg, scheduler_arg
 from .signature import REPEATED, run
 
 Domain = Literal[DOMAINS]  # the built-in held-out sets
@@ -219,7 +219,7 @@ def bench(
     checks.at_least("--repeats", repeats, 1)
     checks.at_least("--prompt_lookup_tokens", prompt_lookup_tokens, 1)
     for x in acceptance:
-        check_registered("--acceptance", "acceptance", x)
+        component_arg("--acceptance", "acceptance", x)
     if len(set(batching)) != len(batching):
         raise checks.UsageError(f"--batching names a mode twice: {' '.join(batching)}")
     tgt, drafters = shared.load()

@@ -19,7 +19,7 @@ from .propose.draft import make_proposer
 
 def make_engine(target, drafter, params: SamplingParams, *, scheduler: Any = "static", seed: int = 0,
                 stop_token_ids: list[int] | None = None, stop: list[str] | None = None, batching: str = "padded",
-                calibrated: bool = True, verifier: str = "auto", acceptance: str = "rejection",
+                calibrated: bool = True, verifier: Any = "auto", acceptance: Any = "rejection",
                 hardware: HardwareProfile | None = None) -> Engine:  # fmt: skip
     """The engine ``decode()`` drives (also driven directly by the closed-loop serving benchmark)."""
     temps = confidence_for(drafter, params.temperature) if calibrated and drafter is not None else None

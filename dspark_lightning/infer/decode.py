@@ -145,8 +145,8 @@ def decode(
     batch_size: int | None = None,
     batching: str = "padded",
     calibrated: bool = True,
-    verifier: str = "auto",
-    acceptance: str = "rejection",
+    verifier: Any = "auto",
+    acceptance: Any = "rejection",
     hardware: HardwareProfile | None = None,
     on_commit=None,
     progress: bool = False,
@@ -179,12 +179,13 @@ def decode(
             ``flat`` (one strip) (see :mod:`.kvcache`).
         calibrated: apply the drafter's STS confidence temperatures for this sampling temperature when it has
             them (``calibration_T<T>.json`` in its directory); False uses the raw confidence head.
-        verifier: ``auto`` (the lean forward where it supports the target, else ``hf``) or a registered
-            verifier name (``lean``, ``hf``).
+        verifier: ``auto`` (the lean forward where it supports the target, else ``hf``) or a verifier named as
+            every component is: ``"lean"``, ``"hf"``, a plugin's ``{"class_path": ..., "init_args": {...}}``.
         acceptance: ``rejection`` (speculative sampling, the default) or ``coupled``: drafter and target share
             Gumbel noise keyed by (seed, request, position), so at T > 0 the output is token for token that of
             plain decoding with ``acceptance="coupled"`` and the same seed, whatever the drafter, scheduler, batch
-            or load (:mod:`.coupled`; it accepts somewhat less than rejection sampling).
+            or load (:mod:`.coupled`; it accepts somewhat less than rejection sampling); or a plugin's mode, by name or
+            ``{"class_path": ..., "init_args": {...}}``.
         hardware: this machine's :class:`~.hardware.HardwareProfile` (SPS table, drafting cost, kernel table), whose
             parts the scheduler reads; a part it needs and the profile lacks is read from the cache or measured once
             before decoding (default: all of them).

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ..checks import UsageError, short
-from ..registry import create, get
+from ..registry import build, resolve
 from .acceptance.accept import Acceptance
 from .acceptance.sampling import SamplingParams, target_law
 from .hardware import HardwareProfile
@@ -37,10 +37,11 @@ from .stats import RoundLog
 from .verify.hf import build_verifier
 
 
-def acceptance_mode(name: str, params: SamplingParams, device: torch.device,
+def acceptance_mode(spec: Any, params: SamplingParams, device: torch.device,
                     proposer: Proposer | None = None) -> AcceptanceMode:  # fmt: skip
-    """The registered acceptance mode ``name`` (built-in: ``rejection``, ``coupled``; plugins may add more)."""
-    return create("acceptance", name, params, device, proposer if isinstance(proposer, ReducedVocabulary) else None)
+    """The acceptance mode ``spec`` names (built-in: ``rejection``, ``coupled``; a plugin's, with its settings as
+    ``{class_path, init_args}``)."""
+    return build("acceptance", spec, params, device, proposer if isinstance(proposer, ReducedVocabulary) else None)
 
 
 @dataclass
@@ -88,11 +89,11 @@ class Engine:
         stop_strings: list[str] | None = None,
         seed: int = 0,
         batching: str = "padded",
-        verifier: str = "auto",
-        acceptance: str = "rejection",
+        verifier: Any = "auto",
+        acceptance: Any = "rejection",
         hardware: HardwareProfile | None = None,
     ) -> None:
-        get("acceptance", acceptance)  # an unknown mode: one line naming the registered ones
+        resolve("acceptance", acceptance)  # an unknown mode or argument: one line, before anything is built
         self.target = target
         self.params = params
         self.verifier = build_verifier(verifier, target, batching, kernels=hardware.kernels if hardware else None)

@@ -60,8 +60,8 @@ def test_a_plugin_acceptance_mode_is_chosen_by_name_in_python_and_the_cli(regist
 
     made = []
 
-    def counted(params, device, proposer=None):
-        made.append(params.temperature)
+    def counted(params, device, proposer=None, tag: str = "x"):  # its own setting: a tag recorded per build
+        made.append((params.temperature, tag))
         return RejectionAcceptance(params, device)
 
     registered("acceptance", "counted")(counted)
@@ -77,13 +77,18 @@ def test_a_plugin_acceptance_mode_is_chosen_by_name_in_python_and_the_cli(regist
     kw = {"max_new_tokens": 6, "stop_token_ids": [], "temperature": 1.0, "seed": 3}
     a = decode(target, drafter, [[5, 6, 7]], acceptance="counted", **kw)
     b = decode(target, drafter, [[5, 6, 7]], acceptance="rejection", **kw)
-    assert made == [1.0] and a.token_ids == b.token_ids
+    assert made == [(1.0, "x")] and a.token_ids == b.token_ids
+    decode(target, drafter, [[5, 6, 7]], acceptance={"class_path": "counted", "init_args": {"tag": "py"}}, **kw)
     with pytest.raises(Exception, match="counted"):  # an unknown name lists the registered ones
         decode(target, drafter, [[5, 6, 7]], acceptance="nope", **kw)
+    with pytest.raises(UsageError, match="counted.*colour"):
+        decode(target, drafter, [[5, 6, 7]], acceptance={"class_path": "counted", "init_args": {"colour": 1}}, **kw)
     from dspark_lightning.cli import main
 
-    main(["decode", "--target", "tiny-debug", "--prompt", "hi", "--max_new_tokens", "2", "--acceptance", "counted"])
-    assert len(made) == 2
+    cmd = ["decode", "--target", "tiny-debug", "--prompt", "hi", "--max_new_tokens", "2", "--acceptance"]
+    main([*cmd, "counted"])
+    main([*cmd, "{class_path: counted, init_args: {tag: cli}}"])
+    assert made[1:] == [(1.0, "py"), (0.0, "x"), (0.0, "cli")]
 
 
 class ScaledMarkov(GatedMarkovHead):

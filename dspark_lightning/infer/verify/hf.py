@@ -8,10 +8,12 @@ released after acceptance, never recomputed.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ...checks import UnsupportedError, UsageError
-from ...registry import create, register
+from ...registry import build, register
 from ..protocols import SegmentOutput, Verifier
 from .kernels import KernelTable
 from .kvcache import RequestCache
@@ -160,11 +162,12 @@ class HFVerifier(RequestCache):
         self._compact()
 
 
-def build_verifier(name: str, target, batching: str = "padded", kernels: KernelTable | None = None) -> Verifier:
-    """A registered verifier; ``auto`` is the lean forward where it supports the target and batching, else ``hf``.
-    ``kernels``: the lean forward's kernel table (a :class:`~.hardware.HardwareProfile`'s; None: its own choice)."""
-    if name == "auto":
-        name = "lean" if lean_unsupported(target, batching) is None else "hf"
-    if name == "lean" and kernels is not None:
-        return create("verifier", name, target, batching=batching, kernels=kernels)
-    return create("verifier", name, target, batching=batching)
+def build_verifier(spec: Any, target, batching: str = "padded", kernels: KernelTable | None = None) -> Verifier:
+    """The verifier ``spec`` names (a registered name or ``{class_path, init_args}``); ``auto`` is the lean forward
+    where it supports the target and batching, else ``hf``. ``kernels``: the lean forward's kernel table (a
+    :class:`~.hardware.HardwareProfile`'s; None: its own choice)."""
+    if spec == "auto":
+        spec = "lean" if lean_unsupported(target, batching) is None else "hf"
+    if spec == "lean" and kernels is not None:
+        return build("verifier", spec, target, batching=batching, kernels=kernels)
+    return build("verifier", spec, target, batching=batching)
