@@ -58,13 +58,20 @@ def main() -> None:
     rows = [r for r in old.get("rows", []) if r["drafter"] != a.label]
     frontiers = [f for f in old.get("frontiers", []) if f["drafter"] != a.label]
     builtin = [r.turns[0] for dom in ("math", "code", "chat") for r in eval_prompts(dom, a.builtin_per_domain)]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    made = {
+        "commit": commit.strip(),
+        "date": datetime.date.today().isoformat(),
+        "cpu": cpu_model(),
+        "prompts_per_domain": a.prompts_per_domain,
+    }  # each row says what produced it (labels are rerun apart)
     for T in a.temperatures:
         report_dir = out / f"{a.label}_T{T:g}"
         cal = calibrate(a.drafter, temperature=T, prompts=a.heldout, prompts_per_domain=a.prompts_per_domain,
                         max_new_tokens=a.max_new_tokens, report_dir=report_dir, quiet=False)  # fmt: skip
         doc = json.loads(cal.read_text())
         for r in doc["confidence_report"]:
-            rows.append({"drafter": a.label, "T": T, "pool": "recipe held-out", **{k: r[k] for k in KEYS}})
+            rows.append({"drafter": a.label, "T": T, "pool": "recipe held-out", **{k: r[k] for k in KEYS}, **made})
         frontiers.append({"drafter": a.label, "T": T, "pool": "recipe held-out", "points": doc["frontier"]})
         target, (drafter,) = load_target_and_drafters(None, [a.drafter])
         ro = rollouts(target, drafter, builtin, temperature=T, max_new_tokens=a.max_new_tokens, progress=True)
@@ -73,16 +80,14 @@ def main() -> None:
         pool = Rollouts.load(report_dir / "rollouts.pt")  # the comparators (STS, margin) fitted on the whole pool
         fit_rows = pool.confidence_rows(torch.ones(len(pool.m), dtype=torch.bool))
         for r in report(scored, cmap, doc["confidence_methods"], fit=fit_rows):
-            rows.append({"drafter": a.label, "T": T, "pool": "built-in eval sets", **{k: asdict(r)[k] for k in KEYS}})
+            rows.append({"drafter": a.label, "T": T, "pool": "built-in eval sets", **{k: asdict(r)[k] for k in KEYS},
+                         **made})  # fmt: skip
         frontiers.append({"drafter": a.label, "T": T, "pool": "built-in eval sets", "points": frontier(scored, cmap)})
         for r in rows[-len(doc["confidence_report"]) :]:
             print(json.dumps(r), flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     doc = {
         "command": f"benchmarks/confidence_bench.py --drafter {a.drafter} --label {a.label} --heldout {a.heldout}",
-        "cpu": cpu_model(),
-        "commit": commit.strip(),
-        "date": datetime.date.today().isoformat(),
+        **made,
         "rows": rows,
         "frontiers": frontiers,
     }
