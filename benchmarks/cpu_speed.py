@@ -149,9 +149,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max_new_tokens", type=int, default=128)
     ap.add_argument("--domains", nargs="+", default=["math", "code", "chat"])
     a = ap.parse_args(argv)
+    from profile_breakdown import verify_breakdown  # benchmarks/, beside this script
+
     from dspark_lightning import load_drafter, load_target
     from dspark_lightning.checkpoint import recorded_target_args
-    from dspark_lightning.infer.profiling.breakdown import verify_breakdown
 
     target = load_target("smollm2-135m-instruct", **recorded_target_args(a.drafter))
     drafter = load_drafter(a.drafter, target, dtype="auto")

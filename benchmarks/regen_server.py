@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> None:
         proc, url, logf = serve(gguf, c, 4096, os.cpu_count() or 2)
         try:
             path = work / f"server-c{c}.jsonl"
-            srv = {"class_path": "openai", "init_args": {"base_url": url, "model": "target", "timeout_s": 600, "retries": 2}}
+            settings = {"base_url": url, "model": "target", "timeout_s": 600, "retries": 2}
+            srv = {"class_path": "openai", "init_args": settings}
             name = f"llama-server {llamacpp.RELEASE} ({a.gguf_type}, {c} slots, concurrency {c})"
             row = run(name, path, backend=srv, concurrency=c)
             theirs = {r["id"]: r["turns"][1]["content"] for r in map(json.loads, path.read_text().splitlines())}

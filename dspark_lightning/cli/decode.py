@@ -3,8 +3,6 @@
 dspark-lightning decode --target smollm2-135m-instruct --drafter outputs/.../drafter --prompt "What is 17*23?"
 dspark-lightning decode --target tiny-debug --prompts prompts.jsonl --json_out results.json
 dspark-lightning profile --target smollm2-135m-instruct --out sps.json --plot sps.png
-dspark-lightning profile --breakdown verify --out docs/data/verify_profile      (per-part cost of a round)
-dspark-lightning profile --breakdown draft --drafter outputs/.../drafter --out docs/data/draft_profile
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from .. import checks, devices
 from ..atomic import atomic_write
-from ..checkpoint import load_drafter_checked, load_target_and_drafters
+from ..checkpoint import load_target_and_drafters
 from ..checks import UsageError
 from ..infer.acceptance.sampling import GREEDY_EPS
 from ..targets import load_target_checked
@@ -199,58 +197,28 @@ def profile(
     context_len: int = 512,
     repeats: int = 5,
     verifier: str = "auto",
-    breakdown: Literal["verify", "draft"] | None = None,
-    tokens: Sequence[int] = (1, 2, 4, 8, 16),
-    rounds: int | None = None,
-    drafter: str | None = None,
-    layers: int = 2,
     device: str = "auto",
     dtype: str = "auto",
-    drafter_dtype: str = "auto",
 ) -> None:
-    """Measure the target's SPS(B) on this machine, or (--breakdown verify|draft) the cost of each part of a
-    verification or drafting round.
+    """Measure the target's SPS(B) on this machine (benchmarks/profile_breakdown.py times each part of a
+    verification or drafting round).
 
     Args:
         target: embedded name or HF model directory
-        out: table JSON (default: the per-device cache); with --breakdown: a directory
+        out: table JSON (default: the per-device cache)
         plot: also write a PNG of the curve
         max_tokens: largest B profiled (default 256)
         context_len: cached context tokens during the timed forward
         repeats: timed forwards per B (the median is kept)
         verifier: the verifier timed: auto | lean | hf
-        breakdown: verify: one verification step per verifier and B, and its ops; draft: one drafting round per
-            component and drafter variant; writes <out>/{verify,draft}_profile.*
-        tokens: --breakdown verify: the B timed
-        rounds: --breakdown: interleaved timed rounds (default: 9 verify, 15 draft)
-        drafter: --breakdown draft: a trained drafter, timed in fp32 and bf16 next to random ones
-        layers: --breakdown draft: layers of the random DSpark drafters
     """
     from ..infer.profiling.measure_sps import default_path, profile_sps
 
-    if breakdown is not None:
-        if out is None:
-            raise checks.UsageError("--breakdown writes <out>/{verify,draft}_profile.{json,md}: give --out DIR")
-        if plot is not None:
-            raise checks.UsageError("--plot draws the SPS curve; --breakdown writes tables only")
-        if drafter is not None and breakdown != "draft":
-            raise checks.UsageError("--drafter is timed by --breakdown draft")
-        checks.at_least("--context_len", context_len, 1)
-        checks.at_least("--rounds", rounds, 1)
-        checks.at_least("--layers", layers, 1)
-        for b in tokens:
-            checks.at_least("--tokens", b, 1)
-        devices.check_device_args(device, dtype, drafter_dtype)
-        checks.output_dir("--out", out)
-        if drafter is not None:
-            checks.drafter_config(drafter)
-        return profile_breakdown(breakdown, target, out, context_len, list(tokens), rounds, drafter, layers, device,
-                                 dtype)  # fmt: skip
     checks.at_least("--max_tokens", max_tokens, 1)
     checks.at_least("--context_len", context_len, 1)
     checks.at_least("--repeats", repeats, 1)
     verifier = component_arg("--verifier", "verifier", verifier, "auto")
-    devices.check_device_args(device, dtype, drafter_dtype)
+    devices.check_device_args(device, dtype, "auto")
     checks.output_file("--out", out)
     checks.output_file("--plot", plot)
     tgt = load_target_checked(target, dtype=dtype, device=device)
@@ -282,38 +250,3 @@ def roofline_of(table, target, context_len: int) -> str:
         "weight_mb": round(nbytes.weights / 1e6, 1),
     }
     return rf.roofline_text(rf.roofline_rows(times, nbytes, machine, context_len), nbytes, machine, context_len)
-
-
-def profile_breakdown(
-    kind: str, target: str, out: str, context_len: int, tokens: list[int], rounds: int | None, drafter: str | None,
-    layers: int, device: str, dtype: str,
-) -> None:  # fmt: skip
-    """``profile --breakdown verify|draft`` (its flags checked): the tables of
-    :mod:`dspark_lightning.infer.profiling.breakdown` into ``out``."""
-    from pathlib import Path
-
-    from ..infer.profiling import breakdown as bd
-
-    tgt, fp32 = load_target_and_drafters(target, [drafter] if drafter else [], dtype=dtype, device=device,
-                                         drafter_dtype="fp32")  # fmt: skip
-    if kind == "verify":
-        checks.fits_positions(tgt, context_len + max(tokens), "--context_len + --tokens")
-        doc = bd.verify_breakdown(tgt, context=context_len, tokens=tuple(tokens), rounds=rounds or 9)
-        md = bd.verify_markdown(doc)
-    else:
-        checks.fits_positions(tgt, context_len + 8, "--context_len + a round")
-        trained = {}
-        if drafter is not None:
-            trained["trained"] = fp32[0]
-            trained["trained bf16"] = load_drafter_checked(drafter, tgt, "bf16")
-        drafters = bd.draft_variants(tgt, trained, layers=layers)
-        doc = bd.draft_breakdown(tgt, drafters, context=context_len, rounds=rounds or 15)
-        doc["info"]["drafter"] = drafter
-        md = bd.draft_markdown(doc)
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    json_name, md_name = bd.OUTPUT_FILES[kind]
-    atomic_write(folder / json_name, json.dumps(doc, indent=2) + "\n")
-    atomic_write(folder / md_name, md + "\n")
-    print(md)
-    print(f"[dspark-lightning] profile --breakdown -> {folder / json_name}, {folder / md_name}", file=sys.stderr)

@@ -1,5 +1,5 @@
 """Command-line options of eval, bench and profile (``eval --scheduler static:γ``, ``eval --prompts``,
-``bench --scheduler A B --batching``, ``profile --breakdown``), the plots' geometry, and that the docs name only
+``bench --scheduler A B --batching``), the plots' geometry, and that the docs name only
 files that exist."""
 
 import json
@@ -167,55 +167,6 @@ def test_bench_several_schedulers_and_batching_modes(drafter, tmp_path, capsys):
 def test_bench_rejects_bad_scheduler_and_batching_lists(drafter, tmp_path, capsys, extra, word):
     code, _, err = run_main(["bench", "--drafter", drafter, *extra, "--out", str(tmp_path / "o")], capsys)
     assert code == 2 and word in err
-
-
-# profile --breakdown verify|draft
-
-
-def test_profile_breakdown_verify(tmp_path, capsys):
-    out = tmp_path / "verify"
-    args = ["profile", "--target", "tiny-debug", "--breakdown", "verify", "--tokens", "1", "2", "8"]
-    code, stdout, err = run_main(args + ["--rounds", "2", "--context_len", "16", "--out", str(out)], capsys)
-    assert code == 0, err[-2000:]
-    doc = json.loads((out / "verify_profile.json").read_text())
-    variants = doc["info"]["variants"]
-    assert variants[0] == "hf" and variants[-1] == "lean" and doc["info"]["breakdown_of"] == "lean"
-    assert [r["B"] for r in doc["rows"]] == [1, 2, 8]
-    for r in doc["rows"]:
-        assert all(r[f"{n}_ms"] > 0 for n in variants)
-    assert doc["rows"][0]["hf_vs_B1"] == 1.0
-    assert set(doc["breakdown"]) == {"1", "8"} and all(o["ms_per_step"] >= 0 for o in doc["breakdown"]["1"])
-    assert (out / "verify_profile.md").read_text().startswith("Verification step") and "| B |" in stdout
-
-
-def test_profile_breakdown_draft(drafter, tmp_path, capsys):
-    out = tmp_path / "draft"
-    args = ["profile", "--target", "tiny-debug", "--breakdown", "draft", "--drafter", drafter, "--layers", "1"]
-    code, _, err = run_main(args + ["--rounds", "2", "--context_len", "16", "--out", str(out)], capsys)
-    assert code == 0, err[-2000:]
-    doc = json.loads((out / "draft_profile.json").read_text())
-    V = load_target("tiny-debug").geometry.vocab_size
-    variants = ["trained", "trained bf16", f"vocab {V}", f"vocab {V} bf16"]  # no draft vocabulary below V here
-    assert sorted({r["variant"] for r in doc["rows"]}) == sorted(variants)
-    assert {(r["variant"], r["T"]) for r in doc["rows"]} == {(v, T) for v in variants for T in (0.0, 1.0)}
-    for r in doc["rows"]:
-        assert r["total"] > 0 and r["backbone"] > 0 and r["block_size"] == (3 if "trained" in r["variant"] else 7)
-        assert r["total"] >= r["backbone"]
-    assert doc["info"]["drafter"] == drafter
-
-
-@pytest.mark.parametrize(
-    "extra, word",
-    [(["--breakdown", "ops", "--out", "o"], "--breakdown"), (["--breakdown", "verify"], "--out"),
-     (["--breakdown", "verify", "--out", "o", "--plot", "p.png"], "--plot"),
-     (["--breakdown", "verify", "--out", "o", "--tokens", "0"], "--tokens"),
-     (["--breakdown", "verify", "--out", "o", "--drafter", "d"], "--drafter")],
-)  # fmt: skip
-def test_profile_breakdown_rejects_bad_options(tmp_path, capsys, monkeypatch, extra, word):
-    monkeypatch.chdir(tmp_path)
-    code, _, err = run_main(["profile", "--target", "tiny-debug", *extra], capsys)
-    assert code == 2 and word in err
-    assert not (tmp_path / "o").exists()
 
 
 # plots: a grid of at most 4 columns, whole-number positions

@@ -6,10 +6,10 @@
 - :mod:`.measure_sps`: the target's steps per second SPS(B), profiled once per target and device and cached;
 - :mod:`.measure_draft_cost`: the drafter's cost per round, profiled once and cached (``decode()``'s setup reads it
   for the hardware-aware schedulers);
-- :mod:`.breakdown`: ``dspark-lightning profile --breakdown verify|draft``, where the time of a round goes;
 - :mod:`.roofline`: the floor of a verification step on this machine (``dspark-lightning profile`` prints it).
 
-Counting a round's device -> host synchronisations is a test aid: ``HostReads`` in ``tests/infer/host_reads.py``.
+Counting a round's device -> host synchronisations is a test aid (``HostReads`` in ``tests/infer/host_reads.py``); where
+the time of a round goes is a benchmark (``benchmarks/profile_breakdown.py``).
 
 The matrix-kernel choice (:mod:`dspark_lightning.infer.verify.kernels`) is measured by the lean verifier itself when it
 is built without a table: its products need one before the first forward.

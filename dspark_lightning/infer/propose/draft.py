@@ -118,7 +118,7 @@ class BlockProposer(ProposerBase):
         self.confidence = confidence
         self.head = _head_product(drafter, self.head_w)
         self.state: dict[int, torch.Tensor] | None = {} if getattr(bb, "context_state", False) else None
-        self.clock = Stopwatch()  # clock.enable() -> per-component times (profile --breakdown draft)
+        self.clock = Stopwatch()  # clock.enable() -> per-component times (benchmarks/profile_breakdown.py draft)
 
     def forget(self, ids: list[int]) -> None:
         if self.state is not None:

@@ -1,7 +1,7 @@
 """A lean target forward for decoding: the ``lean`` verifier (Llama / Qwen2 / Qwen3 / Mistral families).
 
 Why it exists: on a CPU the HF forward of a small target is dominated by per-op overhead and by the kernel its
-products go through, not by the bytes of weights it must read (``dspark-lightning profile --breakdown verify``
+products go through, not by the bytes of weights it must read (``benchmarks/profile_breakdown.py verify``
 shows both). This verifier computes the same function with:
 
 - **fused projections**: one [q; k; v] and one [gate; up] product per layer (3 products instead of 7);

@@ -1,4 +1,7 @@
-"""``dspark-lightning profile --breakdown verify|draft``: where the time of one decoding round goes.
+"""Where the time of one decoding round goes (a profiling benchmark; ``make profile-verify``, ``make profile-draft``).
+
+    .venv/bin/python benchmarks/profile_breakdown.py verify --out DIR [--target NAME] [--tokens 1 2 4 8 16]
+    .venv/bin/python benchmarks/profile_breakdown.py draft --out DIR [--drafter DIR] [--layers 2]
 
 ``verify``: one verification step as ``decode()`` runs it (forward over B new tokens after a cached context, LM head
 over the B positions, fp32 softmax, rollback) for B in ``tokens``, per verifier: ``hf`` (the HF forward through
@@ -21,17 +24,23 @@ Both write ``<out>/verify_profile.{json,md}`` or ``<out>/draft_profile.{json,md}
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
-import torch
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from ...devices import device_tag
+import torch  # noqa: E402
+
+from dspark_lightning.devices import device_tag  # noqa: E402
 
 DRAFT_PARTS = ("backbone", "lm_head", "sequential", "confidence", "sampling", "extend")
 DRAFT_VOCABS = (16384, 8192, 4096)  # draft-vocabulary sizes of the random variants (those below the target's)
@@ -65,8 +74,8 @@ def _device(target) -> torch.device:
 
 
 def _verifiers(target) -> dict[str, Any]:
-    from ..verify.hf import HFVerifier
-    from ..verify.lean import LeanVerifier, lean_unsupported
+    from dspark_lightning.infer.verify.hf import HFVerifier
+    from dspark_lightning.infer.verify.lean import LeanVerifier, lean_unsupported
 
     out = {"hf": HFVerifier(target)}
     if lean_unsupported(target, "padded") is None:
@@ -134,7 +143,7 @@ def verify_breakdown(
          **{f"{n}_vs_B1": round(med[(n, B)] / med[(n, tokens[0])], 2) for n in variants}}
         for B in tokens
     ]  # fmt: skip
-    from . import roofline as rf
+    from dspark_lightning.infer.profiling import roofline as rf
 
     nbytes, machine = rf.step_bytes(target), rf.Machine.measure(device, next(target.model.parameters()).dtype)
     roof = rf.roofline_rows({B: med[(default, B)] / 1e3 for B in tokens}, nbytes, machine, context)
@@ -172,7 +181,7 @@ def verify_markdown(doc: dict) -> str:
 def draft_variants(target, trained: dict[str, Any] | None = None, layers: int = 2, block_size: int = 7) -> dict:
     """Name -> drafter: ``trained`` first, then random DSpark drafters (whole vocabulary, smaller draft
     vocabularies, 8192 tokens in bf16), on the target's device."""
-    from ...registry import create
+    from dspark_lightning.registry import create
 
     device = _device(target)
     out = dict(trained or {})
@@ -195,9 +204,9 @@ def draft_variants(target, trained: dict[str, Any] | None = None, layers: int = 
 
 def draft_breakdown(target, drafters: dict[str, Any], *, context: int = 512, rounds: int = 15, seed: int = 0) -> dict:
     """Median ms per round of each drafting component, per drafter and T in (0, 1), after 2 warm-up rounds."""
-    from ..acceptance.sampling import SamplingParams
-    from ..propose.draft import BlockProposer
-    from ..verify.hf import build_verifier
+    from dspark_lightning.infer.acceptance.sampling import SamplingParams
+    from dspark_lightning.infer.propose.draft import BlockProposer
+    from dspark_lightning.infer.verify.hf import build_verifier
 
     device = _device(target)
     V = target.geometry.vocab_size
@@ -247,3 +256,51 @@ def draft_markdown(doc: dict) -> str:
         ms = " | ".join(f"{row[k]:.2f}" for k in (*DRAFT_PARTS, "total"))
         lines.append(f"| {row['variant']} | {row['block_size']} | {row['T']:g} | {ms} |")
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from dspark_lightning.atomic import atomic_write
+    from dspark_lightning.checkpoint import load_drafter, load_target_and_drafters
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("what", choices=tuple(OUTPUT_FILES), help="verify: one verification step per verifier and B, "
+                    "and its ops; draft: one drafting round per component and drafter variant")  # fmt: skip
+    ap.add_argument("--out", required=True, help="writes <out>/{verify,draft}_profile.{json,md}")
+    ap.add_argument("--target", default="smollm2-135m-instruct")
+    ap.add_argument("--context_len", type=int, default=512, help="cached context tokens during a round")
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="verify: the B timed")
+    ap.add_argument("--rounds", type=int, default=None, help="interleaved timed rounds (default: 9 verify, 15 draft)")
+    ap.add_argument("--drafter", default=None, help="draft: a trained drafter, timed in fp32 and bf16")
+    ap.add_argument("--layers", type=int, default=2, help="draft: layers of the random DSpark drafters")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--dtype", default="auto")
+    a = ap.parse_args(argv)
+    if a.drafter is not None and a.what != "draft":
+        ap.error("--drafter is timed by the draft breakdown")
+    if min(a.tokens) < 1 or a.context_len < 1 or a.layers < 1 or (a.rounds is not None and a.rounds < 1):
+        ap.error("--tokens, --context_len, --layers and --rounds must be >= 1")
+    tgt, fp32 = load_target_and_drafters(a.target, [a.drafter] if a.drafter else [], dtype=a.dtype, device=a.device,
+                                         drafter_dtype="fp32")  # fmt: skip
+    if a.what == "verify":
+        doc = verify_breakdown(tgt, context=a.context_len, tokens=tuple(a.tokens), rounds=a.rounds or 9)
+        md = verify_markdown(doc)
+    else:
+        trained = {}
+        if a.drafter is not None:
+            trained["trained"] = fp32[0]
+            trained["trained bf16"] = load_drafter(a.drafter, tgt, dtype="bf16")
+        doc = draft_breakdown(tgt, draft_variants(tgt, trained, layers=a.layers), context=a.context_len,
+                              rounds=a.rounds or 15)  # fmt: skip
+        doc["info"]["drafter"] = a.drafter
+        md = draft_markdown(doc)
+    folder = Path(a.out)
+    folder.mkdir(parents=True, exist_ok=True)
+    json_name, md_name = OUTPUT_FILES[a.what]
+    atomic_write(folder / json_name, json.dumps(doc, indent=2) + "\n")
+    atomic_write(folder / md_name, md + "\n")
+    print(md)
+    print(f"-> {folder / json_name}, {folder / md_name}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
