@@ -227,13 +227,7 @@ def create(kind: str, name: str, *args: Any, **kwargs: Any) -> Any:
     obj = get(kind, name)
     what = f"{kind} {name!r}"
     unknown_arguments(what, obj, kwargs)
-    try:
-        return obj(*args, **kwargs)
-    except TypeError as exc:
-        wrong = mistyped_argument(obj, args, kwargs)
-        if wrong is None:
-            raise
-        raise UsageError(f"{what}: {wrong}") from exc
+    return _call(what, obj, args, kwargs)
 
 
 def build(kind: str, spec: Any, *args: Any, **given: Any) -> Any:
@@ -245,7 +239,12 @@ def build(kind: str, spec: Any, *args: Any, **given: Any) -> Any:
     taken = sorted(set(init) & set(given))
     if taken:
         raise UsageError(f"{what}: init_args may not set {', '.join(taken)} (the caller sets it)")
-    kwargs = {**init, **given}
+    return _call(what, obj, args, {**init, **given})
+
+
+def _call(what: str, obj: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+    """``obj(*args, **kwargs)``; a ``TypeError`` from an argument of the wrong plain type, or a missing one, is one
+    line naming it (the ``TypeError`` its cause); any other ``TypeError`` is a bug and propagates."""
     try:
         return obj(*args, **kwargs)
     except TypeError as exc:

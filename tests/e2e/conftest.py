@@ -41,3 +41,19 @@ def workdir(tmp_path, tiny_data, monkeypatch):
     shutil.copytree(tiny_data, tmp_path / "outputs" / "tiny_debug" / "data")
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+@pytest.fixture(scope="module")
+def drafter(tmp_path_factory):
+    """A random exported DSpark drafter (γ = 3) for tiny-debug."""
+    import torch
+
+    from dspark_lightning import create, load_target
+    from dspark_lightning.checkpoint import save_drafter
+
+    target = load_target("tiny-debug")
+    torch.manual_seed(0)
+    d = create(
+        "drafter", "dspark", target, block_size=3, backbone={"class_path": "dense", "init_args": {"num_layers": 1}}
+    )
+    return str(save_drafter(d, tmp_path_factory.mktemp("cli") / "dspark", target))

@@ -7,23 +7,8 @@ import re
 import struct
 
 import pytest
-import torch
-
-from dspark_lightning import create, load_target
-from dspark_lightning.checkpoint import save_drafter
 
 from .conftest import ROOT, run_main
-
-
-@pytest.fixture(scope="module")
-def drafter(tmp_path_factory):
-    """A random exported DSpark drafter (γ = 3) for tiny-debug."""
-    target = load_target("tiny-debug")
-    torch.manual_seed(0)
-    d = create(
-        "drafter", "dspark", target, block_size=3, backbone={"class_path": "dense", "init_args": {"num_layers": 1}}
-    )
-    return str(save_drafter(d, tmp_path_factory.mktemp("cli") / "dspark", target))
 
 
 def _png_size(path) -> tuple[int, int]:

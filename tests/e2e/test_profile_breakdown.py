@@ -5,24 +5,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
-from dspark_lightning import create, load_target
-from dspark_lightning.checkpoint import save_drafter
+from dspark_lightning import load_target
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from profile_breakdown import main  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def drafter(tmp_path_factory):
-    """A random exported DSpark drafter (γ = 3) for tiny-debug."""
-    target = load_target("tiny-debug")
-    torch.manual_seed(0)
-    d = create(
-        "drafter", "dspark", target, block_size=3, backbone={"class_path": "dense", "init_args": {"num_layers": 1}}
-    )
-    return str(save_drafter(d, tmp_path_factory.mktemp("breakdown") / "dspark", target))
 
 
 def test_verify_breakdown(tmp_path, capsys):
