@@ -159,7 +159,7 @@ def _fit_and_write(
         ones = torch.ones(len(res.temperatures), dtype=torch.float64)
         if bool(held.any()):
             heldout = tuple(position_reports(*ro.rows(held), t) for t in (ones, torch.tensor(res.temperatures)))
-    chosen, picked = choose(fit_rows, ro.prompt[~held] % 2)
+    chosen, picked = choose(fit_rows, ro.prompt[~held])
     scored = ro.confidence_rows(held if bool(held.any()) else ~held)
     conf_report = report(scored, chosen, picked, fit=fit_rows)
     replay = frontier(scored, chosen)

@@ -116,12 +116,15 @@ def survival(cmap: ConfidenceMap | None, rows: Rows) -> torch.Tensor:
     return c.cumprod(-1).clamp(EPS, 1 - EPS)
 
 
-def choose(rows: Rows, folds: torch.Tensor, kinds: tuple[str, ...] = CANDIDATES) -> tuple[ConfidenceMap, list[str]]:
-    """Per position, the candidate with the lowest conditional Brier score out of fold (``folds`` (N,) in {0, 1}:
-    fit on one, score on the other, both ways); the chosen coefficients are then refitted on all the rows."""
+def choose(rows: Rows, groups: torch.Tensor, kinds: tuple[str, ...] = CANDIDATES) -> tuple[ConfidenceMap, list[str]]:
+    """Per position, the candidate with the lowest conditional Brier score out of fold: ``groups`` (N,) says which
+    prompt each row comes from, and every other prompt (in the order of their ids) is one fold; fit on one fold,
+    score on the other, both ways. The chosen coefficients are then refitted on all the rows."""
     g = rows.width
     if rows.z is None:
         kinds = tuple(k for k in kinds if k in HEAD_FREE)
+    ids = torch.unique(groups, return_inverse=True)[1]
+    folds = ids % 2 if len(ids) and int(ids.max()) > 0 else torch.arange(len(ids)) % 2  # one prompt: rows alternate
     scores = {kind: torch.zeros(g, dtype=torch.float64) for kind in kinds}
     for f in (0, 1):
         train, test = rows.take(folds != f), rows.take(folds == f)

@@ -34,13 +34,22 @@ def test_margin_map_fits_the_law_and_wins_the_choice():
     cmap = fit_map("margin", rows)
     assert cmap.head == (0.0, 0.0, 0.0)
     assert cmap.margin[0] == pytest.approx(2.0, abs=0.25) and cmap.bias[0] == pytest.approx(-1.0, abs=0.25)
-    chosen, picked = choose(rows, torch.arange(len(rows.m)) % 2)
+    chosen, picked = choose(rows, torch.arange(len(rows.m)) // 10)  # 10 rounds per prompt
     assert picked[0] in ("margin", "head+margin")  # the noisy head alone loses out of fold
     held = synthetic(seed=5)
     out = report(held, chosen, picked, fit=rows)
     assert out[0].auroc_margin > out[0].auroc_head + 0.1
     assert out[0].auroc >= out[0].auroc_head
     assert out[0].ece_calibrated < 0.03
+
+
+def test_the_choice_splits_the_fit_prompts_whatever_their_ids():
+    """calibrate holds out every other prompt, so the fit's prompt ids are all even: the two folds must still split
+    them (before, parity made one fold empty, every score stayed 0 and the first candidate, STS, always won)."""
+    rows = synthetic()
+    for groups in (2 * (torch.arange(len(rows.m)) // 10), 7 + 3 * (torch.arange(len(rows.m)) // 10)):
+        _, picked = choose(rows, groups)
+        assert picked[0] in ("margin", "head+margin"), groups[:3]
 
 
 def test_sts_candidate_is_a_temperature_map():
@@ -55,7 +64,7 @@ def test_sts_candidate_is_a_temperature_map():
 def test_a_drafter_without_a_head_chooses_the_margin_only():
     rows = synthetic()
     rows = Rows(None, rows.mu, rows.m, rows.ell)
-    chosen, picked = choose(rows, torch.arange(len(rows.m)) % 2)
+    chosen, picked = choose(rows, torch.arange(len(rows.m)) // 10)
     assert set(picked) == {"margin"} and not chosen.reads_head
     with pytest.raises(ValueError, match="confidence head"):
         fit_map("platt", rows)
