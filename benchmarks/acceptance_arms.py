@@ -95,11 +95,10 @@ def main() -> None:
         res.info["change"] = change
         atomic_write(dest, json.dumps(res.to_json(), indent=1) + "\n")
         print(f"[arms] {name}: " + ", ".join(f"τ {s} {res.metric('tau', s):.3f}" for s in SETS), flush=True)
-    results = {}
-    for name in ["baseline", *[n for n in a.arms if n != "baseline"]]:
-        p = out / "arms" / f"{name}.json"
-        if p.is_file():
-            results[name] = dc.ArmResult.from_json(json.loads(p.read_text()))
+    results = {}  # every finished arm in --out, not only this run's: the table is the study's
+    finished = sorted((p.stem for p in (out / "arms").glob("*.json")), key=lambda n: (n != "baseline", n))
+    for name in finished:
+        results[name] = dc.ArmResult.from_json(json.loads((out / "arms" / f"{name}.json").read_text()))
     done = list(results.values())
     title = (f"{Path(a.config).name} + one change per arm, {a.samples:,} conversations x {a.epochs:g} epochs; "
              f"T = 0, static γ = 7, batch 1, 96 new tokens, {a.per_set} held-out prompts per set; "

@@ -50,10 +50,6 @@ def in_range(name: str, value: Any, low: float | None = None, high: float | None
         raise UsageError(f"{name} must be a finite number in {'(' if open_low else '['}{lo}, {hi}], got {value!r}")
 
 
-def temperature(name: str, value: Any) -> None:
-    in_range(name, value, 0.0)
-
-
 def probability(name: str, value: Any) -> None:
     in_range(name, value, 0.0, 1.0)
 

@@ -18,6 +18,7 @@ from ..checkpoint import load_drafter_checked, load_target_and_drafters, read_co
 from ..checks import UsageError
 from ..data.prompts.sources import DOMAINS
 from ..devices import check_device_args
+from ..infer.acceptance.sampling import SamplingParams
 from .confidence import choose, frontier, report, report_markdown
 from .files import load_rollouts, save_calibration
 from .report import calibration_markdown, plot_reliability
@@ -44,7 +45,7 @@ def check_calibrate_args(
 ) -> None:
     """Every argument of :func:`calibrate` that can be checked before a model is loaded (named as the flags)."""
     checks.drafter_config(drafter)
-    checks.temperature("--temperature", temperature)
+    SamplingParams(temperature)  # the sampling law checks its own arguments
     for d in domains:
         if d not in DOMAINS:
             raise checks.UsageError(f"--domains {d!r} is not one of {', '.join(DOMAINS)}")

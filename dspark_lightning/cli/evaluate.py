@@ -21,6 +21,7 @@ from ..checks import UsageError
 from ..data.prompts.sources import DOMAINS
 from ..eval.runner import scheduler_label
 from ..eval.serve_bench import DEFAULT_METHODS, method_text
+from ..infer.acceptance.sampling import SamplingParams
 from .decode import Batching, check_choice, check_sps_file, component_arg, scheduler_arg
 from .signature import REPEATED, run
 
@@ -138,7 +139,7 @@ def evaluate(
         raise UsageError("give at least one --drafter [name=]path")
     shared = Shared(drafter, target, domains, prompts_per_domain, max_new_tokens, out, device, dtype, drafter_dtype)
     (spec,) = shared.check([scheduler], sps)
-    checks.temperature("--temperature", temperature)
+    SamplingParams(temperature)  # the sampling law checks its own arguments, before any model loads
     checks.at_least("--batch_size", batch_size, 1)
     for text in dataset:
         check_dataset_spec(text)
@@ -213,7 +214,7 @@ def bench(
     shared = Shared(drafter, target, domains, prompts_per_domain, max_new_tokens, out, device, dtype, drafter_dtype)
     specs = shared.check(scheduler, sps)
     for t in temperatures:
-        checks.temperature("--temperatures", t)
+        SamplingParams(t)
     for b in batches:
         checks.at_least("--batches", b, 1)
     checks.at_least("--repeats", repeats, 1)
@@ -291,7 +292,7 @@ def threshold_sweep(
     shared.check()
     for t in thresholds:
         checks.probability("--thresholds", t)
-    checks.temperature("--temperature", temperature)
+    SamplingParams(temperature)  # the sampling law checks its own arguments, before any model loads
     checks.at_least("--batch_size", batch_size, 1)
     tgt, drafters = shared.load()
     doc = run_sweep(
@@ -359,7 +360,7 @@ def serve_bench(
             scheduler_arg(m, sps, "--methods")
     checks.in_range("--window_s", window_s, 0.0, open_low=True)
     checks.at_least("--repeats", repeats, 1)
-    checks.temperature("--temperature", temperature)
+    SamplingParams(temperature)  # the sampling law checks its own arguments, before any model loads
     tgt, drafters = shared.load()
     table = None
     if sps:

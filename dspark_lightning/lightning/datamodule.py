@@ -13,6 +13,7 @@ import torch
 from lightning.pytorch.accelerators import CUDAAccelerator
 from torch.utils.data import ConcatDataset, DataLoader, Subset
 
+from .. import checks
 from ..checks import UsageError
 from ..data.features.anchors import AnchorCollator
 from ..data.features.cache import CacheError, FeatureCache
@@ -107,6 +108,13 @@ class DSparkDataModule(L.LightningDataModule):
         train_samples: int | None = None,
     ) -> None:
         super().__init__()
+        for key, value, low in (("batch_size", batch_size, 1), ("max_length", max_length, 2),
+                                ("max_anchors", max_anchors, 1), ("min_supervised", min_supervised, 0),
+                                ("num_workers", num_workers, 0), ("shuffle_buffer", shuffle_buffer, 1)):  # fmt: skip
+            checks.at_least(f"data.{key}", value, low)
+        checks.probability("data.heldout_fraction", heldout_fraction)
+        if isinstance(work_dir, str) and "://" not in work_dir:
+            checks.path_length("data.work_dir", work_dir)
         if features not in ("cached", "online"):
             raise UsageError(f"data.features must be 'cached' or 'online', got {features!r}")
         resolve_feature_dtype(feature_dtype)

@@ -13,40 +13,17 @@ from ..checks import (
     block_size,
     in_range,
     output_dir,
-    path_length,
-    probability,
     regular_entries,
     section_get,
-    short,
-    temperature,
 )
-from ..devices import DTYPES
 
 
 def data_args(data: Any, datamodule: Any = None) -> None:
-    """A recipe's ``data:`` section (``fit``, ``prepare``): sizes and fractions in range before the target answers a
-    single prompt (a negative batch size would otherwise fail only after regeneration, or loop). ``datamodule``: the
-    class the section builds (``DSparkDataModule``), whose non-optional arguments must not be null."""
+    """A recipe's ``data:`` section (``fit``, ``prepare``) as parsed, before it is built: no ``null`` for a
+    non-optional argument of ``datamodule`` (``DSparkDataModule``), whose constructor checks the values' ranges, and
+    a target folder that holds only regular files."""
     if datamodule is not None:
         not_null("data", data, datamodule)
-    for key, low in (("batch_size", 1), ("max_length", 2), ("max_anchors", 1), ("min_supervised", 0),
-                     ("num_workers", 0), ("shuffle_buffer", 1)):  # fmt: skip
-        at_least(f"data.{key}", section_get(data, key), low)
-    probability("data.heldout_fraction", section_get(data, "heldout_fraction"))
-    regen = section_get(data, "regen")
-    for key in ("batch_size", "max_new_tokens", "concurrency", "max_turns"):
-        at_least(f"data.regen.{key}", section_get(regen, key), 1)
-    temperature("data.regen.temperature", section_get(regen, "temperature"))
-    in_range("data.regen.top_p", section_get(regen, "top_p"), 0.0, 1.0, open_low=True)
-    at_least("data.regen.top_k", section_get(regen, "top_k"), 1)
-    regen_dtype = section_get(regen, "dtype")
-    if regen_dtype not in (None, "fastest"):
-        if str(regen_dtype).lower().removeprefix("torch.") not in DTYPES:
-            raise UsageError(f"data.regen.dtype must be null, fastest or one of {', '.join(sorted(set(DTYPES)))}; "
-                             f"got {short(regen_dtype)}")  # fmt: skip
-    work = section_get(data, "work_dir")
-    if isinstance(work, str) and "://" not in work:
-        path_length("data.work_dir", work)
     target = section_get(data, "target")
     name = target if isinstance(target, str) else section_get(target, "name")
     if isinstance(name, str) and os.path.isdir(name):

@@ -208,3 +208,21 @@ def test_prepare_prints_and_stores_each_stage_against_the_roof(tmp_path, capsys)
     assert doc["read_gb_s"] > 0 and doc["matmul_gflop_s"]["float32"] > 0
     for r in doc["rows"]:
         assert f"{r['stage']:<20}" in out
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ({"batch_size": 0}, r"data\.batch_size must be an integer >= 1, got 0"),
+        ({"max_length": 1}, r"data\.max_length must be an integer >= 2"),
+        ({"heldout_fraction": 1.5}, r"data\.heldout_fraction must be a finite number in \[0, 1\]"),
+        ({"regen": {"top_k": 0}}, r"data\.regen\.top_k must be an integer >= 1"),
+    ],
+)
+def test_the_data_module_checks_its_values_when_built(value, message, tmp_path):
+    """The data section's ranges are the constructor's to check (a recipe, the command line and Python alike)."""
+    from dspark_lightning.checks import UsageError
+
+    with pytest.raises(UsageError, match=message):
+        DSparkDataModule(target="tiny-debug", work_dir=str(tmp_path / "w"), **value)
+    assert not (tmp_path / "w").exists()

@@ -203,3 +203,24 @@ def test_prompt_record_checks_fixed_responses():
         PromptRecord("x/1", "chat", "t", ["q"], responses=("",))
     with pytest.raises(ValueError, match="tuple of non-empty strings"):
         PromptRecord("x/1", "chat", "t", ["q"], responses=["a"])
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ({"top_p": 0.0}, r"data\.regen\.top_p must be a finite number in \(0, 1\]"),
+        ({"temperature": -1.0}, r"data\.regen\.temperature must be a finite number in \[0, inf\]"),
+        ({"batch_size": 0}, r"data\.regen\.batch_size must be an integer >= 1"),
+        ({"temperature": None}, r"data\.regen\.temperature must be given"),
+    ],
+)
+def test_regeneration_settings_have_one_check(setting, message, target, tmp_path):
+    """A recipe's data.regen and regenerate()'s arguments are checked by the same constructor, before any answer."""
+    from dspark_lightning.checks import UsageError
+    from dspark_lightning.data.regen.config import RegenConfig
+
+    with pytest.raises(UsageError, match=message):
+        RegenConfig(**setting)
+    with pytest.raises(UsageError, match=message):
+        regenerate(target, _prompts(1), tmp_path / "gen.jsonl", **{**FAST, **setting})
+    assert not (tmp_path / "gen.jsonl").exists()

@@ -71,7 +71,7 @@ def test_write_prompts_leaves_a_prompt_file_the_jsonl_source_reads_and_resumes(t
 
 
 def test_write_prompts_command_refuses_bad_arguments_in_one_line(tmp_path, capsys):
-    for argv, needle in ((["--n", "0"], "--n"), (["--top_p", "0"], "--top_p"), (["--dtype", "fp8"], "--dtype")):
+    for argv, needle in ((["--n", "0"], "--n"), (["--top_p", "0"], "top_p"), (["--dtype", "fp8"], "--dtype")):
         with pytest.raises(SystemExit) as exc:
             main(["write-prompts", "--out", str(tmp_path / "p.jsonl"), *argv])
         assert exc.value.code == 2

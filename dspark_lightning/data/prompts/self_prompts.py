@@ -24,6 +24,7 @@ from typing import Any
 
 from ... import checks, locks
 from ...atomic import atomic_write
+from ...infer.generation import SamplingParams  # the data layer's seam into infer
 from ..regen.regenerate import load_conversations, regenerate
 from .sources import PromptRecord, _unit_interval
 
@@ -161,8 +162,7 @@ def run_write_prompts(out: str, *, target: str, n: int, seed: int, temperature: 
     checks.at_least("--n", n, 1)
     checks.at_least("--concurrency", concurrency, 1)
     checks.at_least("--max_new_tokens", max_new_tokens, 1)
-    checks.temperature("--temperature", temperature)
-    checks.in_range("--top_p", top_p, 0.0, 1.0, open_low=True)
+    SamplingParams(temperature, top_p=top_p)  # the sampling law checks its own arguments
     checks.output_file("--out", out)
     dtype = _dtype(dtype)
     t0 = time.perf_counter()

@@ -7,6 +7,7 @@ from typing import Any
 
 from ... import checks
 from ...checks import UsageError
+from ...devices import DTYPES
 from ...registry import Component
 from .backend import as_backend
 
@@ -50,7 +51,18 @@ class RegenConfig:
     0.8. Held-out prompts are answered once."""
 
     def __post_init__(self) -> None:
-        checks.at_least("data.regen.answers_per_prompt", self.answers_per_prompt, 1)
+        """The one check of the regeneration settings: a recipe's ``data.regen`` and :func:`regenerate`'s arguments
+        (it builds one) alike, before any target is loaded."""
+        for key in ("batch_size", "max_new_tokens", "concurrency", "temperature", "top_p", "answers_per_prompt"):
+            if getattr(self, key) is None:
+                raise UsageError(f"data.regen.{key} must be given, got null")
+        for key in ("batch_size", "max_new_tokens", "concurrency", "max_turns", "top_k", "answers_per_prompt"):
+            checks.at_least(f"data.regen.{key}", getattr(self, key), 1)
+        checks.in_range("data.regen.temperature", self.temperature, 0.0)
+        checks.in_range("data.regen.top_p", self.top_p, 0.0, 1.0, open_low=True)
+        if self.dtype not in (None, "fastest") and str(self.dtype).lower().removeprefix("torch.") not in DTYPES:
+            raise UsageError(f"data.regen.dtype must be null, fastest or one of {', '.join(sorted(set(DTYPES)))}; "
+                             f"got {checks.short(self.dtype)}")  # fmt: skip
         if self.answers_per_prompt > 1 and not self.temperature:
             raise UsageError("data.regen.answers_per_prompt > 1 needs temperature > 0: greedy answers are all the same")
         self.backend = Component.unwrap(self.backend)

@@ -35,6 +35,7 @@ from ...atomic import append_durable, atomic_write, atomic_writer
 from ...checks import UsageError
 from ..prompts.sources import PromptRecord
 from .backend import as_backend, system_turn
+from .config import RegenConfig
 
 log = logging.getLogger(__name__)
 _ROLES = ("user", "assistant", "system")
@@ -236,12 +237,8 @@ def regenerate(
     answering = as_backend(backend, "regenerate: backend")  # an unknown name lists the registered backends
     if capture_dir is not None and not answering.captures_features:
         raise UsageError(f"regenerate: backend {answering.name!r} cannot capture features (backend 'dspark' can)")
-    for name, value in (("batch_size", batch_size), ("concurrency", concurrency), ("max_new_tokens", max_new_tokens)):
-        checks.at_least(f"regenerate: {name}", "None" if value is None else value, 1)
-    checks.at_least("regenerate: top_k", top_k, 1)
-    checks.at_least("regenerate: max_turns", max_turns, 1)
-    checks.temperature("regenerate: temperature", "None" if temperature is None else temperature)
-    checks.in_range("regenerate: top_p", "None" if top_p is None else top_p, 0.0, 1.0, open_low=True)
+    RegenConfig(batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                top_k=top_k, max_turns=max_turns, concurrency=concurrency)  # the settings' one check  # fmt: skip
     limit = checks.positions_of(target)
     if limit is not None and max_new_tokens >= limit:
         raise checks.UsageError(f"regenerate: max_new_tokens={max_new_tokens} leaves no room for a prompt in the "

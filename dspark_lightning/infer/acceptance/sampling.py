@@ -37,7 +37,7 @@ class SamplingParams:
 
         if self.temperature is None:
             raise checks.UsageError("temperature must be given, got None")
-        checks.temperature("temperature", self.temperature)
+        checks.in_range("temperature", self.temperature, 0.0)
         checks.at_least("top_k", self.top_k, 1)
         checks.in_range("top_p", self.top_p, 0.0, 1.0, open_low=True)
 

@@ -57,7 +57,7 @@ class Calibration:
         if not self.temperatures:
             raise checks.UsageError("export.calibrate needs temperatures: a non-empty list, e.g. [0.0, 1.0]")
         for t in self.temperatures:
-            checks.temperature("export.calibrate.temperatures", t)
+            checks.in_range("export.calibrate.temperatures", t, 0.0)  # a sampling temperature: >= 0, finite
         for key in ("prompts_per_domain", "max_new_tokens"):
             checks.at_least(f"export.calibrate.{key}", getattr(self, key), 1)
 
