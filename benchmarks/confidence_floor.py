@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from dspark_lightning.atomic import atomic_write
+
 
 def gaps(path: Path, positions=(1, 2, 3), draws: int = 400) -> list[tuple[int, int, int, float, float, float]]:
     """(k, prompts, rows, mean survival, median gap, mean gap) per position."""
@@ -52,7 +54,7 @@ def main() -> None:
             lines.append(f"| {path.parent.name} | {k} | {n} | {rows:,} | {mean:.3f} | {gap} |")
     text = "\n".join(lines)
     print(text)
-    (a.rollouts[0].parent.parent / "prompt_floor.md").write_text(text + "\n")
+    atomic_write(a.rollouts[0].parent.parent / "prompt_floor.md", text + "\n")
 
 
 if __name__ == "__main__":

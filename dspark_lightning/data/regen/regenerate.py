@@ -237,8 +237,8 @@ def regenerate(
     answering = as_backend(backend, "regenerate: backend")  # an unknown name lists the registered backends
     if capture_dir is not None and not answering.captures_features:
         raise UsageError(f"regenerate: backend {answering.name!r} cannot capture features (backend 'dspark' can)")
-    RegenConfig(batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                top_k=top_k, max_turns=max_turns, concurrency=concurrency)  # the settings' one check  # fmt: skip
+    RegenConfig(batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                max_turns=max_turns, concurrency=concurrency, backend=answering)  # the settings' one check  # fmt: skip
     limit = checks.positions_of(target)
     if limit is not None and max_new_tokens >= limit:
         raise checks.UsageError(f"regenerate: max_new_tokens={max_new_tokens} leaves no room for a prompt in the "
