@@ -89,16 +89,18 @@ def dtype_name(dtype: torch.dtype) -> str:
 BF16_MARGIN = 0.8  # bf16 is chosen on a CPU only when it takes < 80 % of fp32's time (noise must not flip it)
 
 
-def resolve_drafter_dtype(dtype, device: torch.device, default: torch.dtype, width: int, rows: int) -> torch.dtype:
+def resolve_drafter_dtype(dtype, device: torch.device, default: torch.dtype, width: int, rows: int,
+                          cache: str | Path | None = None) -> torch.dtype:
     """A drafter's weight precision: ``None`` = ``default`` (the target's), ``auto`` = the fastest here (bf16 on
-    CUDA; on a CPU the faster of fp32 and bf16 for a (8, width) x (width, rows) product, measured once per process
-    and shape, :func:`cpu_bf16_faster`), anything else as :func:`resolve_dtype`."""
+    CUDA; on a CPU the faster of fp32 and bf16 for a (8, width) x (width, rows) product, measured once per machine
+    and shape when ``cache`` names a folder, else once per process: :func:`bf16_faster_here`), anything else as
+    :func:`resolve_dtype`."""
     if dtype is None:
         return default
     if isinstance(dtype, str) and dtype == "auto":
         if device.type != "cpu":
             return torch.bfloat16
-        return torch.bfloat16 if cpu_bf16_faster(width, rows) else torch.float32
+        return torch.bfloat16 if bf16_faster_here(width, rows, 8, cache) else torch.float32
     return resolve_dtype(dtype, device)
 
 
@@ -114,31 +116,36 @@ def cpu_bf16_faster(width: int, rows: int, reps: int = 9, m: int = 8) -> bool:
 
 def decode_bf16_faster(kind: str, cache: str | Path | None = None) -> bool:
     """Whether a target decodes faster in bf16 on a device of this kind: always on CUDA; on a CPU when a decode
-    step's product (32 requests, 1024 x 4096) runs faster in bf16 (:func:`cpu_bf16_faster`).
-
-    ``cache``: a folder where the CPU's answer is kept (one file per CPU model and thread count), so it is measured
-    once per machine and every later process sees the same one. A choice that names what prepared data was made
-    with (``data.regen.dtype: fastest``) must not flip with the load of the moment: a few repetitions of one product
-    on a busy machine can."""
+    step's product (32 requests, 1024 x 4096) runs faster in bf16 (:func:`bf16_faster_here`)."""
     if kind != "cpu":
         return kind == "cuda"
+    return bf16_faster_here(1024, 4096, 32, cache)
+
+
+def bf16_faster_here(width: int, rows: int, m: int, cache: str | Path | None = None) -> bool:
+    """:func:`cpu_bf16_faster` for one product shape, kept in ``cache`` (a folder; one file per CPU model and
+    thread count, one entry per shape) so that it is measured once per machine and every later process makes the
+    same choice: a few repetitions of one product on a busy machine can flip it, and a choice that names what data
+    was made with, or which cached drafting profile a decode reads, must not flip with the load of the moment."""
     if cache is None:
-        return cpu_bf16_faster(1024, 4096, m=32)
+        return cpu_bf16_faster(width, rows, m=m)
     import json
 
     from .atomic import atomic_write
 
-    path = Path(cache) / f"{device_tag(torch.device('cpu'))}-decode-bf16-v1.json"
+    path = Path(cache) / f"{device_tag(torch.device('cpu'))}-bf16-faster-v2.json"
+    key = f"{m}x{width}x{rows}"
     try:
-        return bool(json.loads(path.read_text())["bf16_faster"])
-    except (OSError, ValueError, KeyError, TypeError):  # absent or damaged: measured (again)
-        pass
-    faster = cpu_bf16_faster(1024, 4096, m=32)
+        known = json.loads(path.read_text())
+        known = known if isinstance(known, dict) else {}
+    except (OSError, ValueError):  # absent or damaged: measured (again)
+        known = {}
+    if isinstance(known.get(key), bool):
+        return known[key]
+    known[key] = cpu_bf16_faster(width, rows, m=m)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps({"bf16_faster": faster, "shape": [32, 1024, 4096]}) + "\n")
-    return faster
-
-
+    atomic_write(path, json.dumps(known, indent=1) + "\n")
+    return known[key]
 def _median_time(x: torch.Tensor, w: torch.Tensor, reps: int) -> float:
     times = []
     for i in range(reps + 2):

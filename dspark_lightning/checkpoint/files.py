@@ -243,5 +243,7 @@ def place_drafter(drafter: Any, target: Any, device=None, dtype=None) -> Any:
         )
     vocab = getattr(drafter, "draft_vocab", None)
     rows = vocab.numel() if vocab is not None else target.geometry.vocab_size
-    want = resolve_drafter_dtype(dtype, tdev, target.dtype, target.geometry.hidden_size, rows)
+    from ..targets import cache_root
+
+    want = resolve_drafter_dtype(dtype, tdev, target.dtype, target.geometry.hidden_size, rows, cache_root() / "kernels")
     return drafter.to(device=tdev, dtype=want)

@@ -154,7 +154,8 @@ def test_auto_drafter_dtype_is_the_measured_faster_one(varied_target, prompts, t
     faster, and the output is the target's own greedy output either way."""
     import dspark_lightning.devices as devices
 
-    monkeypatch.setattr(devices, "cpu_bf16_faster", lambda width, rows: bf16_faster)
+    monkeypatch.setattr(devices, "cpu_bf16_faster", lambda *a, **k: bf16_faster)
+    monkeypatch.setenv("DSPARK_CACHE", str(tmp_path / "cache"))  # no answer kept by another test
     d = make_drafter(varied_target, "dspark", block_size=3)
     save_drafter(d, tmp_path / "d", varied_target)
     want = torch.bfloat16 if bf16_faster else torch.float32
@@ -175,7 +176,7 @@ def test_resolve_drafter_dtype():
     assert resolve_drafter_dtype("bf16", cpu, torch.float32, 64, 256) == torch.bfloat16
     assert resolve_drafter_dtype("auto", torch.device("cuda"), torch.float32, 64, 256) == torch.bfloat16
     got = resolve_drafter_dtype("auto", cpu, torch.float32, 64, 256)
-    assert got == (torch.bfloat16 if cpu_bf16_faster(64, 256) else torch.float32)
+    assert got == (torch.bfloat16 if cpu_bf16_faster(64, 256, m=8) else torch.float32)
     assert cpu_bf16_faster.cache_info().hits >= 1  # measured once per shape and process
     with pytest.raises(ValueError, match="unknown dtype"):
         resolve_drafter_dtype("int4", cpu, torch.float32, 64, 256)
@@ -200,7 +201,22 @@ def test_the_cpu_decode_precision_is_measured_once_per_machine_and_kept(tmp_path
     monkeypatch.setattr(devices, "cpu_bf16_faster", lambda *a, **k: next(answers))
     assert devices.decode_bf16_faster("cpu", cache=tmp_path) is True
     assert devices.decode_bf16_faster("cpu", cache=tmp_path) is True  # read back, not measured again
-    (kept,) = tmp_path.glob("*-decode-bf16-v1.json")
+    (kept,) = tmp_path.glob("*-bf16-faster-v2.json")
     kept.write_text("not json")  # a damaged file is measured again
     assert devices.decode_bf16_faster("cpu", cache=tmp_path) is False
     assert devices.decode_bf16_faster("cuda", cache=tmp_path) is True
+
+
+def test_the_drafter_precision_is_measured_once_per_machine_and_shape(tmp_path, monkeypatch):
+    """``drafter_dtype="auto"`` picks which cached drafting profile the scheduler reads: it must not flip from one
+    process to the next with the machine's load, and two drafter shapes keep their own answers."""
+    from dspark_lightning import devices
+
+    answers = iter([True, False, False])
+    monkeypatch.setattr(devices, "cpu_bf16_faster", lambda *a, **k: next(answers))
+    cpu = torch.device("cpu")
+    assert devices.resolve_drafter_dtype("auto", cpu, torch.float32, 64, 256, tmp_path) == torch.bfloat16
+    assert devices.resolve_drafter_dtype("auto", cpu, torch.float32, 64, 256, tmp_path) == torch.bfloat16  # kept
+    assert devices.resolve_drafter_dtype("auto", cpu, torch.float32, 64, 512, tmp_path) == torch.float32
+    assert devices.decode_bf16_faster("cpu", cache=tmp_path) is False  # the same file, its own entry
+    assert next(answers, "none left") == "none left"
