@@ -89,8 +89,9 @@ def dtype_name(dtype: torch.dtype) -> str:
 BF16_MARGIN = 0.8  # bf16 is chosen on a CPU only when it takes < 80 % of fp32's time (noise must not flip it)
 
 
-def resolve_drafter_dtype(dtype, device: torch.device, default: torch.dtype, width: int, rows: int,
-                          cache: str | Path | None = None) -> torch.dtype:
+def resolve_drafter_dtype(
+    dtype, device: torch.device, default: torch.dtype, width: int, rows: int, cache: str | Path | None = None
+) -> torch.dtype:
     """A drafter's weight precision: ``None`` = ``default`` (the target's), ``auto`` = the fastest here (bf16 on
     CUDA; on a CPU the faster of fp32 and bf16 for a (8, width) x (width, rows) product, measured once per machine
     and shape when ``cache`` names a folder, else once per process: :func:`bf16_faster_here`), anything else as
@@ -146,6 +147,8 @@ def bf16_faster_here(width: int, rows: int, m: int, cache: str | Path | None = N
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(known, indent=1) + "\n")
     return known[key]
+
+
 def _median_time(x: torch.Tensor, w: torch.Tensor, reps: int) -> float:
     times = []
     for i in range(reps + 2):

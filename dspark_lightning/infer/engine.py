@@ -112,6 +112,7 @@ class Engine:
         dev = self.verifier.device
         self.device = dev
         self.acceptance = acceptance_mode(acceptance, params, dev, proposer)
+        self.acceptance_spec = acceptance  # as given (the drafting-cost profile runs the same mode)
         self.seed = seed
         self.requests: list[Request] = []
         self.log = RoundLog()

@@ -73,3 +73,22 @@ def test_unknown_acceptance_is_refused(varied_target):
 
     with pytest.raises(RegistryError, match="unknown acceptance 'gumbel'; available: coupled, rejection"):
         decode(varied_target, None, PROMPTS[:1], max_new_tokens=2, acceptance="gumbel")
+
+
+def test_the_noise_is_exponential_per_position_and_a_reduced_vocabulary_reads_its_target_ids():
+    """E = -log u is standard exponential, fresh at every position; a draft vocabulary's column reads the noise of
+    the target token it stands for, so drafter and target see one noise."""
+    from dspark_lightning.infer.acceptance.coupled import CoupledNoise
+
+    cpu = torch.device("cpu")
+    full = CoupledNoise([123, 2**40 + 5], [10, 20], cpu).exponential(torch.arange(3), 20000)  # (2, 3, V)
+    assert full.shape == (2, 3, 20000) and bool((full > 0).all())
+    assert abs(full.mean().item() - 1) < 0.02 and abs(full.var().item() - 1) < 0.06
+    flat = full.reshape(6, -1)
+    corr = torch.corrcoef(flat)
+    assert corr.fill_diagonal_(0).abs().max().item() < 0.03  # positions and requests draw apart
+    vocab = torch.tensor([7, 19999, 100, 3])
+    sub = CoupledNoise([123, 2**40 + 5], [10, 20], cpu, vocab=vocab).exponential(torch.arange(3), 4)
+    assert torch.equal(sub, full[..., vocab])  # rows of 20000 values read as rows of 20000 (a stream's prefix)
+    later = CoupledNoise([123, 2**40 + 5], [11, 21], cpu).exponential(torch.arange(2), 20000)
+    assert torch.equal(later, full[:, 1:])  # an entry's noise is its (request, absolute position, token)

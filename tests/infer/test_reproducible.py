@@ -76,3 +76,21 @@ def test_profiled_draft_cost_is_reused(varied_target, prompts, drafter):
     first = load_or_profile_draft_cost(varied_target, drafter, max_batch=4, progress=False)
     again = load_or_profile_draft_cost(varied_target, drafter, max_batch=2, progress=False)
     assert again is first and first.batches == [1, 2, 4] and all(s > 0 for s in first.seconds)
+
+
+def test_the_draft_cost_is_profiled_per_sampling_kind(varied_target, drafter):
+    """A sampled step costs more than a greedy one (coupled acceptance hashes noise over the vocabulary at every
+    verified position): ``auto`` reads the profile of the sampling it serves."""
+    from dspark_lightning.infer.acceptance.sampling import SamplingParams
+    from dspark_lightning.infer.profiling.measure_draft_cost import load_or_profile_draft_cost, sampling_kind
+
+    assert sampling_kind(SamplingParams(0.0), "coupled") == "greedy"
+    assert sampling_kind(SamplingParams(1.0), "coupled") == "coupled"
+    assert sampling_kind(SamplingParams(0.7), {"class_path": "rejection"}) == "rejection"
+    greedy = load_or_profile_draft_cost(varied_target, drafter, max_batch=2, progress=False)
+    coupled = load_or_profile_draft_cost(varied_target, drafter, max_batch=2, progress=False,
+                                         params=SamplingParams(1.0), acceptance="coupled")  # fmt: skip
+    assert coupled is not greedy and coupled.meta["sampling"] == "coupled" and greedy.meta["sampling"] == "greedy"
+    again = load_or_profile_draft_cost(varied_target, drafter, max_batch=2, progress=False,
+                                       params=SamplingParams(0.5), acceptance="coupled")  # fmt: skip
+    assert again is coupled  # the temperature's value does not change what a step costs

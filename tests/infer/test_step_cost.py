@@ -22,6 +22,9 @@ def test_step_seconds_interpolate_the_profiled_steps():
     assert COST.plain_seconds(4) == pytest.approx(0.040) and COST.plain_seconds(8) == pytest.approx(0.080)
     flat = DraftCost([1], [0.01], plain=[0.05], widths=[1, 2], drafted=[[0.03, 0.035]])
     assert flat.step_seconds(1, 1) == pytest.approx(0.05)  # never below a plain step
+    noisy = DraftCost([1], [0.01], plain=[0.04], widths=[1, 2, 4, 7], drafted=[[0.050, 0.060, 0.072, 0.068]])
+    assert noisy.step_seconds(1, 8) == pytest.approx(0.070) == noisy.step_seconds(1, 5)  # 4 and 7 pooled: 0.070
+    assert noisy.step_seconds(1, 3) == pytest.approx(0.060)  # the ordered part as measured
 
 
 def test_round_trip_keeps_the_steps():

@@ -1,7 +1,7 @@
 """Coupled acceptance (``decode(..., acceptance="coupled")``): drafter and target share one Gumbel noise.
 
 Every token at absolute position t of request r is argmax_v(log p_t(v) + g_r,t(v)) with g_r,t(v) standard Gumbel
-noise that is a hash of (r's key, t, v). Drafted tokens use the same rule on the draft law, x_k =
+noise keyed by (r's key, t, v) (:class:`CoupledNoise`). Drafted tokens use the same rule on the draft law, x_k =
 argmax_v(log q_k(v) + g_r,P+k(v)); a draft is accepted while it equals the target's own choice at its position, and
 the first mismatch (or the bonus) emits the target's choice there. So every emitted token is the one plain
 decoding in this mode emits with the same seed, token for token, whatever the drafter, the scheduler, the batch
@@ -13,6 +13,7 @@ acceptance for determinism. Rejection sampling stays the default.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -29,40 +30,82 @@ if TYPE_CHECKING:
 TOKEN_SALT = 0x27D4EB2F
 
 
+M64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: a 64-bit integer whose every bit depends on every bit of ``x``."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & M64
+    return x ^ (x >> 31)
+
+
+def row_seed(key: int, pos: int) -> int:
+    """The seed of request ``key``'s noise row at absolute position ``pos``."""
+    return _mix64(_mix64(key & M64) ^ (pos & M64))
+
+
+@functools.lru_cache(maxsize=8)
+def _token_hashes(V: int, device: torch.device) -> torch.Tensor:
+    return _hash32(torch.arange(V, device=device) ^ TOKEN_SALT)
+
+
 class CoupledNoise:
     """Per-request Gumbel noise over token ids at absolute positions ``base[r] + offset`` (host ints).
 
-    ``vocab``: target token ids of the columns of the laws this object draws for (a reduced draft vocabulary), so
-    a draft-vocabulary index reads the noise of the target token it stands for.
+    On a CPU a position's row is a generator's uniforms seeded by (request key, position) (:func:`row_seed`): one
+    seeding and V draws per row, token v reading the row's v-th value. On an accelerator it is a counter hash of
+    (key, position, token) computed for every entry at once (one kernel, where a generator per row would launch one
+    per row). Either way the noise of an entry depends on nothing else, so drafter and target read the same.
+
+    ``vocab``: the target token ids of the columns of the laws this object draws for (a reduced draft vocabulary, so
+    a draft-vocabulary index reads the noise of the target token it stands for); None for all of them.
     """
 
     def __init__(self, keys: list[int], base: list[int], device, vocab: torch.Tensor | None = None) -> None:
-        k = torch.tensor([[key & M32, (key >> 32) & M32] for key in keys], dtype=torch.long).reshape(-1, 2)
-        self.k = _hash32(k).to(device, non_blocking=True)  # (R, 2)
-        self.base = torch.tensor(base, dtype=torch.long).to(device, non_blocking=True)
+        self.keys, self.base_h = list(keys), list(base)
+        self.device = torch.device(device)
         self.vocab = vocab
-        self.device = device
         self.cursor = 0  # successive sample() calls draw for successive positions
 
     def __len__(self) -> int:
-        return self.base.shape[0]
+        return len(self.base_h)
 
-    def gumbel(self, offsets: torch.Tensor, V: int) -> torch.Tensor:
-        """(R, W, V) standard Gumbel noise at positions base + offsets (W,), for V law columns."""
-        ids = self.vocab if self.vocab is not None and self.vocab.numel() == V else torch.arange(V, device=self.device)
-        pos = (self.base[:, None] + offsets.to(self.base.device)) & M32  # (R, W)
-        lo, hi = self.k[:, :1, None], self.k[:, 1:, None]
-        h = _hash32(_hash32(_hash32(ids.long() ^ TOKEN_SALT) ^ _hash32(pos)[..., None] ^ lo) ^ hi)
-        u = ((h >> 8).float() + 0.5) * 2.0**-24  # (0, 1), never 0 or 1
-        return -torch.log(-torch.log(u))
+    def exponential(self, offsets: torch.Tensor, V: int) -> torch.Tensor:
+        """(R, W, V) standard exponential noise E = -log u at positions base + offsets (W,), for V law columns (u in
+        (0, 1) on a 2^-24 grid, never 0 or 1); the Gumbel noise of the Gumbel-max trick is -log E."""
+        reduced = self.vocab is not None and self.vocab.numel() == V
+        offs = [int(o) for o in offsets.tolist()]
+        if self.device.type == "cpu":
+            n = int(self.vocab.max()) + 1 if reduced else V  # a row's first n values (a generator's stream)
+            u = torch.empty(len(self), len(offs), n)
+            gen = torch.Generator()
+            for r, (key, base) in enumerate(zip(self.keys, self.base_h, strict=True)):
+                for j, off in enumerate(offs):
+                    gen.manual_seed(row_seed(key, base + off))
+                    torch.rand(n, generator=gen, out=u[r, j])
+            u.add_(2.0**-25)  # k 2^-24 -> (k + 1/2) 2^-24
+        else:
+            ids = self.vocab.long() if reduced else None
+            tok = _token_hashes(V, self.device) if ids is None else _hash32(ids ^ TOKEN_SALT)
+            k = torch.tensor([[row_seed(key, base + off) for off in offs] for key, base in
+                              zip(self.keys, self.base_h, strict=True)], dtype=torch.long)  # fmt: skip
+            lo, hi = _hash32(k & M32).to(self.device), _hash32((k >> 32) & M32).to(self.device)
+            h = _hash32(_hash32(tok ^ lo[..., None]) ^ hi[..., None])
+            u = ((h >> 8).float() + 0.5) * 2.0**-24
+            reduced = False  # the hash read the target ids already
+        E = u.log_().neg_()
+        return E[..., self.vocab.to(E.device)] if reduced else E
 
     def argmax(self, law: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        """argmax_v(log law(v) + g(v)) per row and position: law (R, W, V) -> (R, W) column indices."""
-        return (law.clamp_min(0).log() + self.gumbel(offsets, law.shape[-1])).argmax(-1)
+        """argmax_v(log law(v) + g(v)) per row and position, computed as argmax_v(law(v) / E(v)) (the same order,
+        with one logarithm): law (R, W, V) -> (R, W) column indices."""
+        E = self.exponential(offsets, law.shape[-1]).to(law.device)
+        return (law.clamp_min(0) / E).argmax(-1)
 
     def coupled_draw(self, law: torch.Tensor) -> torch.Tensor:
         """The coupled draw for (R, V) laws at the next position (:func:`~.sampling.sample`'s entry point)."""
-        off = torch.tensor([self.cursor]).to(self.device, non_blocking=True)
+        off = torch.tensor([self.cursor])
         self.cursor += 1
         return self.argmax(law[:, None], off)[:, 0]
 
@@ -105,13 +148,14 @@ class CoupledAcceptance:
     @contextmanager
     def drafting(self, requests: list[Request]) -> Iterator[CoupledNoise]:
         """x_k at P + k from the noise the target will use there."""
-        yield self._noise(requests, vocab=self.draft_vocab)
+        yield self._noise(requests, draft=True)
 
     def accept(self, requests: list[Request], drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
                lengths: torch.Tensor) -> Acceptance:  # fmt: skip
         return accept_coupled(drafts, p, lengths, self._noise(requests))
 
-    def _noise(self, requests: list[Request], base: list[int] | None = None, vocab=None) -> CoupledNoise:
-        """The noise of ``requests`` from position ``base`` (default: after each anchor)."""
+    def _noise(self, requests: list[Request], base: list[int] | None = None, draft: bool = False) -> CoupledNoise:
+        """The noise of ``requests`` from position ``base`` (default: after each anchor); ``draft``: over the draft
+        vocabulary's columns (when the drafter has a reduced one)."""
         base = [r.pos + 1 for r in requests] if base is None else base
-        return CoupledNoise([r.key for r in requests], base, self.device, vocab=vocab)
+        return CoupledNoise([r.key for r in requests], base, self.device, vocab=self.draft_vocab if draft else None)

@@ -10,8 +10,10 @@ time (:class:`~dspark_lightning.infer.protocols.SPSDriven`) and hands it the res
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -41,15 +43,43 @@ def drafter_key(drafter) -> str | None:
     return key if dt in (None, torch.float32) else f"{key}-{str(dt).removeprefix('torch.')}"
 
 
-def cost_path(target, key: str) -> Path:
-    sps = default_path(target, 0)  # v5: drafting timed directly, whole plain and drafted steps
-    return sps.parent / "draft_cost" / f"{key}-{sps.stem.removesuffix('-ctx0')}-v5.json"
+def sampling_kind(params: SamplingParams, acceptance: Any = "rejection") -> str:
+    """What a step's sampling costs depend on: ``greedy``, or the acceptance mode drawing at T > 0 (``rejection``,
+    ``coupled``, a plugin's name): coupled acceptance hashes noise over the vocabulary at every verified position,
+    which the greedy steps never pay."""
+    if params.greedy:
+        return "greedy"
+    name = acceptance.get("class_path") if isinstance(acceptance, dict) else acceptance
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name if isinstance(name, str) else type(acceptance).__name__)
+
+
+def cost_path(target, key: str, kind: str = "greedy") -> Path:
+    sps = default_path(target, 0)  # v6: per sampling kind
+    return sps.parent / "draft_cost" / f"{key}-{sps.stem.removesuffix('-ctx0')}-{kind}-v6.json"
 
 
 _MEMO: dict[tuple, DraftCost] = {}  # in-memory drafters: profiled once per process
 
 
-WIDTHS = (1, 2, 3, 4, 7)  # drafts verified per request in the profiled drafted steps (up to the block size)
+WIDTHS = (1, 2, 3, 4, 7)
+PROMPT = (
+    "Explain step by step how to find the area of a triangle whose sides are 5, 12 and 13, and then write a "
+    "short Python function that computes the area of any triangle from its three sides."
+)
+
+
+def profile_prompt(target) -> list[int]:
+    """A natural request (chat-formatted) when the target has a tokenizer: its drafts are accepted as in serving, so
+    the profiled steps pay what accepted drafts cost (committing them, extending the drafter's context) at a
+    serving-like context; else (a test target without a tokenizer of its vocabulary) a fixed 256-token pattern."""
+    V = target.geometry.vocab_size
+    if getattr(target, "tokenizer", None) is not None:
+        ids = target.encode_prompt(PROMPT, True)
+        if ids and max(ids) < V:
+            return ids
+    return [
+        (17 * i + 5) % max(V - 1, 1) for i in range(256)
+    ]  # drafts verified per request in the profiled drafted steps (up to the block size)
 
 
 class _Width:
@@ -62,17 +92,17 @@ class _Width:
         return torch.full((conf.shape[0],), self.k, dtype=torch.long)
 
 
-def _profile_batch(target, drafter, prompt: list[int], R: int, rounds: int) -> tuple[float, float, list[float]]:
-    """At R requests of ``prompt`` (greedy, no stop token): the median drafting seconds per step (the drafter's
+def _profile_batch(target, drafter, prompt: list[int], R: int, rounds: int, params: SamplingParams,
+                   acceptance: Any) -> tuple[float, float, list[float]]:  # fmt: skip
+    """At R requests of ``prompt`` (sampled as served, no stop token): the median drafting seconds per step (the drafter's
     forward, its cache update and the scheduler, timed directly), the median plain step and the median drafted step
     at each width, whole steps as the engine runs them. The kinds take turns, ``rounds`` steps each after one
     untimed step, so a drift of the machine's speed reaches all of them alike."""
     g = drafter.block_size
     widths = [w for w in WIDTHS if w <= g]
     width = _Width()
-    params = SamplingParams(0.0)
-    plain = make_engine(target, None, params, scheduler="static", stop_token_ids=[])
-    drafted = make_engine(target, drafter, params, scheduler=width, stop_token_ids=[])
+    plain = make_engine(target, None, params, scheduler="static", stop_token_ids=[], acceptance=acceptance)
+    drafted = make_engine(target, drafter, params, scheduler=width, stop_token_ids=[], acceptance=acceptance)
     plain.add([prompt] * R, rounds + 2)
     drafted.add([prompt] * R, (rounds + 1) * len(widths) * (g + 1) + 1)
     times: dict[object, list[float]] = {"plain": [], "draft": [], **{w: [] for w in widths}}
@@ -96,13 +126,14 @@ def _profile_batch(target, drafter, prompt: list[int], R: int, rounds: int) -> t
 
 
 @torch.no_grad()
-def profile_draft_cost(target, drafter, max_batch: int, progress: bool = False) -> DraftCost:
-    """At 1, 2, 4, ... up to ``max_batch`` requests (greedy, a 256-token prompt): the seconds a drafted round costs
+def profile_draft_cost(target, drafter, max_batch: int, progress: bool = False, kind: str = "greedy",
+                       acceptance: Any = "rejection") -> DraftCost:  # fmt: skip
+    """At 1, 2, 4, ... up to ``max_batch`` requests (:func:`profile_prompt`; ``kind`` ``greedy``, else sampled at T = 1
+    with ``acceptance``, :func:`sampling_kind`): the seconds a drafted round costs
     beyond its verification forward (drafting the whole block, the cache update, scheduling; timed directly), and
     whole plain and drafted steps as the engine runs them (verifying 1, 2, 3, 4, 7 drafts per request), which the
     ``auto`` scheduler models a step's time with."""
-    V = target.geometry.vocab_size
-    prompt = [(17 * i + 5) % max(V - 1, 1) for i in range(256)]
+    prompt = profile_prompt(target)
     batches = [b for b in BATCHES if b <= max(1, max_batch)]
     if batches[-1] < max_batch <= BATCHES[-1]:
         batches.append(max_batch)
@@ -111,22 +142,27 @@ def profile_draft_cost(target, drafter, max_batch: int, progress: bool = False) 
         from tqdm.auto import tqdm
 
         sizes = tqdm(sizes, desc="profiling the drafter's cost per round", unit="batch size")
-    rows = [_profile_batch(target, drafter, prompt, R, ROUNDS) for R in sizes][1:]  # the first R = 1: a warm-up
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "threads": torch.get_num_threads(), "rounds": ROUNDS}
+    params = SamplingParams(0.0 if kind == "greedy" else 1.0)
+    rows = [_profile_batch(target, drafter, prompt, R, ROUNDS, params, acceptance) for R in sizes][1:]  # R = 1: warm-up
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "threads": torch.get_num_threads(), "rounds": ROUNDS,
+            "sampling": kind}  # fmt: skip
     return DraftCost(batches=batches, seconds=[r[0] for r in rows], meta=meta, plain=[r[1] for r in rows],
                      widths=[w for w in WIDTHS if w <= drafter.block_size], drafted=[r[2] for r in rows])  # fmt: skip
 
 
-def load_or_profile_draft_cost(target, drafter, max_batch: int, progress: bool = True) -> DraftCost:
-    """The cached cost of this exported drafter on this machine (profiled on first use; re-profiled when a
-    larger batch is needed); in-memory drafters are profiled once per process."""
+def load_or_profile_draft_cost(target, drafter, max_batch: int, progress: bool = True,
+                               params: SamplingParams | None = None, acceptance: Any = "rejection") -> DraftCost:  # fmt: skip
+    """The cached cost of this exported drafter on this machine for the sampling ``params`` and ``acceptance`` a call
+    serves (greedy when None; profiled on first use; re-profiled when a larger batch is needed); in-memory drafters
+    are profiled once per process."""
+    kind = sampling_kind(params or SamplingParams(0.0), acceptance)
     key = drafter_key(drafter)
     if key is None:
-        memo = (id(drafter), id(target))
+        memo = (id(drafter), id(target), kind)
         if memo not in _MEMO or _MEMO[memo].batches[-1] < max_batch:
-            _MEMO[memo] = profile_draft_cost(target, drafter, max_batch)
+            _MEMO[memo] = profile_draft_cost(target, drafter, max_batch, kind=kind, acceptance=acceptance)
         return _MEMO[memo]
-    path = cost_path(target, key)
+    path = cost_path(target, key, kind)
     try:  # a missing or damaged cache file is measured again
         d = json.loads(path.read_text())
         if d["batches"][-1] >= min(max_batch, BATCHES[-1]):
@@ -136,7 +172,7 @@ def load_or_profile_draft_cost(target, drafter, max_batch: int, progress: bool =
         pass
     if progress:
         print(f"[dspark-lightning] profiling the drafter's cost per round (once, before decoding; cached in {path})")
-    cost = profile_draft_cost(target, drafter, max_batch, progress=progress)
+    cost = profile_draft_cost(target, drafter, max_batch, progress=progress, kind=kind, acceptance=acceptance)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(cost.to_dict(), indent=1) + "\n")  # fsynced, replaced whole: a reader never sees half
     return cost

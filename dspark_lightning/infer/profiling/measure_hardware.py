@@ -24,5 +24,7 @@ def measure_hardware(engine, target, drafter, max_requests: int, progress: bool 
         max_tokens = min(max_requests * (engine.block_size + 1), MAX_SPS_TOKENS)
         parts["sps"] = load_or_profile(target, context_len, max_tokens=max_tokens, progress=progress)
     if "draft_cost" in need and profile.draft_cost is None and drafter is not None:
-        parts["draft_cost"] = load_or_profile_draft_cost(target, drafter, max_requests, progress=progress)
+        parts["draft_cost"] = load_or_profile_draft_cost(
+            target, drafter, max_requests, progress=progress, params=engine.params, acceptance=engine.acceptance_spec
+        )
     return profile.with_parts(**parts) if parts else profile
