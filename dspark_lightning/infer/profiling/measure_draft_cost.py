@@ -94,8 +94,8 @@ class _Width:
 
 def _profile_batch(target, drafter, prompt: list[int], R: int, rounds: int, params: SamplingParams,
                    acceptance: Any) -> tuple[float, float, list[float]]:  # fmt: skip
-    """At R requests of ``prompt`` (sampled as served, no stop token): the median drafting seconds per step (the drafter's
-    forward, its cache update and the scheduler, timed directly), the median plain step and the median drafted step
+    """At R requests of ``prompt`` (sampled as served, no stop token): the median drafting seconds per step (the
+    drafter's forward, its cache update and the scheduler, timed directly), the median plain step and the median drafted step
     at each width, whole steps as the engine runs them. The kinds take turns, ``rounds`` steps each after one
     untimed step, so a drift of the machine's speed reaches all of them alike."""
     g = drafter.block_size
@@ -150,8 +150,10 @@ def profile_draft_cost(target, drafter, max_batch: int, progress: bool = False, 
                      widths=[w for w in WIDTHS if w <= drafter.block_size], drafted=[r[2] for r in rows])  # fmt: skip
 
 
-def load_or_profile_draft_cost(target, drafter, max_batch: int, progress: bool = True,
-                               params: SamplingParams | None = None, acceptance: Any = "rejection") -> DraftCost:  # fmt: skip
+def load_or_profile_draft_cost(
+    target, drafter, max_batch: int, progress: bool = True, params: SamplingParams | None = None,
+    acceptance: Any = "rejection",
+) -> DraftCost:
     """The cached cost of this exported drafter on this machine for the sampling ``params`` and ``acceptance`` a call
     serves (greedy when None; profiled on first use; re-profiled when a larger batch is needed); in-memory drafters
     are profiled once per process."""
