@@ -95,9 +95,9 @@ class _Width:
 def _profile_batch(target, drafter, prompt: list[int], R: int, rounds: int, params: SamplingParams,
                    acceptance: Any) -> tuple[float, float, list[float]]:  # fmt: skip
     """At R requests of ``prompt`` (sampled as served, no stop token): the median drafting seconds per step (the
-    drafter's forward, its cache update and the scheduler, timed directly), the median plain step and the median drafted step
-    at each width, whole steps as the engine runs them. The kinds take turns, ``rounds`` steps each after one
-    untimed step, so a drift of the machine's speed reaches all of them alike."""
+    drafter's forward, its cache update and the scheduler, timed directly), the median plain step and the median
+    drafted step at each width, whole steps as the engine runs them. The kinds take turns, ``rounds`` steps each
+    after one untimed step, so a drift of the machine's speed reaches all of them alike."""
     g = drafter.block_size
     widths = [w for w in WIDTHS if w <= g]
     width = _Width()
