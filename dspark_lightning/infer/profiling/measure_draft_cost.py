@@ -150,10 +150,9 @@ def profile_draft_cost(target, drafter, max_batch: int, progress: bool = False, 
                      widths=[w for w in WIDTHS if w <= drafter.block_size], drafted=[r[2] for r in rows])  # fmt: skip
 
 
-def load_or_profile_draft_cost(
-    target, drafter, max_batch: int, progress: bool = True, params: SamplingParams | None = None,
-    acceptance: Any = "rejection",
-) -> DraftCost:
+def load_or_profile_draft_cost(target, drafter, max_batch: int, progress: bool = True,
+                               params: SamplingParams | None = None,
+                               acceptance: Any = "rejection") -> DraftCost:  # fmt: skip
     """The cached cost of this exported drafter on this machine for the sampling ``params`` and ``acceptance`` a call
     serves (greedy when None; profiled on first use; re-profiled when a larger batch is needed); in-memory drafters
     are profiled once per process."""
