@@ -170,9 +170,12 @@ def main() -> None:
     if a.methods:
         table = {k: v for k, v in table.items() if k in a.methods or k == "plain"}
     warm = next(iter(sets.values()))
-    for batch in a.batches:  # one-time profiles (kernels, SPS, drafting cost up to this batch) before any timing
-        for sched in ("auto", "static"):
-            decode(target, drafter, (warm * batch)[:batch], max_new_tokens=8, scheduler=sched, batch_size=batch)
+    for T in a.temperatures:  # one-time profiles (kernels, SPS, drafting cost per sampling kind) before any timing
+        for batch in a.batches:
+            mode = "coupled" if T > 0 and batch in a.coupled_batches else "rejection"
+            for sched in ("auto", "static"):
+                decode(target, drafter, (warm * batch)[:batch], max_new_tokens=8, scheduler=sched, batch_size=batch,
+                       temperature=T, acceptance=mode)  # fmt: skip
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
