@@ -113,6 +113,7 @@ class Engine:
         self.device = dev
         self.acceptance = acceptance_mode(acceptance, params, dev, proposer)
         self.acceptance_spec = acceptance  # as given (the drafting-cost profile runs the same mode)
+        self._mode_confidence = getattr(self.acceptance, "confidence", None)
         self.seed = seed
         self.requests: list[Request] = []
         self.log = RoundLog()
@@ -252,12 +253,16 @@ class Engine:
                                          requests=batch.requests)  # fmt: skip
 
     def _schedule(self, proposal: Proposal, drafted: tuple) -> tuple[torch.Tensor, torch.Tensor]:
-        """3. Each request's verification length l_r (host) and the survivals a the scheduler saw.
+        """3. Each request's verification length l_r (host) and the survivals of the drafter's confidences (the
+        round log's).
 
         The scheduler runs on the host over R*γ numbers: the round's first synchronisation moves the confidences
         there. Once it has, the drafting has finished on the device, so the ``drafted`` interval (two clock marks)
-        is handed over before the scheduler reads it."""
+        is handed over before the scheduler reads it. An acceptance mode that accepts otherwise than rejection
+        sampling (which the confidences predict) maps them to its own chances first (its optional ``confidence``)."""
         conf = proposal.conf.detach().float().cpu()
+        if self._mode_confidence is not None:
+            conf = self._mode_confidence(conf)
         self._conf_h = conf  # what the scheduler saw, for its observe_rounds
         self.clock.span(*drafted, self._drafted)
         t0 = time.perf_counter()

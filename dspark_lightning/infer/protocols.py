@@ -127,6 +127,14 @@ class AcceptanceMode(Protocol):
         ...
 
 
+class ModeConfidence(Protocol):
+    """Optional for an acceptance mode that accepts less (or more) often than rejection sampling, which a drafter's
+    confidences predict: ``confidence(conf)`` maps them (R, γ, host) to this mode's chances, which the scheduler then
+    reads."""
+
+    def confidence(self, conf: torch.Tensor) -> torch.Tensor: ...
+
+
 def members(protocol: type) -> set[str]:
     """The names a protocol declares (methods, properties and attributes), its bases' included."""
     out: set[str] = set()

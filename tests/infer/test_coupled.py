@@ -92,3 +92,31 @@ def test_the_noise_is_exponential_per_position_and_a_reduced_vocabulary_reads_it
     assert torch.equal(sub, full[..., vocab])  # rows of 20000 values read as rows of 20000 (a stream's prefix)
     later = CoupledNoise([123, 2**40 + 5], [11, 21], cpu).exponential(torch.arange(2), 20000)
     assert torch.equal(later, full[:, 1:])  # an entry's noise is its (request, absolute position, token)
+
+
+def test_the_scheduler_reads_the_coupled_chance_of_acceptance(varied_target, monkeypatch):
+    """A drafter's confidences predict acceptance by rejection sampling (1 − TV); coupling accepts at least
+    (1 − TV) / (1 + TV) of it, and that is what the scheduler weighs under coupled acceptance."""
+    from dspark_lightning.infer import Scheduler
+    from dspark_lightning.infer.acceptance.coupled import CoupledAcceptance
+
+    c = torch.tensor([[1.0, 0.6, 0.0]])
+    assert torch.allclose(CoupledAcceptance(SamplingParams(1.0), torch.device("cpu")).confidence(c),
+                          torch.tensor([[1.0, 0.6 / 1.4, 0.0]]))  # fmt: skip
+
+    class Seen(Scheduler):
+        def __init__(self):
+            self.seen = []
+
+        def __call__(self, conf):
+            self.seen.append(conf.clone())
+            return torch.full((conf.shape[0],), 2, dtype=torch.long)
+
+    drafter = make_drafter(varied_target, "dspark", block_size=3)
+    monkeypatch.setattr(CoupledAcceptance, "confidence", lambda self, conf: torch.full_like(conf, 0.25))
+    seen = Seen()
+    coupled(varied_target, drafter, PROMPTS[:1], scheduler=seen, temperature=1.0)
+    assert seen.seen and all(bool((s == 0.25).all()) for s in seen.seen)
+    rejection = Seen()
+    coupled(varied_target, drafter, PROMPTS[:1], scheduler=rejection, temperature=1.0, acceptance="rejection")
+    assert not any(bool((s == 0.25).all()) for s in rejection.seen)  # rejection sampling reads them as they are

@@ -33,6 +33,7 @@ from dspark_lightning.infer.acceptance.coupled import CoupledAcceptance
 from dspark_lightning.infer.protocols import (
     AcceptanceMode,
     KernelChoice,
+    ModeConfidence,
     Proposer,
     ReducedVocabulary,
     Verifier,
@@ -50,7 +51,7 @@ ROLES = {
     "scheduler": (Scheduler,),
     "verifier": (Verifier, KernelChoice),
     "proposer": (Proposer, ReducedVocabulary),
-    "acceptance": (AcceptanceMode,),
+    "acceptance": (AcceptanceMode, ModeConfidence),
 }
 # the code that drives the parts
 DRIVERS = ("engine.py", "decode.py", "build.py", "propose/backlog.py", "profiling/measure_hardware.py")
@@ -250,5 +251,5 @@ def test_a_decode_takes_only_declared_attributes(varied_target, monkeypatch, acc
         assert attrs <= declared(role), f"decode() took {sorted(attrs - declared(role))} of its {role}"
     assert {"add", "extend", "propose", "remove", "block_size"} <= seen["proposer"]
     assert seen["verifier"] == members(Verifier) | members(KernelChoice)
-    assert seen["acceptance"] == members(AcceptanceMode)
+    assert seen["acceptance"] == members(AcceptanceMode) | members(ModeConfidence)  # the optional one is asked for
     assert {"__call__", "needs_hardware", "use_hardware", "wants_draft", "observe_step"} <= seen["scheduler"]

@@ -141,6 +141,13 @@ class CoupledAcceptance:
     def __init__(self, params: SamplingParams, device: torch.device, draft_vocab: torch.Tensor | None = None) -> None:
         self.params, self.device, self.draft_vocab = params, device, draft_vocab
 
+    def confidence(self, conf: torch.Tensor) -> torch.Tensor:
+        """A draft's chance of acceptance here from its confidence c, a chance under rejection sampling (1 − TV): the
+        coupling's guarantee (1 − TV) / (1 + TV) = c / (2 − c) (Daliri, Musco, Suresh 2024). A lower bound: ``auto``'s
+        online correction raises it where this run's rounds accept more."""
+        c = conf.clamp(0, 1)
+        return c / (2 - c)
+
     def first_tokens(self, requests: list[Request], laws: torch.Tensor) -> torch.Tensor:
         """The first generated token sits at position len(prompt)."""
         return sample(laws, self.params, self._noise(requests, [len(r.prompt) for r in requests]))
