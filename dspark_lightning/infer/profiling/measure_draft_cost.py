@@ -45,7 +45,7 @@ def drafter_key(drafter) -> str | None:
 
 def sampling_kind(params: SamplingParams, acceptance: Any = "rejection") -> str:
     """What a step's sampling costs depend on: ``greedy``, or the acceptance mode drawing at T > 0 (``rejection``,
-    ``coupled``, a plugin's name): coupled acceptance hashes noise over the vocabulary at every verified position,
+    ``coupled``, a plugin's name): coupled acceptance draws noise over the vocabulary at every verified position,
     which the greedy steps never pay."""
     if params.greedy:
         return "greedy"
@@ -61,7 +61,7 @@ def cost_path(target, key: str, kind: str = "greedy") -> Path:
 _MEMO: dict[tuple, DraftCost] = {}  # in-memory drafters: profiled once per process
 
 
-WIDTHS = (1, 2, 3, 4, 7)
+WIDTHS = (1, 2, 3, 4, 7)  # drafts verified per request in the profiled drafted steps (up to the block size)
 PROMPT = (
     "Explain step by step how to find the area of a triangle whose sides are 5, 12 and 13, and then write a "
     "short Python function that computes the area of any triangle from its three sides."
@@ -77,9 +77,7 @@ def profile_prompt(target) -> list[int]:
         ids = target.encode_prompt(PROMPT, True)
         if ids and max(ids) < V:
             return ids
-    return [
-        (17 * i + 5) % max(V - 1, 1) for i in range(256)
-    ]  # drafts verified per request in the profiled drafted steps (up to the block size)
+    return [(17 * i + 5) % max(V - 1, 1) for i in range(256)]
 
 
 class _Width:
