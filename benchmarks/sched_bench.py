@@ -159,7 +159,12 @@ def main() -> None:
         help="batches whose T > 0 rows use coupled acceptance (every method emits plain's tokens, so a "
         "padded batch runs as long for each; rejection sampling's outputs differ per method)",
     )
-    ap.add_argument("--methods", nargs="*", default=None, help="a subset of the method labels (plain always runs)")
+    ap.add_argument(
+        "--methods",
+        nargs="*",
+        default=None,
+        help="a subset of the method labels (plain always runs); the other methods' rows of the file are kept",
+    )
     ap.add_argument("--repeats", type=int, default=1, help="decode every group this many times (paired samples)")
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/data/sched_bench"))
     a = ap.parse_args()
@@ -181,8 +186,10 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "sched_bench.json"
     old = json.loads(path.read_text()) if path.is_file() else {}
-    redo = {(a.label, float(T), b, s) for T in a.temperatures for b in a.batches for s in a.sets}
-    rows = [r for r in old.get("rows", []) if (r["drafter"], float(r["T"]), r["batch"], r["set"]) not in redo]
+    redo = {(a.label, float(T), b, s, m) for T in a.temperatures for b in a.batches for s in a.sets for m in table}
+    rows = [
+        r for r in old.get("rows", []) if (r["drafter"], float(r["T"]), r["batch"], r["set"], r["method"]) not in redo
+    ]
     for T in a.temperatures:
         for batch in a.batches:
             for s, prompts in sets.items():
