@@ -53,7 +53,10 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results/data/regen_bench")
     a = ap.parse_args()
     target = load_target(a.target)
-    sources = [{"name": "gsm_symbolic", "limit": a.prompts // 2}, {"name": "sharegpt", "limit": a.prompts // 2}]
+    sources = [
+        {"class_path": "gsm_symbolic", "init_args": {"limit": a.prompts // 2}},
+        {"class_path": "sharegpt", "init_args": {"limit": a.prompts // 2}},
+    ]
     prompts = mixture(sources, "train", 0.0, 42)[: a.prompts]
     top_p = 0.9 if a.temperature > 0 else 1.0
     kw = {"max_new_tokens": a.max_new_tokens, "temperature": a.temperature, "top_p": top_p, "max_turns": 1, "seed": 42}

@@ -340,7 +340,7 @@ class Replay:
         missing = [i for i in rec["ids"] if i not in self.index]
         if missing:
             raise SystemExit(f"samples {missing[:3]} of the recorded batches are not in {self.cache.dir} "
-                             "(data.extra_work_dirs or another cache): replay needs the fit's own cache")  # fmt: skip
+                             "(extra_work_dirs or another cache): replay needs the fit's own cache")  # fmt: skip
         self.collate.epoch = rec["epoch"]
         b = self.collate([self.cache[self.index[i]] for i in rec["ids"]])
         if b["anchors"].tolist() != rec["anchors"] or b["valid"].tolist() != rec["valid"]:

@@ -11,9 +11,9 @@ CLI=.venv/bin/dspark-lightning
 OUT=outputs/real_data
 DOCS=benchmarks/results/data/real_data
 mkdir -p "$OUT" "$DOCS"
-SRC2X='[{"name":"reasoning_gym","per_task":12,"seed":3},{"name":"algorithms","form":"both","sample":220},'
-SRC2X+='{"name":"sharegpt_v3","domains":["code"],"language":"en","min_tokens":6,"max_tokens":192,"sample":140},'
-SRC2X+='{"name":"sharegpt_v3","domains":["chat"],"language":"en","min_tokens":6,"max_tokens":192,"sample":320}]'
+SRC2X='[{"class_path": "reasoning_gym", "init_args": {"per_task":12,"seed":3}},{"class_path": "algorithms", "init_args": {"form":"both","sample":220}},'
+SRC2X+='{"class_path": "sharegpt_v3", "init_args": {"domains":["code"],"language":"en","min_tokens":6,"max_tokens":192,"sample":140}},'
+SRC2X+='{"class_path": "sharegpt_v3", "init_args": {"domains":["chat"],"language":"en","min_tokens":6,"max_tokens":192,"sample":320}}]'
 M7=(--trainer.max_time '{minutes: 7}' --model.optim.time_budget_s 420)  # as measured (the recipe now trains 6.5)
 latest() { ls -td outputs/smollm2_dspark/tb/version_*/drafter | head -1; }
 probe() {  # drafter, name, extra args

@@ -35,8 +35,14 @@ from dspark_lightning.export import llamacpp  # noqa: E402
 from dspark_lightning.targets import load_target, resolve_target_path  # noqa: E402
 
 SOURCES = [
-    {"name": "sharegpt_v3", "domains": ["chat"], "language": "en", "max_tokens": 192, "sample": 40, "seed": 5},
-    {"name": "sharegpt_v3", "domains": ["code"], "language": "en", "max_tokens": 192, "sample": 24, "seed": 5},
+    {
+        "class_path": "sharegpt_v3",
+        "init_args": {"domains": ["chat"], "language": "en", "max_tokens": 192, "sample": 40, "seed": 5},
+    },
+    {
+        "class_path": "sharegpt_v3",
+        "init_args": {"domains": ["code"], "language": "en", "max_tokens": 192, "sample": 24, "seed": 5},
+    },
 ]
 
 

@@ -27,7 +27,8 @@ drafter class's ``proposer_name``), ``acceptance`` (verification rules, ``infer/
 :class:`~dspark_lightning.data.regen.backend.RegenBackend`; ``data/regen/``), ``layout`` (readers of serving
 directories for ``checkpoint.load_drafter``: ``claims(cfg)``, ``read(path, cfg, target)``; ``export/layouts.py``) and
 ``server`` (programs that load an export, :class:`~dspark_lightning.export.servers.Server`: their rules and the files
-they read beyond the generic layout; ``export/servers.py``).
+they read beyond the generic layout; ``export/servers.py``) and ``features`` (how training reads the target's
+features, ``data/features/modes.py``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 
 KINDS = (
     "backbone", "seq_head", "conf_head", "drafter", "scheduler", "verifier", "proposer", "acceptance",
-    "prompt_source", "regen_backend", "layout", "server",
+    "prompt_source", "regen_backend", "layout", "server", "features",
 )  # fmt: skip
 _REGISTERS = re.compile(r"^[ \t]*@?register\(", re.M)  # a decorator line, or a call at the start of a line
 
@@ -337,15 +338,40 @@ def _signature(obj: Any) -> inspect.Signature | None:
         return None
 
 
+def _accepted(obj: Any) -> list[inspect.Parameter] | None:
+    """The keyword parameters ``obj`` takes; a class whose ``__init__`` passes ``**kwargs`` on adds its bases' (as
+    jsonargparse reads them). None when they cannot be known (a function with ``**kwargs``, no signature)."""
+    sig = _signature(obj)
+    if sig is None:
+        return None
+    params = list(sig.parameters.values())
+    if not any(p.kind is p.VAR_KEYWORD for p in params):
+        return params
+    if not isinstance(obj, type):
+        return None
+    out: dict[str, inspect.Parameter] = {}
+    for cls in obj.__mro__[1:]:
+        for p in params:
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                out.setdefault(p.name, p)
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            return list(out.values())
+        if "__init__" not in cls.__dict__ or cls is object:
+            continue
+        base = _signature(cls.__init__)
+        params = [] if base is None else list(base.parameters.values())[1:]
+    return None
+
+
 def unknown_arguments(what: str, obj: Any, kwargs: dict[str, Any]) -> None:
     """Refuse, in one line listing the parameters ``obj`` takes, a keyword argument it does not take."""
-    sig = _signature(obj)
-    if sig is None or any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+    params = _accepted(obj)
+    if params is None:
         return
-    params = sig.parameters
-    unknown = [k for k in kwargs if k not in params or params[k].kind is inspect.Parameter.POSITIONAL_ONLY]
+    named = {p.name: p for p in params}
+    unknown = [k for k in kwargs if k not in named or named[k].kind is inspect.Parameter.POSITIONAL_ONLY]
     if unknown:
-        takes = ", ".join(p.name for p in params.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+        takes = ", ".join(p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
         raise UsageError(f"{what} takes no argument {', '.join(map(repr, unknown))}; it takes {takes or 'none'}")
 
 

@@ -126,7 +126,7 @@ def check_fit(device, steps: int, precision: str, work: Path) -> dict:
     # python_stdlib prompts need no dataset package (the device machine has no registry to install them from);
     # no TensorBoard logger or rich progress bar for the same reason
     common = ["--config", str(ROOT / "recipes" / "tiny_debug.yaml"), f"--data.work_dir={work}/data",
-              "--data.sources=[{name: python_stdlib, limit: 24}]"]  # fmt: skip
+              "--data.sources=[{class_path: python_stdlib, init_args: {limit: 24}}]"]  # fmt: skip
     fit = [sys.executable, "-m", "dspark_lightning.cli", "fit", *common, f"--trainer.max_steps={steps}",
            f"--trainer.precision={precision}", f"--trainer.accelerator={acc}", f"--trainer.default_root_dir={work}",
            f"--trainer.val_check_interval={max(1, steps // 2)}", "--trainer.logger=false", "--trainer.callbacks=[]",

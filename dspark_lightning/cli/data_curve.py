@@ -5,11 +5,11 @@
     dspark-lightning data-curve --config R.yaml --samples 300 600 1200 2400 --epochs 3 10 --fit_upto 1200 --out DIR
 
 The recipe's data is prepared once (``prepare``; reused when done); each arm is a ``fit`` of the recipe on the first
-``samples`` prepared conversations (``data.train_samples``) for ``epochs`` passes, counted in optimizer steps (no wall
-budget, so a loaded machine changes the time, not the result), then decoded at T = 0 with a static block, batch 1, on
-held-out prompts of each set (:mod:`dspark_lightning.eval.data_curve`). A finished arm is a JSON file in ``--out``:
-rerun the same command to finish a half-done grid. ``--fit_upto N`` fits on the arms up to N samples and reports
-its prediction for the larger ones against what they measured.
+``samples`` prepared conversations (``train_samples`` of ``data.features: cached``) for ``epochs`` passes, counted in
+optimizer steps (no wall budget, so a loaded machine changes the time, not the result), then decoded at T = 0 with a
+static block, batch 1, on held-out prompts of each set (:mod:`dspark_lightning.eval.data_curve`). A finished arm is a
+JSON file in ``--out``: rerun the same command to finish a half-done grid. ``--fit_upto N`` fits on the arms up to N
+samples and reports its prediction for the larger ones against what they measured.
 """
 
 from __future__ import annotations
@@ -35,12 +35,23 @@ def _merged(base: dict, over: dict) -> dict:
     return out
 
 
+def subset(recipe: dict, samples: int) -> dict:
+    """The recipe's cached feature mode, keeping its own settings, training on ``samples`` conversations."""
+    mode = recipe.get("data", {}).get("features", "cached")
+    if isinstance(mode, str):
+        mode = {"class_path": mode}
+    if mode.get("class_path") != "cached":
+        raise checks.UsageError(f"data-curve trains on subsets of a prepared cache: the recipe's data.features must be "
+                                f"cached, got {mode.get('class_path')!r}")  # fmt: skip
+    return {"class_path": "cached", "init_args": {**(mode.get("init_args") or {}), "train_samples": samples}}
+
+
 def arm_recipe(recipe: dict, arm: dc.Arm, run_dir: Path) -> tuple[dict, int]:
     """The recipe trained on the arm's samples for its epochs (optimizer steps; no wall budget, no validation, no
     server exports), logging to a CSV in ``run_dir``; and its step count."""
     batch = int(recipe.get("data", {}).get("batch_size", 4))
     steps = arm.steps(batch)
-    r = _merged(recipe, {"data": {"train_samples": arm.samples}, "export": {"servers": []}})
+    r = _merged(recipe, {"data": {"features": subset(recipe, arm.samples)}, "export": {"servers": []}})
     trainer = r.setdefault("trainer", {})
     trainer.update(max_steps=steps, max_time=None, default_root_dir=str(run_dir), limit_val_batches=0,
                    logger=[{"class_path": "lightning.pytorch.loggers.CSVLogger",

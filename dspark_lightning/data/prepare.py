@@ -106,7 +106,7 @@ def first_prompts(sample_ids: list[str], n: int, seed: int) -> set[str]:
     """The ids of the ``n`` prompts first in a fixed order (sha256 of ``seed`` and the id): nested in ``n``."""
     prompts = sorted({prompt_of(i) for i in sample_ids}, key=lambda p: hashlib.sha256(f"{seed}:{p}".encode()).digest())
     if n > len(prompts):
-        raise UsageError(f"data.train_samples is {n} but the prepared training split holds {len(prompts)} "
+        raise UsageError(f"data.features.train_samples is {n} but the prepared training split holds {len(prompts)} "
                          "conversations; prepare more prompts (the recipe's sources) or ask for fewer")  # fmt: skip
     return set(prompts[:n])
 

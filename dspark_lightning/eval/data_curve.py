@@ -1,10 +1,10 @@
 """How much data: acceptance against training samples and epochs, measured on arms, fitted, inverted.
 
-An *arm* is a recipe trained on the first ``samples`` of its prepared training conversations
-(``data.train_samples``, nested subsets of one preparation) for ``epochs`` passes, counted in optimizer steps, then
-decoded at T = 0 with a fixed block (static γ, batch 1) on held-out prompts of each set (math / code / chat). Each arm
-keeps its per-prompt counts (rounds, tokens per round, first-slot acceptances), so a metric's interval is a bootstrap
-over prompts (paired: every arm decodes the same prompts).
+An *arm* is a recipe trained on the first ``samples`` of its prepared training conversations (``data.features``'
+``train_samples``, nested subsets of one preparation) for ``epochs`` passes, counted in optimizer steps, then decoded at
+T = 0 with a fixed block (static γ, batch 1) on held-out prompts of each set (math / code / chat). Each arm keeps its
+per-prompt counts (rounds, tokens per round, first-slot acceptances), so a metric's interval is a bootstrap over prompts
+(paired: every arm decodes the same prompts).
 
 Per set and epoch count the metric is fitted against samples ``n`` by a saturating curve with a fixed floor,
 

@@ -18,6 +18,7 @@ from ..checks import UsageError
 from ..data.features.anchors import AnchorCollator
 from ..data.features.cache import CacheError, FeatureCache
 from ..data.features.extract import resolve_feature_dtype
+from ..data.features.modes import Cached, Online, Streamed
 from ..data.features.stream import ShardStream
 from ..data.features.vocab import response_token_counts
 from ..data.prepare import (
@@ -36,9 +37,11 @@ from ..data.prompts.sources import build_source
 from ..data.regen.config import RegenConfig
 from ..data.regen.regenerate import load_conversations
 from ..devices import decode_bf16_faster, dtype_name, resolve_device, resolve_dtype
+from ..registry import Component, build
 from .config import TargetConfig, as_config, target_config
 
-DEFAULT_SOURCES = [{"name": "gsm_symbolic", "limit": 64}, {"name": "humaneval", "limit": 64}, {"name": "mtbench"}]
+DEFAULT_SOURCES = [{"class_path": "gsm_symbolic", "init_args": {"limit": 64}},
+                   {"class_path": "humaneval", "init_args": {"limit": 64}}, "mtbench"]  # fmt: skip
 
 
 class DSparkDataModule(L.LightningDataModule):
@@ -49,22 +52,21 @@ class DSparkDataModule(L.LightningDataModule):
             or its name): the recipe's ``target:`` section, which ``dspark-lightning fit`` gives to the model and the
             data alike; required (a recipe without one would otherwise train against some default target without
             saying so).
-        sources: registered prompt sources, each ``{name: ..., <its args>}`` (see
-            ``dspark_lightning.data.prompts.sources``).
+        sources: prompt sources, each a registered name or ``{class_path: NAME, init_args: {...}}``: its own
+            arguments and the curation options every source takes (:class:`~dspark_lightning.data.prompts.sources.
+            PromptSource`).
         heldout_fraction: fraction of prompts held out for validation / evaluation / calibration.
         split_seed: seed of the hash-based train / held-out split.
         work_dir: where responses, feature caches and prepare_stats.json go.
         regen: response regeneration settings.
         max_length: truncate conversations to this many tokens.
         min_supervised: drop conversations with fewer supervised (response) tokens.
-        features: ``cached`` (webdataset shards, written once) or ``online`` (target forward in the training step).
+        features: how training reads the target's features: ``cached`` (written once by ``prepare``, read map-style),
+            ``streamed`` (the same shards streamed per rank and worker), ``online`` (the target runs in the training
+            step); a name or ``{class_path: NAME, init_args: {...}}`` with the mode's own settings
+            (:mod:`dspark_lightning.data.features.modes`: extra work dirs and a training subset for ``cached``, the
+            cache URL and shuffle buffer for ``streamed``).
         feature_dtype: storage precision of features, the same for both paths.
-        streaming: read cached features with the streaming :class:`~dspark_lightning.data.features.stream.ShardStream`
-            (shards split by rank and DataLoader worker, features kept in bf16 until the device) instead of the
-            map-style :class:`~dspark_lightning.data.features.cache.FeatureCache`.
-        cache_url: where the streaming reader finds ``features_<split>/`` (a directory or fsspec URL such as
-            ``s3://bucket/run/data``; null = ``work_dir``). A cache read from a URL is used as it is.
-        shuffle_buffer: samples each streaming worker holds for shuffling (memory: buffer x S x (n+1) x d x 2 B).
         batch_size: sequences per micro-batch.
         max_anchors: anchors sampled per sequence (the paper: up to 512).
         num_workers: DataLoader workers.
@@ -72,86 +74,68 @@ class DSparkDataModule(L.LightningDataModule):
         curation: mixture-wide checks of the training prompts: decontamination against held-out sets and public
             benchmarks, exact and near de-duplication (:class:`~dspark_lightning.data.prompts.curate.Curation`;
             null = none).
-            Per-source filters (``language``, ``min_tokens``, ``max_tokens``, ``sample``, ``weight``) sit in each
-            ``sources`` entry.
-        extra_work_dirs: other prepared work dirs (``dspark-lightning prepare`` of another recipe with the same
-            target, layers and feature dtype) whose cached splits are trained and validated on with this one, e.g.
-            regenerated data plus fixed text (benchmarks/results/matrix.md). They are read, never prepared: a missing or
-            mismatched cache fails at start-up. Their responses count towards the draft vocabulary.
-        train_samples: train on this many of the prepared training conversations only (null = all): the first in a
-            fixed order (a hash of ``seed`` and the prompt id), so a smaller count is a subset of a larger one and one
-            preparation serves every arm of a data-size curve (``dspark-lightning data-curve``). The draft
-            vocabulary counts the kept conversations only.
+            Per-source filters (``language``, ``min_tokens``, ``max_tokens``, ``sample``, ``weight``) are each
+            source's ``init_args``.
     """
 
     def __init__(
         self,
         target: TargetConfig | str,
-        sources: list[dict[str, Any]] | None = None,
+        sources: list[Component] | None = None,
         heldout_fraction: float = 0.05,
         split_seed: int = 42,
         work_dir: str = "outputs/data",
         regen: RegenConfig | None = None,
         max_length: int = 1024,
         min_supervised: int = 14,
-        features: str = "cached",
+        features: Component = "cached",  # type: ignore[assignment]
         feature_dtype: str = "bfloat16",
-        streaming: bool = False,
-        cache_url: str | None = None,
-        shuffle_buffer: int = 16,
         batch_size: int = 4,
         max_anchors: int = 64,
         num_workers: int = 0,
         seed: int = 42,
-        extra_work_dirs: list[str] | None = None,
         curation: Curation | None = None,
-        train_samples: int | None = None,
     ) -> None:
         super().__init__()
         for key, value, low in (("batch_size", batch_size, 1), ("max_length", max_length, 2),
                                 ("max_anchors", max_anchors, 1), ("min_supervised", min_supervised, 0),
-                                ("num_workers", num_workers, 0), ("shuffle_buffer", shuffle_buffer, 1)):  # fmt: skip
+                                ("num_workers", num_workers, 0)):  # fmt: skip
             checks.at_least(f"data.{key}", value, low)
         checks.probability("data.heldout_fraction", heldout_fraction)
         if isinstance(work_dir, str) and "://" not in work_dir:
             checks.path_length("data.work_dir", work_dir)
-        if features not in ("cached", "online"):
-            raise UsageError(f"data.features must be 'cached' or 'online', got {features!r}")
+        self.mode = build("features", Component.unwrap(features))
+        self.features = self.mode.stored  # what prepare writes: cached shards, or the responses alone
         resolve_feature_dtype(feature_dtype)
         self.target_config = target_config(target)
         resolve_dtype(self.target_config.dtype, "cpu")  # a typo fails here, not after the prompts are loaded
-        if streaming and features != "cached":
-            raise UsageError("data.streaming reads a feature cache: it needs data.features: cached")
-        if streaming and any(isinstance(s, dict) and "weight" in s for s in sources or []):
-            raise UsageError("a source weight repeats samples of the map-style reader: it needs data.streaming: false")
-        if cache_url is not None and not streaming:
-            raise UsageError("data.cache_url is read by the streaming reader: set data.streaming: true")
-        self.sources = list(sources if sources is not None else DEFAULT_SOURCES)
-        for spec in self.sources:  # unknown source names / arguments fail here, before any expensive work
-            build_source(spec)
+        self.sources = [Component.unwrap(s) for s in (sources if sources is not None else DEFAULT_SOURCES)]
+        weighted = self.weighted  # builds every source: a bad name or setting fails here, before any work
+        if isinstance(self.mode, Streamed) and weighted:
+            raise UsageError("a source weight repeats samples of the map-style reader: it needs data.features: cached")
         self.heldout_fraction, self.split_seed, self.work_dir = heldout_fraction, split_seed, work_dir
         self.curation = None if curation is None else as_config(curation, Curation, "data.curation")
         self.regen = as_config(regen, RegenConfig, "data.regen")
-        if self.regen.answers_per_prompt > 1 and features != "cached":
+        if self.regen.answers_per_prompt > 1 and isinstance(self.mode, Online):
             raise UsageError("data.regen.answers_per_prompt > 1 adds answers to the prepared cache: it needs "
-                             "data.features: cached")  # fmt: skip
+                             "data.features: cached or streamed")  # fmt: skip
         self.max_length, self.min_supervised = max_length, min_supervised
-        self.features, self.feature_dtype = features, feature_dtype
-        self.streaming, self.cache_url, self.shuffle_buffer = streaming, cache_url, shuffle_buffer
+        self.feature_dtype = feature_dtype
+        self.streaming = isinstance(self.mode, Streamed)
+        self.cache_url = self.mode.cache_url if self.streaming else None
+        self.extra_work_dirs = self.mode.extra_work_dirs if isinstance(self.mode, Cached) else []
+        self.train_samples = self.mode.train_samples if isinstance(self.mode, Cached) else None
         self.prepare_device: str | None = None  # `dspark-lightning prepare --device`; null = this rank's accelerator
         self.batch_size, self.max_anchors, self.num_workers, self.seed = batch_size, max_anchors, num_workers, seed
-        self.extra_work_dirs = [str(d) for d in extra_work_dirs or []]
-        if self.extra_work_dirs and (features != "cached" or streaming):
-            raise UsageError("data.extra_work_dirs adds cached splits to the map-style reader: it needs data.features: "
-                             "cached and data.streaming: false")  # fmt: skip
-        if train_samples is not None and (train_samples < 1 or features != "cached" or streaming):
-            raise UsageError("data.train_samples keeps a subset of a prepared cache: it needs a count >= 1, "
-                             f"data.features: cached and data.streaming: false (got {train_samples})")  # fmt: skip
-        self.train_samples = train_samples
         self.datasets: dict[str, Any] = {}
         self.collators: dict[str, AnchorCollator] = {}
         self._prepared = False
         self._checked = False
+
+    @property
+    def weighted(self) -> bool:
+        """Whether a source sets a training ``weight``."""
+        return any("weight" in getattr(build_source(s), "curation", {}) for s in self.sources)
 
     @property
     def target(self):
@@ -255,7 +239,7 @@ class DSparkDataModule(L.LightningDataModule):
             paths = DataPaths(Path(extra))
             if not all(paths.cache(split).is_dir() for split in ("train", "heldout")):
                 raise CacheError(
-                    f"data.extra_work_dirs: {extra} has no prepared feature caches (features_train/ and "
+                    f"data.features.extra_work_dirs: {extra} has no prepared feature caches (features_train/ and "
                     "features_heldout/); run `dspark-lightning prepare` with its recipe first"
                 )
             check_caches(self.target, paths, self.feature_dtype)
@@ -343,7 +327,7 @@ class DSparkDataModule(L.LightningDataModule):
             return dataset
         ids = dataset.sample_ids()
         keep = first_prompts(ids, self.train_samples, self.seed)
-        print(f"[dspark-lightning] data.train_samples: {len(keep)} of {len(set(map(prompt_of, ids)))} training "
+        print(f"[dspark-lightning] train_samples: {len(keep)} of {len(set(map(prompt_of, ids)))} training "
               "conversations", flush=True)  # fmt: skip
         return Subset(dataset, [i for i, x in enumerate(ids) if prompt_of(x) in keep])
 
@@ -351,7 +335,7 @@ class DSparkDataModule(L.LightningDataModule):
         """The training set with each source's ``weight`` applied: a sample of a weight-w source appears floor(w)
         times, plus once more for a fixed fraction frac(w) of them (chosen by id hash), so an epoch sees the mixture
         in those proportions."""
-        if not any(isinstance(s, dict) and "weight" in s for s in self.sources):
+        if not self.weighted:
             return dataset
         weights = curated_mixture(self.sources, self.curation, self._tokenizer(), self.split_seed).weights
         ids = dataset.sample_ids() if isinstance(dataset, FeatureCache) else [r["id"] for r in dataset]
@@ -372,7 +356,7 @@ class DSparkDataModule(L.LightningDataModule):
             rank=rank,
             world_size=world,
             shuffle=train,
-            shuffle_buffer=self.shuffle_buffer if train else 0,
+            shuffle_buffer=self.mode.shuffle_buffer if train else 0,
             seed=self.seed,
             even=train and world > 1,
         )

@@ -45,6 +45,6 @@ def test_each_copy_is_answered_from_its_own_stream(tmp_path):
 def test_online_features_refuse_several_answers(tmp_path):
     from dspark_lightning.lightning.datamodule import DSparkDataModule
 
-    with pytest.raises(ValueError, match="answers_per_prompt > 1 .* data.features: cached"):
+    with pytest.raises(ValueError, match="answers_per_prompt > 1 .* data.features: cached or streamed"):
         DSparkDataModule(target="tiny-debug", work_dir=str(tmp_path), features="online",
                          regen={"answers_per_prompt": 2, "temperature": 0.7})  # fmt: skip

@@ -1,5 +1,5 @@
 """Fixed text: sources that carry their responses, a jsonl file of whole conversations, prepare
-writing them without decoding, and training on several prepared work dirs (``data.extra_work_dirs``)."""
+writing them without decoding, and training on several prepared work dirs (``extra_work_dirs`` of ``data.features``)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def _recs(spec: dict) -> list:
 
 
 def test_python_source_pairs_a_humaneval_request_with_the_functions_real_source():
-    recs = _recs({"name": "python_source"})
+    recs = _recs("python_source")
     assert len(recs) > 2000 and len({r.id for r in recs}) == len(recs)
     by_id = {r.id: r for r in recs}
     r = by_id["python_source/heapq.heappush"]
@@ -42,23 +42,26 @@ def test_python_source_pairs_a_humaneval_request_with_the_functions_real_source(
 
 def test_fixed_sources_take_a_varied_stable_prefix_without_importing_modules():
     before = set(sys.modules)
-    small, big = _recs({"name": "python_source", "limit": 30}), _recs({"name": "python_source", "limit": 60})
+    small, big = (
+        _recs({"class_path": "python_source", "init_args": {"limit": 30}}),
+        _recs({"class_path": "python_source", "init_args": {"limit": 60}}),
+    )
     assert big[:30] == small and [r.responses for r in big[:30]] == [r.responses for r in small]
     assert len({r.id.split("/")[1].split(".")[0] for r in small}) > 10  # many modules, not alphabetical
-    assert _recs({"name": "python_source", "limit": 30, "seed": 7}) != small
+    assert _recs({"class_path": "python_source", "init_args": {"limit": 30, "seed": 7}}) != small
     assert not {"antigravity", "turtle", "tkinter"} & (set(sys.modules) - before)  # parsed, never imported
     with pytest.raises(ValueError, match="min_lines"):
-        build_source({"name": "python_source", "min_lines": 9, "max_lines": 3})
+        build_source({"class_path": "python_source", "init_args": {"min_lines": 9, "max_lines": 3}})
 
 
 def test_python_docs_and_package_docs_are_chat_answers_of_bounded_length():
-    docs = _recs({"name": "python_docs"})
+    docs = _recs("python_docs")
     assert len(docs) > 300 and all(r.domain == "chat" for r in docs)
     assert all(200 <= len(r.responses[0]) <= 1500 or "\n" not in r.responses[0] for r in docs)
     assert any(r.id.startswith("python_docs/topic/") for r in docs)
     assert any(r.id.startswith("python_docs/module/") for r in docs)
     assert all(r.responses[0] == r.responses[0].strip() for r in docs)
-    pkgs = _recs({"name": "package_docs"})
+    pkgs = _recs("package_docs")
     torch_rec = next(r for r in pkgs if r.id == "package_docs/torch")
     assert "`torch`" in torch_rec.turns[0] and len(torch_rec.responses[0]) >= 300
     assert not any(line.startswith((".. image::", ":target:")) for r in pkgs for line in r.responses[0].splitlines())
@@ -80,18 +83,19 @@ def test_jsonl_fixed_keeps_the_assistant_messages(tmp_path):
     conv = [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"},
             {"role": "user", "content": "q2"}, {"role": "assistant", "content": "a2"}]  # fmt: skip
     f = _write_jsonl(tmp_path / "c.jsonl", [{"turns": conv}, {"turns": conv[:2] + [{"role": "user", "content": "q"}]}])
-    recs = _recs({"name": "jsonl", "path": str(f), "fixed": True})
+    recs = _recs({"class_path": "jsonl", "init_args": {"path": str(f), "fixed": True}})
     assert [r.turns for r in recs] == [["q1", "q2"], ["q1", "q"]] and [r.responses for r in recs] == [
         ("a1", "a2"),
         ("a1",),
     ]
     assert recs[0].id != recs[1].id
-    assert all(not r.responses for r in _recs({"name": "jsonl", "path": str(f)}))  # default: regenerated
+    regenerated = _recs({"class_path": "jsonl", "init_args": {"path": str(f)}})  # the default
+    assert all(not r.responses for r in regenerated)
     q, a = {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}
     for bad in ([a], [q], ["q", "a"], [q, q, a]):
         g = _write_jsonl(tmp_path / "bad.jsonl", [{"turns": bad}])
         with pytest.raises(ValueError, match=r"bad.jsonl:1: malformed prompt line"):
-            _recs({"name": "jsonl", "path": str(g), "fixed": True})
+            _recs({"class_path": "jsonl", "init_args": {"path": str(g), "fixed": True}})
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +107,7 @@ def fixed_work(tmp_path_factory) -> Path:
                         "and this sentence is long enough to be supervised."}]} for i in range(12)]  # fmt: skip
     f = _write_jsonl(tmp / "fixed.jsonl", rows)
     work = tmp / "work"
-    prepare(work, f"--data.sources=[{{name: jsonl, path: {f}, fixed: true}}]")
+    prepare(work, f"--data.sources=[{{class_path: jsonl, init_args: {{path: {f}, fixed: true}}}}]")
     return work
 
 
@@ -124,7 +128,7 @@ def test_prepare_writes_fixed_text_unchanged(fixed_work):
 def test_extra_work_dirs_train_on_both_caches(single, fixed_work, tmp_path):
     own = datamodule(single)
     own.setup()
-    both = datamodule(single, extra_work_dirs=[str(fixed_work)])
+    both = datamodule(single, features={"class_path": "cached", "init_args": {"extra_work_dirs": [str(fixed_work)]}})
     both.prepare_data()  # the own work dir is reused; the extra one is read, never prepared
     both.setup()
     fixed_train = sum(1 for _ in (fixed_work / "responses_train.jsonl").open())
@@ -134,9 +138,11 @@ def test_extra_work_dirs_train_on_both_caches(single, fixed_work, tmp_path):
     batch = next(iter(both.train_dataloader()))
     assert batch is not None
     with pytest.raises(CacheError, match="no prepared feature caches"):
-        datamodule(single, extra_work_dirs=[str(tmp_path / "missing")]).setup()
-    with pytest.raises(ValueError, match="needs data.features: cached"):
-        datamodule(single, extra_work_dirs=[str(fixed_work)], streaming=True)
+        datamodule(
+            single, features={"class_path": "cached", "init_args": {"extra_work_dirs": [str(tmp_path / "x")]}}
+        ).setup()
+    with pytest.raises(ValueError, match="features 'streamed' takes no argument 'extra_work_dirs'"):
+        datamodule(single, features={"class_path": "streamed", "init_args": {"extra_work_dirs": [str(fixed_work)]}})
 
 
 @pytest.fixture(scope="module")

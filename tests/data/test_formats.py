@@ -102,18 +102,18 @@ def test_field_mapping_and_a_saved_hf_dataset(tmp_path):
 
     rows = [{"uid": f"q{i}", "question": f"How do I reverse a list number {i} in Python?"} for i in range(6)]
     datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
-    spec = {"name": "conversations", "path": str(tmp_path / "saved"), "fields": {"prompt": "question", "id": "uid"},
-            "domain": "auto"}  # fmt: skip
+    args = {"path": str(tmp_path / "saved"), "fields": {"prompt": "question", "id": "uid"}, "domain": "auto"}
+    spec = {"class_path": "conversations", "init_args": args}
     recs = list(build_source(spec))
     assert [r.id for r in recs] == [f"saved/q{i}" for i in range(6)] and {r.domain for r in recs} == {"code"}
-    streamed = list(build_source({**spec, "streaming": True}))
+    streamed = list(build_source({**spec, "init_args": {**args, "streaming": True}}))
     assert [r.turns for r in streamed] == [r.turns for r in recs]
     with pytest.raises(ValueError, match="unknown field names"):
-        list(build_source({**spec, "fields": {"question": "prompt"}}))
+        list(build_source({**spec, "init_args": {**args, "fields": {"question": "prompt"}}}))
     with pytest.raises(FormatError, match="not a file, a saved dataset folder"):
-        list(build_source({"name": "conversations", "path": "nobody/no-such-dataset"}))
+        list(build_source({"class_path": "conversations", "init_args": {"path": "nobody/no-such-dataset"}}))
     with pytest.raises(FileNotFoundError, match="no such file"):
-        list(build_source({"name": "conversations", "path": str(tmp_path / "missing.json")}))
+        list(build_source({"class_path": "conversations", "init_args": {"path": str(tmp_path / "missing.json")}}))
     with pytest.raises(FormatError, match="no conversation field"):
         parse_row({"text": "x"})
 
@@ -130,10 +130,11 @@ def test_prepare_reads_each_format_and_reports_malformed_and_contaminated_rows(t
     pq.write_table(pa.Table.from_pylist(ALPACA), tmp_path / "alpaca.parquet")
     (tmp_path / "turns.jsonl").write_text(json.dumps({"turns": ["Tell me a joke.", "Another one?"], "id": "j"}) + "\n")
     datasets.Dataset.from_list([{"q": "Why is the sky blue?"}]).save_to_disk(str(tmp_path / "hf"))
-    sources = [{"name": "conversations", "path": str(share)}, {"name": "conversations", "path": str(chat)},
-               {"name": "conversations", "path": str(tmp_path / "alpaca.parquet")},
-               {"name": "conversations", "path": str(tmp_path / "turns.jsonl")},
-               {"name": "conversations", "path": str(tmp_path / "hf"), "fields": {"prompt": "q"}}]  # fmt: skip
+    paths = [share, chat, tmp_path / "alpaca.parquet", tmp_path / "turns.jsonl"]
+    sources = [{"class_path": "conversations", "init_args": {"path": str(p)}} for p in paths]
+    sources.append(
+        {"class_path": "conversations", "init_args": {"path": str(tmp_path / "hf"), "fields": {"prompt": "q"}}}
+    )
     work = tmp_path / "work"
     regen = {**REGEN, "max_turns": None}
     args = ["prepare", "--config", TINY, f"--data.work_dir={work}", f"--data.sources={json.dumps(sources)}",
@@ -192,24 +193,27 @@ def test_curation_drops_duplicates_filters_and_samples_deterministically(tmp_pat
     texts += [texts[0], texts[1].upper(), texts[2] + " Please.", "Erkläre mir bitte, wie man im Garten Kompost "
               "anlegt und welche Abfälle hineingehören, ausführlich und einfach."]  # fmt: skip
     p.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
-    src = {"name": "conversations", "path": str(p)}
+
+    def src(**opts):
+        return {"class_path": "conversations", "init_args": {"path": str(p), **opts}}
+
     cur = Curation(decontaminate=[], dedupe="near", near=0.8)
-    mix = curated_mixture([{**src, "language": "en"}], cur)
+    mix = curated_mixture([src(language="en")], cur)
     c = mix.report.sources["conversations"]
     assert c["read"] == 34 and c["duplicate"] == 2 and c["near duplicate"] == 1 and c["other language"] == 1
     assert c["kept"] == 30 == len(mix.records)
-    s10 = curated_mixture([{**src, "sample": 10}], cur).records
-    s5 = curated_mixture([{**src, "sample": 5}], cur).records
+    s10 = curated_mixture([src(sample=10)], cur).records
+    s5 = curated_mixture([src(sample=5)], cur).records
     assert len(s10) == 10 and s5 == s10[:5] and [r.id for r in s10] != [r.id for r in mix.records[:10]]
     tok = _words_tokenizer()
-    short = curated_mixture([{**src, "max_tokens": 13}], None, tokenizer=tok).records
+    short = curated_mixture([src(max_tokens=13)], None, tokenizer=tok).records
     assert short and all(len(r.turns[0].split()) <= 13 for r in short) and len(short) < 34
     with pytest.raises(ValueError, match="need the target's tokenizer"):
-        curated_mixture([{**src, "min_tokens": 3}], None)
+        curated_mixture([src(min_tokens=3)], None)
     with pytest.raises(ValueError, match="language must be an ISO 639-1 code"):
-        build_source({**src, "language": "English"})
+        build_source(src(language="English"))
     with pytest.raises(ValueError, match="public benchmark may not be trained on"):
-        curated_mixture([{"name": "humaneval", "limit": 2}], Curation())
+        curated_mixture([{"class_path": "humaneval", "init_args": {"limit": 2}}], Curation())
 
 
 def _words_tokenizer():
@@ -228,24 +232,26 @@ def test_weights_repeat_samples_by_source_deterministically():
     idx = repeat_index(ids, weights, seed=1)
     assert idx == repeat_index(ids, weights, seed=1) and sum(i < 100 for i in idx) == 200
     assert 35 <= sum(i >= 100 for i in idx) <= 65
-    assert mixture([{"name": "mtbench", "weight": 3}], "all")[0].id == "mtbench/81"
+    assert mixture([{"class_path": "mtbench", "init_args": {"weight": 3}}], "all")[0].id == "mtbench/81"
     with pytest.raises(ValueError, match="weight must be a number"):
-        build_source({"name": "mtbench", "weight": 0})
+        build_source({"class_path": "mtbench", "init_args": {"weight": 0}})
 
 
 def test_offline_corpora_are_read_whole_and_counted():
-    share = build_source({"name": "sharegpt_v3", "limit": 50})
+    share = build_source({"class_path": "sharegpt_v3", "init_args": {"limit": 50}})
     recs = list(share)
     assert len(recs) == 50 and all(r.id.startswith("sharegpt_v3/") for r in recs)
     assert {r.domain for r in recs} <= {"chat", "code", "math"} and len({r.domain for r in recs}) >= 2
-    algos = list(build_source({"name": "algorithms"}))
+    algos = list(build_source("algorithms"))
     complete = [r for r in algos if "/complete/" in r.id]
     assert len(complete) > 400 and len(algos) == 2 * len(complete)
     assert all(r.turns[0].count('"""') == 2 and "```python\ndef " in r.turns[0] for r in complete)
-    gym = list(build_source({"name": "reasoning_gym", "tasks": ["gcd", "leg_counting"], "limit": 6}))
+    gym = list(
+        build_source({"class_path": "reasoning_gym", "init_args": {"tasks": ["gcd", "leg_counting"], "limit": 6}})
+    )
     assert [r.id.split("/")[1] for r in gym] == ["gcd", "leg_counting"] * 3
     with pytest.raises(ValueError, match="re-templates GSM8K"):
-        build_source({"name": "reasoning_gym", "tasks": ["gsm_symbolic"]})
+        build_source({"class_path": "reasoning_gym", "init_args": {"tasks": ["gsm_symbolic"]}})
 
 
 def test_eval_sets_do_not_enter_the_recipes_that_decontaminate():
@@ -256,7 +262,8 @@ def test_eval_sets_do_not_enter_the_recipes_that_decontaminate():
     for name in ("smollm2_dspark.yaml", "smollm2_dspark_long.yaml"):
         data = yaml.safe_load((root / "recipes" / name).read_text())["data"]
         assert data["curation"]["decontaminate"] == ["eval", "benchmarks"]
-        assert not {s["name"] for s in data["sources"]} & {"humaneval", "mtbench", "gsm_symbolic"}
+        names = {s if isinstance(s, str) else s["class_path"] for s in data["sources"]}
+        assert not names & {"humaneval", "mtbench", "gsm_symbolic"}
 
 
 def test_a_source_weight_repeats_its_cached_samples_in_training(tmp_path):
@@ -268,7 +275,10 @@ def test_a_source_weight_repeats_its_cached_samples_in_training(tmp_path):
     plain.prepare_data()
     plain.setup()
     heavy = datamodule(work)
-    heavy.sources = [{"name": "gsm_symbolic", "limit": 4, "weight": 3}, {"name": "humaneval", "limit": 4}]
+    heavy.sources = [
+        {"class_path": "gsm_symbolic", "init_args": {"limit": 4, "weight": 3}},
+        {"class_path": "humaneval", "init_args": {"limit": 4}},
+    ]
     heavy.setup()  # the same prepared data: a weight changes no prompt, only how often a sample is seen
     ids = [s["id"] for s in plain.datasets["train"]]
     seen = [heavy.datasets["train"][i]["id"] for i in range(len(heavy.datasets["train"]))]

@@ -17,7 +17,7 @@ from dspark_lightning.lightning.datamodule import DSparkDataModule
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = str(ROOT / "recipes" / "tiny_debug.yaml")
-SOURCES = "[{name: gsm_symbolic, limit: 4}, {name: humaneval, limit: 4}]"
+SOURCES = "[{class_path: gsm_symbolic, init_args: {limit: 4}}, {class_path: humaneval, init_args: {limit: 4}}]"
 REGEN = {"batch_size": 12, "max_new_tokens": 12, "max_turns": 1, "backend": "hf"}
 DATA = [f"--data.sources={SOURCES}", "--data.heldout_fraction=0.3", "--data.features=cached", "--data.min_supervised=4"]
 DATA += ["--data.max_length=1024", "--data.feature_dtype=bfloat16", f"--data.regen={json.dumps(REGEN)}"]
@@ -41,18 +41,21 @@ def prepare(work: Path, *extra: str) -> None:
     assert code == 0
 
 
-def datamodule(work: Path, dtype: str | None = None, **kw) -> DSparkDataModule:
+def datamodule(work: Path, dtype: str | None = None, features: object = "cached", **kw) -> DSparkDataModule:
     from dspark_lightning.data.regen.config import RegenConfig
 
     return DSparkDataModule(
         target={"name": "tiny-debug", "dtype": dtype},
-        sources=[{"name": "gsm_symbolic", "limit": 4}, {"name": "humaneval", "limit": 4}],
+        sources=[
+            {"class_path": "gsm_symbolic", "init_args": {"limit": 4}},
+            {"class_path": "humaneval", "init_args": {"limit": 4}},
+        ],
         heldout_fraction=0.3,
         work_dir=str(work),
         regen=RegenConfig(**REGEN),
         max_length=1024,
         min_supervised=4,
-        features="cached",
+        features=features,
         feature_dtype="bfloat16",
         **kw,
     )
@@ -146,7 +149,7 @@ def test_fit_reuses_prepared_data_and_streams_it(sharded, tmp_path, monkeypatch,
     monkeypatch.chdir(tmp_path)
     outputs = [p for p in work.rglob("*") if p.is_file() and "parts" not in p.parts and p.name != ".dspark.lock"]
     stamps = {p: p.stat().st_mtime_ns for p in outputs}  # the folder lock's holder record is rewritten, nothing else
-    args = ["fit", "--config", TINY, f"--data.work_dir={work}", *DATA, "--data.streaming=true"]
+    args = ["fit", "--config", TINY, f"--data.work_dir={work}", *DATA, "--data.features=streamed"]
     args += ["--trainer.max_steps=2", "--validate_before_fit=false", "--trainer.logger=false"]
     args += ["--trainer.callbacks=[]", f"--export.dir={tmp_path / 'drafter'}"]
     code, out, err = cli(args, capsys)
@@ -164,7 +167,7 @@ def test_fit_refuses_the_work_on_an_accelerator(tmp_path, monkeypatch):
 
 
 def test_streaming_datamodule_keeps_bf16(sharded):
-    dm = datamodule(sharded, streaming=True)
+    dm = datamodule(sharded, features="streamed")
     dm.setup("fit")
     assert isinstance(dm.datasets["train"], ShardStream)
     batches = list(dm.val_dataloader())

@@ -63,7 +63,7 @@ def test_write_prompts_leaves_a_prompt_file_the_jsonl_source_reads_and_resumes(t
     monkeypatch.setattr(self_prompts, "clean_question", lambda t: clean_question(next(replies)))
     st = write_prompts(tiny_target, out, n=6, max_new_tokens=4, progress=False)
     assert st["written"] == 6 and st["asked"] == 6 and st["kept"] == 2  # 2 distinct usable messages of 6 replies
-    recs = list(build_source({"name": "jsonl", "path": str(out)}))
+    recs = list(build_source({"class_path": "jsonl", "init_args": {"path": str(out)}}))
     assert [r.turns[0] for r in recs] == ["Can you explain how tides work?", "What should I pack for a week of hiking?"]
     assert all(r.domain == "chat" and r.id.startswith("self_chat/s0/") for r in recs)
     again = write_prompts(tiny_target, out, n=6, max_new_tokens=4, progress=False)  # nothing left to write
@@ -80,12 +80,12 @@ def test_write_prompts_command_refuses_bad_arguments_in_one_line(tmp_path, capsy
 
 
 def test_shipped_self_chat_source_is_varied_chat_and_holds_no_eval_question():
-    recs = list(build_source({"name": "self_chat"}))
+    recs = list(build_source("self_chat"))
     assert len(recs) >= 800 and all(r.domain == "chat" and len(r.turns) == 1 for r in recs)
     assert len({r.turns[0].lower() for r in recs}) == len(recs)
     assert len({r.turns[0].split()[0].lower() for r in recs}) > 50  # not one template
-    mtbench = {t for r in build_source({"name": "mtbench"}) for t in r.turns}
+    mtbench = {t for r in build_source("mtbench") for t in r.turns}
     assert not mtbench & {r.turns[0] for r in recs}
-    assert list(build_source({"name": "self_chat", "limit": 5})) == recs[:5]
+    assert list(build_source({"class_path": "self_chat", "init_args": {"limit": 5}})) == recs[:5]
     line = json.loads((self_prompts.Path(self_prompts.__file__).parent / "builtin/self_chat.jsonl").open().readline())
     assert set(line) == {"id", "domain", "turns", "meta"} and {"topic", "task"} <= set(line["meta"])

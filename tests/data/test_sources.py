@@ -43,14 +43,14 @@ def test_python_stdlib_complete_style_has_the_humaneval_form():
     """``style: complete``: the code eval prompts' form (instruction + signature and docstring in a code block)."""
     from dspark_lightning.data.prompts.sources import HumanEval, build_source
 
-    recs = list(build_source({"name": "python_stdlib", "style": "complete"}))
-    plain = {r.id for r in build_source({"name": "python_stdlib"})}
+    recs = list(build_source({"class_path": "python_stdlib", "init_args": {"style": "complete"}}))
+    plain = {r.id for r in build_source("python_stdlib")}
     assert len(recs) == len(plain) and all(r.id.startswith("python_stdlib/complete/") for r in recs)
     assert not plain & {r.id for r in recs}  # both styles can share one mixture
     text = {r.id: r.turns[0] for r in recs}["python_stdlib/complete/textwrap.dedent"]
     assert text.startswith(HumanEval.instruction) and '```python\ndef dedent(text):\n    """' in text
     with pytest.raises(ValueError, match="style"):
-        build_source({"name": "python_stdlib", "style": "essay"})
+        build_source({"class_path": "python_stdlib", "init_args": {"style": "essay"}})
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN))
@@ -121,14 +121,14 @@ def test_split_deterministic_and_about_the_fraction():
 
 
 def test_mixture_partitions_and_fails_loudly():
-    srcs = ["mtbench", {"name": "humaneval", "limit": 40}]
+    srcs = ["mtbench", {"class_path": "humaneval", "init_args": {"limit": 40}}]
     train, held, every = (mixture(srcs, s, 0.2) for s in ("train", "heldout", "all"))
     assert len(every) == 120 and len(train) + len(held) == 120
     assert {r.id for r in train}.isdisjoint({r.id for r in held}) and held
     assert all(split_of(r.id, 0.2) == "heldout" for r in held)
     assert [r.id for r in every[:80]] == [r.id for r in _records("mtbench")]
     with pytest.raises(ValueError, match="no 'heldout' records"):
-        mixture([{"name": "humaneval", "limit": 2}], "heldout", 0.0)
+        mixture([{"class_path": "humaneval", "init_args": {"limit": 2}}], "heldout", 0.0)
     with pytest.raises(ValueError, match="twice"):
         mixture(["mtbench", "mtbench"], "all")
     with pytest.raises(ValueError, match="split"):
@@ -201,11 +201,13 @@ def test_python_stdlib_prompts_are_the_same_in_every_process():
 
     code = (
         "import hashlib; from dspark_lightning.data.prompts.sources import build_source; "
-        "rs = list(build_source({'name': 'python_stdlib', 'limit': 400})); "
+        "rs = list(build_source({'class_path': 'python_stdlib', 'init_args': {'limit': 400}})); "
         "print(hashlib.sha256(repr([(r.id, r.turns) for r in rs]).encode()).hexdigest())"
     )
     runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout for _ in range(2)}
     assert len(runs) == 1 and runs != {""}
     from dspark_lightning.data.prompts.sources import build_source
 
-    assert not any(" at 0x" in "".join(r.turns) for r in build_source({"name": "python_stdlib", "limit": 400}))
+    assert not any(
+        " at 0x" in "".join(r.turns) for r in build_source({"class_path": "python_stdlib", "init_args": {"limit": 400}})
+    )

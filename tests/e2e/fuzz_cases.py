@@ -371,7 +371,7 @@ def _cases() -> list[tuple[str, list[str]]]:
         "heldout_fraction=1.5": ["--data.heldout_fraction=1.5"],
         "heldout_fraction=-0.1": ["--data.heldout_fraction=-0.1"],
         "max_anchors=0": ["--data.max_anchors=0"],
-        "source-unknown": ["--data.sources=[{name: nope}]"],
+        "source-unknown": ["--data.sources=[nope]"],
         "target-unknown": ["--target.name=nope"],
         "feature_dtype-unknown": ["--data.feature_dtype=nope"],
         "regen-max_new_tokens=-1": ["--data.regen.max_new_tokens=-1"],

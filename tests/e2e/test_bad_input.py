@@ -22,7 +22,7 @@ def test_unknown_component_class(workdir, capsys):
 
 
 def test_unknown_prompt_source_lists_available(workdir, capsys):
-    code, _, err = run_main(["fit", "--config", TINY, "--data.sources=[{name: nope}]"], capsys)
+    code, _, err = run_main(["fit", "--config", TINY, "--data.sources=[nope]"], capsys)
     line = _one_line_error(err)
     assert code == 2 and "nope" in line and "humaneval" in line
 

@@ -95,17 +95,21 @@ def test_invalid_hyperparameters_exit_2_before_any_work(tmp_path, monkeypatch, c
 
 def test_stale_data_gets_a_new_fingerprint(tmp_path):
     def fingerprint(**kw) -> str:
-        base = {"target": "tiny-debug", "work_dir": str(tmp_path), "sources": [{"name": "humaneval", "limit": 4}]}
+        base = {
+            "target": "tiny-debug",
+            "work_dir": str(tmp_path),
+            "sources": [{"class_path": "humaneval", "init_args": {"limit": 4}}],
+        }
         return DSparkDataModule(**{"heldout_fraction": 0.5, **base, **kw}).prepare_job().fingerprint
 
     prompts = tmp_path / "p.jsonl"
     rows = [{"id": str(i), "turns": [f"question {i}"]} for i in range(8)]
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    jsonl = [{"name": "jsonl", "path": str(prompts)}]
+    jsonl = [{"class_path": "jsonl", "init_args": {"path": str(prompts)}}]
     ref, ref_jsonl = fingerprint(), fingerprint(sources=jsonl)
     assert ref == fingerprint()
     changed = [
-        fingerprint(sources=[{"name": "humaneval", "limit": 5}]),
+        fingerprint(sources=[{"class_path": "humaneval", "init_args": {"limit": 5}}]),
         fingerprint(max_length=512),
         fingerprint(min_supervised=3),
         fingerprint(target={"name": "tiny-debug", "dtype": "bf16"}),

@@ -251,7 +251,7 @@ def _recipes(rng: random.Random) -> dict[str, str]:
                    for i in range(levels))  # fmt: skip
     d = rng.choice([65, 500, 50000])
     return {
-        "self-alias-sources": "data:\n  sources: &s [{name: mtbench, limit: 2}, *s]\n",
+        "self-alias-sources": "data:\n  sources: &s [{class_path: mtbench, init_args: {limit: 2}}, *s]\n",
         "self-alias-map": "model:\n  optim: &o {lr: 0.001, extra: *o}\n",
         "self-alias-top": "trainer: &t\n  max_steps: 2\n  callbacks: [*t]\n",
         "alias-bomb": f"data:\n  sources:\n{bomb}",
@@ -267,7 +267,7 @@ def gen_yaml(rng: random.Random) -> list[Case]:
                   Case("yaml", f"prepare-{label}", PREP + ["--config", "r.yaml"], files=files),
                   Case("yaml", f"verify-{label}", ["verify", "--config", "{TINY}", "--config", "r.yaml"], files=files),
                   Case("yaml", f"fit-inline-{label}", FIT + ["--config", text])]  # fmt: skip
-    cases.append(Case("yaml", "fit-arg-self-alias", FIT + ["--data.sources=&s [{name: mtbench}, *s]"]))
+    cases.append(Case("yaml", "fit-arg-self-alias", FIT + ["--data.sources=&s [mtbench, *s]"]))
     cases.append(Case("yaml", "fit-config-fifo", ["fit", "--config", "r.fifo"], files={"r.fifo": FIFO}))
     cases.append(Case("yaml", "prepare-c-fifo", ["prepare", "-c", "r.fifo"], files={"r.fifo": FIFO}))
     return cases
@@ -327,7 +327,7 @@ WRITERS = {  # writer -> (argv, folder it writes into, its main output, bytes th
         PREP
         + [
             "--data.work_dir=pw",
-            "--data.sources=[{name: mtbench, limit: 4}]",
+            "--data.sources=[{class_path: mtbench, init_args: {limit: 4}}]",
             "--data.heldout_fraction=0.5",
             "--data.regen.max_new_tokens=4",
         ],

@@ -50,8 +50,8 @@ def tiny_data(tmp_path_factory):
     data = recipe["data"]
     data.update(
         sources=[
-            {"name": "reasoning_gym", "per_task": 2, "seed": 3},
-            {"name": "algorithms", "form": "both", "sample": 24},
+            {"class_path": "reasoning_gym", "init_args": {"per_task": 2, "seed": 3}},
+            {"class_path": "algorithms", "init_args": {"form": "both", "sample": 24}},
         ],  # fmt: skip
         work_dir=str(tmp_path_factory.mktemp("smol_vllm_data") / "data"),
         heldout_fraction=0.05,

@@ -68,3 +68,19 @@ def test_train_samples_are_nested_and_cover_every_answer_of_a_prompt():
     assert len(small) == 10 and small < large and first_prompts(ids, 10, seed=2) != small
     with pytest.raises(ValueError, match="holds 50 conversations"):
         first_prompts(ids, 51, seed=1)
+
+
+def test_an_arm_trains_on_a_subset_of_the_recipes_cached_mode_keeping_its_settings():
+    from dspark_lightning.checks import UsageError
+    from dspark_lightning.cli.data_curve import subset
+    from dspark_lightning.registry import build
+
+    assert subset({"data": {}}, 300) == {"class_path": "cached", "init_args": {"train_samples": 300}}
+    cached = {"class_path": "cached", "init_args": {"extra_work_dirs": ["x"], "train_samples": 9}}
+    mixed = {"data": {"features": cached}}
+    mode = build("features", subset(mixed, 600))
+    assert mode.extra_work_dirs == ["x"] and mode.train_samples == 600
+    with pytest.raises(UsageError, match="must be cached, got 'streamed'"):
+        subset({"data": {"features": "streamed"}}, 300)
+    with pytest.raises(UsageError, match="train_samples must be an integer >= 1"):
+        build("features", subset({"data": {}}, 0))

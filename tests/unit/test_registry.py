@@ -20,7 +20,9 @@ def test_every_kind_exists_and_builtins_are_registered():
         "regen_backend",
         "layout",
         "server",
+        "features",
     }
+    assert {"online", "cached", "streamed"} == set(names("features"))
     assert "dspark-hf" in names("layout")
     assert {"vllm", "sglang", "deepspec", "llamacpp"} <= set(names("server"))
     assert {"block", "chain"} <= set(names("proposer"))

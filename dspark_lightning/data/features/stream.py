@@ -65,7 +65,7 @@ class ShardStream(IterableDataset):
         if even and len(self.index["shards"]) < world_size:
             raise CacheError(
                 f"feature cache {self.location} has {len(self.index['shards'])} shards for {world_size} ranks; "
-                "write more, smaller shards or use the map-style reader (data.streaming: false)"
+                "write more, smaller shards or use the map-style reader (data.features: cached)"
             )
 
     def set_epoch(self, epoch: int) -> None:

@@ -69,8 +69,8 @@ class _ReaderSource(PromptSource):
     prefix = "conversations"
 
     def __init__(self, *, domain: str = "chat", domains: list[str] | None = None, max_turns: int | None = None,
-                 limit: int | None = None, seed: int = 42) -> None:  # fmt: skip
-        super().__init__(limit=limit, seed=seed)
+                 limit: int | None = None, seed: int = 42, **options: Any) -> None:  # fmt: skip
+        super().__init__(limit=limit, seed=seed, **options)
         if domain != "auto" and domain not in DOMAINS:
             raise UsageError(f"{self.name}: domain must be 'auto' or one of {DOMAINS}, got {domain!r}")
         if domains is not None and (not domains or set(domains) - set(DOMAINS)):
@@ -125,8 +125,8 @@ class Conversations(_ReaderSource):
     def __init__(self, *, path: str | Path, format: str = "auto", fields: dict[str, str] | None = None,
                  split: str = "train", streaming: bool = False, domain: str = "chat", domains: list[str] | None = None,
                  max_turns: int | None = None, id_prefix: str | None = None, limit: int | None = None,
-                 seed: int = 42) -> None:  # fmt: skip
-        super().__init__(domain=domain, domains=domains, max_turns=max_turns, limit=limit, seed=seed)
+                 seed: int = 42, **options: Any) -> None:  # fmt: skip
+        super().__init__(domain=domain, domains=domains, max_turns=max_turns, limit=limit, seed=seed, **options)
         if format not in FORMATS:
             raise UsageError(f"conversations: format must be one of {FORMATS}, got {format!r}")
         self.path, self.format, self.fields = str(path), format, dict(fields or {})
@@ -152,10 +152,11 @@ class ShareGPTV3(_ReaderSource):
     rel_path = "data/ShareGPT_V3_unfiltered_cleaned_split.json"
 
     def __init__(self, *, domain: str = "auto", domains: list[str] | None = None, max_turns: int | None = None,
-                 starts_only: bool = True, limit: int | None = None, seed: int = 42) -> None:  # fmt: skip
+                 starts_only: bool = True, limit: int | None = None, seed: int = 42,
+                 **options: Any) -> None:  # fmt: skip
         """``starts_only``: only the first part of each shared conversation (ids ``*_0``); the split file cuts long
         conversations into parts whose later ones start mid-dialogue ("continue", "carry on")."""
-        super().__init__(domain=domain, domains=domains, max_turns=max_turns, limit=limit, seed=seed)
+        super().__init__(domain=domain, domains=domains, max_turns=max_turns, limit=limit, seed=seed, **options)
         self.starts_only = bool(starts_only)
 
     def conversations(self, report: ReadReport) -> Iterator[Conversation]:
@@ -190,10 +191,10 @@ class Algorithms(PromptSource):
     license = LICENSES["algorithms"]
     FORMS = ("complete", "instruct", "both")
 
-    def __init__(self, *, form: str = "both", limit: int | None = None, seed: int = 42) -> None:
+    def __init__(self, *, form: str = "both", limit: int | None = None, seed: int = 42, **options: Any) -> None:
         if form not in self.FORMS:
             raise UsageError(f"algorithms: form must be one of {self.FORMS}, got {form!r}")
-        super().__init__(limit=limit, seed=seed)
+        super().__init__(limit=limit, seed=seed, **options)
         self.form = form
 
     def functions(self) -> Iterator[tuple[str, str, str]]:
@@ -262,8 +263,8 @@ class ReasoningGym(PromptSource):
     license = LICENSES["reasoning_gym"]
 
     def __init__(self, *, tasks: list[str] | None = None, per_task: int | None = None, domain: str = "math",
-                 limit: int | None = None, seed: int = 42) -> None:  # fmt: skip
-        super().__init__(limit=limit, seed=seed)
+                 limit: int | None = None, seed: int = 42, **options: Any) -> None:  # fmt: skip
+        super().__init__(limit=limit, seed=seed, **options)
         self.tasks = list(tasks or DEFAULT_MATH_TASKS)
         if "gsm_symbolic" in self.tasks:
             raise UsageError("reasoning_gym: gsm_symbolic re-templates GSM8K test questions; use the gsm_symbolic "

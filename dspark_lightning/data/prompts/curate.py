@@ -2,7 +2,7 @@
 
 Per source (keys of a ``data.sources`` entry, next to the source's own arguments)::
 
-    {name: sharegpt_v3, language: en, min_tokens: 4, max_tokens: 256, sample: 3000, weight: 1.0}
+    {class_path: sharegpt_v3, init_args: {language: en, min_tokens: 4, max_tokens: 256, sample: 3000, weight: 1.0}}
 
 - ``min_tokens`` / ``max_tokens``: bounds on the user turns' length in the target's tokens (all turns together);
 - ``language``: keep prompts whose prose (code blocks removed) py3langid reads as this ISO 639-1 code; a prompt with
@@ -37,11 +37,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ...checks import UsageError
-from .sources import SOURCE_OPTIONS, _unit_interval, split_options
+from .sources import _unit_interval, build_source
 
 log = logging.getLogger(__name__)
-
-__all__ = ["SOURCE_OPTIONS", "split_options"]  # defined with the sources, whose specs carry them
 
 _WORD = re.compile(r"[a-z0-9]+")
 _CODE_BLOCK = re.compile(r"```.*?(```|$)", re.S)
@@ -288,7 +286,7 @@ def _drop_reason(rec: Any, opts: dict, count_tokens, decon: Decontaminator | Non
 
 def needs_tokenizer(sources: list[Any]) -> bool:
     """Whether a source filters by length in the target's tokens."""
-    return any(isinstance(s, dict) and ("min_tokens" in s or "max_tokens" in s) for s in sources)
+    return any({"min_tokens", "max_tokens"} & set(getattr(build_source(s), "curation", {})) for s in sources)
 
 
 def repeat_index(ids: list[str], weights: dict[str, float], seed: int) -> list[int]:

@@ -20,20 +20,20 @@ from ...checks import UsageError
 from .sources import DOMAINS, PromptRecord, _turn_texts, build_source, split_of
 
 EVAL_SETS = {
-    "math": {"source": {"name": "gsm_symbolic"}, "skip": 80},
-    "code": {"source": {"name": "humaneval"}, "skip": 80},
-    "chat": {"source": {"name": "mtbench"}, "heldout_fraction": 0.1},
+    "math": {"source": "gsm_symbolic", "skip": 80},
+    "code": {"source": "humaneval", "skip": 80},
+    "chat": {"source": "mtbench", "heldout_fraction": 0.1},
 }
 CALIBRATION_PROMPTS = {  # held out from every recipe and from `eval`'s first prompts
-    "math": {"source": {"name": "gsm_symbolic"}, "skip": 120},
-    "code": {"source": {"name": "humaneval"}, "skip": 120},
-    "chat": {"source": {"name": "sharegpt"}, "skip": 0},
+    "math": {"source": "gsm_symbolic", "skip": 120},
+    "code": {"source": "humaneval", "skip": 120},
+    "chat": {"source": "sharegpt", "skip": 0},
 }
 
 
 def _records(spec: dict, n: int) -> list[PromptRecord]:
     if "skip" in spec:
-        src = dict(spec["source"], limit=spec["skip"] + n)
+        src = {"class_path": spec["source"], "init_args": {"limit": spec["skip"] + n}}
         return list(itertools.islice(build_source(src), spec["skip"], spec["skip"] + n))
     held = (r for r in build_source(spec["source"]) if split_of(r.id, spec["heldout_fraction"]) == "heldout")
     return list(itertools.islice(held, n))

@@ -20,6 +20,7 @@ import re
 import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from dspark_lightning.registry import register
 
@@ -108,10 +109,12 @@ class PythonSource(_Shuffled):
     domain = "code"
     license = LICENSES["python_source"]
 
-    def __init__(self, *, min_lines: int = 4, max_lines: int = 40, limit: int | None = None, seed: int = 42) -> None:
+    def __init__(
+        self, *, min_lines: int = 4, max_lines: int = 40, limit: int | None = None, seed: int = 42, **options: Any
+    ) -> None:
         if not 1 <= min_lines <= max_lines:
             raise UsageError(f"python_source: need 1 <= min_lines <= max_lines, got {min_lines}, {max_lines}")
-        super().__init__(limit=limit, seed=seed)
+        super().__init__(limit=limit, seed=seed, **options)
         self.min_lines, self.max_lines = min_lines, max_lines
 
     def all_records(self) -> Iterator[PromptRecord]:
@@ -179,11 +182,13 @@ class _ProseAnswers(_Shuffled):
     domain = "chat"
     default_max_chars = 1500
 
-    def __init__(self, *, max_chars: int | None = None, limit: int | None = None, seed: int = 42) -> None:
+    def __init__(
+        self, *, max_chars: int | None = None, limit: int | None = None, seed: int = 42, **options: Any
+    ) -> None:
         max_chars = self.default_max_chars if max_chars is None else max_chars
         if max_chars < 200:
             raise UsageError(f"{self.name}: max_chars must be >= 200, got {max_chars}")
-        super().__init__(limit=limit, seed=seed)
+        super().__init__(limit=limit, seed=seed, **options)
         self.max_chars = max_chars
 
 

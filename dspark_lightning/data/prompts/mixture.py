@@ -11,7 +11,7 @@ from typing import Any
 
 from ...checks import UsageError
 from .curate import curate
-from .sources import SPLITS, PromptRecord, PromptSource, build_source, split_of, split_options
+from .sources import SPLITS, PromptRecord, PromptSource, build_source, split_of
 
 
 @dataclass
@@ -47,14 +47,15 @@ def curated_mixture(
     if all(isinstance(s, str | dict) for s in sources):
         ident = curation.identity() if curation is not None else None
         tok = getattr(tokenizer, "name_or_path", None) if tokenizer is not None else None
-        files = [_stat(s["path"]) for s in sources if isinstance(s, dict) and "path" in s]  # an edited file is new
+        paths = [(s.get("init_args") or {}).get("path") for s in sources if isinstance(s, dict)]
+        files = [_stat(p) for p in paths if isinstance(p, str)]  # an edited file is new
         key = json.dumps([sources, ident, tok, seed, files], sort_keys=True, default=str)
         if key in _MIXTURES:
             return _MIXTURES[key]
     parts, weights_by_part = [], []
     for n, spec in enumerate(sources):
-        opts = split_options(dict(spec))[1] if isinstance(spec, dict) else {}
         src = build_source(spec)
+        opts = dict(getattr(src, "curation", {}))
         label = getattr(src, "name", None) or f"source {n}"
         label = label if sum(1 for p in parts if p[0] == label) == 0 else f"{label}#{n}"
         parts.append((label, src, opts, getattr(src, "benchmark", None)))

@@ -7,8 +7,8 @@ topic with a task (``TOPICS`` x ``TASKS``, our own words; T = 0.8), and each usa
 that ``prepare`` then has the target answer like any other.
 
     dspark-lightning write-prompts --n 1200 --out prompts.jsonl          # SmolLM2 by default, resumable
-    data: {sources: [{name: self_chat}]}                                   # the ones shipped in the package
-    data: {sources: [{name: jsonl, path: prompts.jsonl}]}                  # a file written for another target
+    data: {sources: [self_chat]}                                            # the ones shipped in the package
+    data: {sources: [{class_path: jsonl, init_args: {path: prompts.jsonl}}]} # a file written for another target
 
 Written rows are kept in ``<out>.raw.jsonl`` (regeneration's durable, resumable appends), so a killed run or a full
 disk continues where it stopped; the final file is rewritten from them atomically, and the command holds the output

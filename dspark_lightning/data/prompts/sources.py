@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dspark_lightning.registry import create, get, register
+from dspark_lightning.registry import build, create, get, register
 
 from ...checks import UsageError
 
@@ -126,17 +126,49 @@ class PromptSource:
 
     ``limit`` keeps the first N records in the source's fixed order; ``seed`` matters only to procedural sources.
     ``benchmark`` names the public benchmark a source is (or is derived from): a decontaminated mixture refuses it.
+    The curation options every source takes, applied by :mod:`dspark_lightning.data.prompts.curate` in a training
+    mixture: ``min_tokens`` / ``max_tokens`` (the prompt's length in target tokens), ``language`` (an ISO 639-1 code
+    such as ``en``), ``sample`` (keep this many, a seeded random choice) and ``weight`` (each record's training weight,
+    in (0, 100]).
     """
 
     domain: str = "chat"
     license: str = ""
     benchmark: str | None = None
 
-    def __init__(self, *, limit: int | None = None, seed: int = 42) -> None:
-        if limit is not None and limit < 1:
-            raise UsageError(f"{type(self).__name__}: limit must be >= 1 or None, got {limit}")
+    def __init__(
+        self,
+        *,
+        limit: int | None = None,
+        seed: int = 42,
+        min_tokens: int | None = None,
+        max_tokens: int | None = None,
+        language: str | None = None,
+        sample: int | None = None,
+        weight: float | None = None,
+    ) -> None:
+        what = getattr(type(self), "registry_name", type(self).__name__)
+        for key, value in (
+            ("limit", limit),
+            ("min_tokens", min_tokens),
+            ("max_tokens", max_tokens),
+            ("sample", sample),
+        ):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise UsageError(f"source {what!r}: {key} must be an integer >= 1 or null, got {value!r}")
+        if weight is not None and (
+            isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight <= 100
+        ):
+            raise UsageError(f"source {what!r}: weight must be a number in (0, 100], got {weight!r}")
+        if language is not None and not (isinstance(language, str) and re.fullmatch(r"[a-z]{2,3}", language)):
+            raise UsageError(f"source {what!r}: language must be an ISO 639-1 code such as 'en', got {language!r}")
+        if (min_tokens or 0) > (max_tokens or 1 << 30):
+            raise UsageError(f"source {what!r}: min_tokens {min_tokens} > max_tokens {max_tokens}")
         self.limit = limit
         self.seed = seed
+        self.curation = {k: v for k, v in (("min_tokens", min_tokens), ("max_tokens", max_tokens),
+                                           ("language", language), ("sample", sample), ("weight", weight))
+                         if v is not None}  # fmt: skip
 
     @property
     def name(self) -> str:
@@ -287,13 +319,13 @@ class PythonStdlib(PromptSource):
     license = LICENSES["python_stdlib"]
     STYLES = ("requests", "complete")
 
-    def __init__(self, *, style: str = "requests", limit: int | None = None, seed: int = 42) -> None:
+    def __init__(self, *, style: str = "requests", limit: int | None = None, seed: int = 42, **options: Any) -> None:
         """``style="complete"``: every callable as a HumanEval-form "complete this function" request (its signature
         and docstring in a code block, HumanEval's instruction), ids ``python_stdlib/complete/module.qualname``; the
         form the code evaluation prompts have (benchmarks/results/matrix.md: the long drafter's decoded code gap)."""
         if style not in self.STYLES:
             raise UsageError(f"python_stdlib: style must be one of {self.STYLES}, got {style!r}")
-        super().__init__(limit=limit, seed=seed)
+        super().__init__(limit=limit, seed=seed, **options)
         self.style = style
 
     def records(self) -> Iterator[PromptRecord]:
@@ -374,12 +406,19 @@ class JsonlPrompts(PromptSource):
     """
 
     def __init__(
-        self, *, path: str | Path, domain: str = "chat", fixed: bool = False, limit: int | None = None, seed: int = 42
+        self,
+        *,
+        path: str | Path,
+        domain: str = "chat",
+        fixed: bool = False,
+        limit: int | None = None,
+        seed: int = 42,
+        **options: Any,
     ) -> None:
         """``fixed=True``: the lines are whole conversations (``{"role", "content"}`` messages) whose assistant
         messages are kept as fixed responses, scored by the target instead of regenerated
         (benchmarks/results/matrix.md)."""
-        super().__init__(limit=limit, seed=seed)
+        super().__init__(limit=limit, seed=seed, **options)
         if domain not in DOMAINS:
             raise UsageError(f"jsonl prompt source: domain {domain!r} is not one of {DOMAINS}")
         self.path = Path(path)
@@ -431,8 +470,8 @@ class SelfChat(JsonlPrompts):
     license = LICENSES["self_chat"]
     rel_path = "builtin/self_chat.jsonl"
 
-    def __init__(self, *, limit: int | None = None, seed: int = 42) -> None:
-        super().__init__(path=Path(__file__).parent / self.rel_path, domain="chat", limit=limit, seed=seed)
+    def __init__(self, *, limit: int | None = None, seed: int = 42, **options: Any) -> None:
+        super().__init__(path=Path(__file__).parent / self.rel_path, domain="chat", limit=limit, seed=seed, **options)
 
     def __repr__(self) -> str:
         return f"SelfChat(limit={self.limit})"
@@ -473,32 +512,9 @@ def split_of(record_id: str, heldout_fraction: float = 0.05, seed: int = 42) -> 
     return "heldout" if _unit_interval("split", seed, record_id) < heldout_fraction else "train"
 
 
-SOURCE_OPTIONS = ("min_tokens", "max_tokens", "language", "sample", "weight")  # applied by data.prompts.curate
-
-
-def split_options(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the source's own arguments, its curation options), the options checked."""
-    own = {k: v for k, v in spec.items() if k not in SOURCE_OPTIONS}
-    opts = {k: spec[k] for k in SOURCE_OPTIONS if k in spec}
-    name = spec.get("name", "?")
-    for key in ("min_tokens", "max_tokens", "sample"):
-        if key in opts and (not isinstance(opts[key], int) or isinstance(opts[key], bool) or opts[key] < 1):
-            raise UsageError(f"source {name!r}: {key} must be an integer >= 1, got {opts[key]!r}")
-    if "weight" in opts and (not isinstance(opts["weight"], int | float) or not 0 < opts["weight"] <= 100):
-        raise UsageError(f"source {name!r}: weight must be a number in (0, 100], got {opts['weight']!r}")
-    if "language" in opts and not (isinstance(opts["language"], str) and re.fullmatch(r"[a-z]{2,3}", opts["language"])):
-        raise UsageError(f"source {name!r}: language must be an ISO 639-1 code such as 'en', got {opts['language']!r}")
-    if opts.get("min_tokens", 0) > opts.get("max_tokens", 1 << 30):
-        raise UsageError(f"source {name!r}: min_tokens {opts['min_tokens']} > max_tokens {opts['max_tokens']}")
-    return own, opts
-
-
 def build_source(spec: PromptSource | Iterable[PromptRecord] | str | dict[str, Any]) -> Iterable[PromptRecord]:
-    """A source instance (returned as is), a registered name, or ``{"name": ..., **kwargs}`` (curation options such as
-    ``sample`` or ``language`` are checked here and applied by :func:`curated_mixture`)."""
-    if isinstance(spec, str):
-        return create("prompt_source", spec)
-    if isinstance(spec, dict):
-        kw, _ = split_options(dict(spec))
-        return create("prompt_source", kw.pop("name"), **kw)
+    """A source instance (returned as is), a registered name, or ``{class_path: NAME, init_args: {...}}`` (its own
+    arguments and the curation options of :class:`PromptSource`)."""
+    if isinstance(spec, str | dict):
+        return build("prompt_source", spec)
     return spec
