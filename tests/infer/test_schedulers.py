@@ -298,7 +298,7 @@ def test_auto_corrects_miscalibrated_confidences_and_stops_drafting_where_it_los
     from dspark_lightning.infer.schedule.schedulers import AutoScheduler
 
     sps = SPSTable.from_points({1: 30.0, 4: 28.0, 8: 20.0, 16: 10.0})
-    sched = AutoScheduler(sps, draft_cost=0.01, probe=4, max_probe=8)
+    sched = AutoScheduler(sps, draft_cost=0.01, probe=4, max_probe=8, probe_budget=1.0)  # probes at any price
     conf = torch.full((1, 5), 0.9)
     assert sched.wants_draft(1)  # nothing observed yet
     first = sched(conf)
@@ -393,13 +393,34 @@ def test_the_engine_tells_auto_how_it_batches_a_verification(tiny_target):
         assert sched.padded is padded
 
 
+def test_a_shut_gates_probes_cost_at_most_their_budget_of_plain_decoding():
+    """A probe's modelled time beyond a plain step, over the skipped plain steps between probes, stays within
+    ``probe_budget``: a costly probe (a wide batch, where verifying one draft per request costs most of a plain
+    step) waits longer than a cheap one."""
+    from dspark_lightning.infer.schedule.schedulers import AutoScheduler
+
+    sps = SPSTable.from_points({1: 30.0, 4: 28.0, 8: 20.0, 16: 10.0})
+    for R in (1, 8):
+        sched = AutoScheduler(sps, draft_cost=0.01, probe=2, max_probe=4, probe_budget=0.02)
+        low = torch.full((R, 4), 0.02)
+        sched.observe_rounds(low, torch.ones(R, dtype=torch.long), [0] * R)  # drafting does not pay: shut
+        plain_step = R / sched._plain_rate(R)
+        probe_extra = 1 / sched._rates(R, 1)[2 * R] - plain_step
+        assert probe_extra > 0
+        steps = 2000
+        probes = sum(sched.wants_draft(R) for _ in range(steps))
+        assert probes >= 1  # it still looks now and then
+        assert probes * probe_extra <= 0.02 * steps * plain_step * (1 + 1e-9)
+    assert AutoScheduler(sps, draft_cost=0.01).min_gap(8) > AutoScheduler(sps, draft_cost=0.01).min_gap(1)
+
+
 def test_a_probe_verifies_at_least_one_draft_per_request():
     """A shut gate's probe that verified nothing would observe nothing and leave the gate shut for good: a probe
     verifies one draft per request however low the confidences; drafted steps that pay keep the walk's lengths."""
     from dspark_lightning.infer.schedule.schedulers import AutoScheduler
 
     sps = SPSTable.from_points({1: 30.0, 4: 28.0, 8: 20.0, 16: 10.0})
-    sched = AutoScheduler(sps, draft_cost=0.01, probe=2, max_probe=2)
+    sched = AutoScheduler(sps, draft_cost=0.01, probe=2, max_probe=2, probe_budget=1.0)
     low = torch.full((2, 4), 0.02)
     sched.observe_rounds(low, torch.tensor([1, 1]), [0, 0])  # drafting does not pay: the gate shuts
     decisions, lengths = [], []

@@ -653,7 +653,9 @@ class AutoScheduler(_SPSScheduler):
       the modelled step time, against plain decoding's R tokens per plain step, drafting only when it is ``margin``
       faster (a gain smaller than the estimate's error is not worth the risk); a skipping gate drafts again after
       ``probe`` skipped steps (doubling up to ``max_probe``) to refresh its estimate, verifying at least one draft
-      per request there (a probe that verified nothing would observe nothing).
+      per request there (a probe that verified nothing would observe nothing). Probes cost at most ``probe_budget``
+      of plain decoding's time: the skips between two probes are at least a probe's modelled time beyond a plain
+      step, in plain steps, over that budget (at batch 8 a drafted step can cost most of a plain step more).
 
     Every decision reads the current confidences as Algorithm 1 does and earlier steps otherwise, so the output law
     is the target's; with ``timing="model"`` (default) nothing depends on the wall clock.
@@ -671,13 +673,15 @@ class AutoScheduler(_SPSScheduler):
         probe: int = 8,
         max_probe: int = 64,
         margin: float = 0.03,
+        probe_budget: float = 0.01,
     ) -> None:
         super().__init__(sps, context_len, include_draft_time, False, timing, draft_cost)
         checks.at_least("probe", probe, 1)
+        checks.in_range("probe_budget", probe_budget, 0.0, 1.0, open_low=True)
         checks.at_least("max_probe", max_probe, 1)
         checks.in_range("margin", margin, 0.0)
         self.skip_draft, self.online_on, self.probe, self.max_probe = skip_draft, online, probe, max_probe
-        self.margin = margin
+        self.margin, self.probe_budget = margin, probe_budget
         self.online = OnlineCalibration()
         self.padded = False  # how the engine verifies (its HardwareProfile says)
         self.reset()
@@ -689,6 +693,7 @@ class AutoScheduler(_SPSScheduler):
         self.probing = False  # this step drafts only to refresh the estimate: it verifies at least one draft
         self._rate_cache: dict = {}
         self._pays_cache: dict = {}
+        self._gap: dict[int, int] = {}  # R -> the fewest skips between two probes
 
     def _conf(self, conf: torch.Tensor) -> torch.Tensor:
         return self.online(conf) if self.online_on else conf.double()
@@ -756,6 +761,15 @@ class AutoScheduler(_SPSScheduler):
         best = max((R * (1 + gains[n]) * rates[R * (1 + n)] for n in fits), default=0.0)
         return best > (1 + self.margin) * self._plain_rate(R)
 
+    def min_gap(self, R: int) -> int:
+        """The fewest skipped steps between two probes of R requests: a probe (one draft per request) costs its
+        modelled time beyond a plain step, which the skips' plain steps must dilute to ``probe_budget``."""
+        if R not in self._gap:
+            rates = self._rates(R, 1)
+            extra = self._plain_rate(R) / (R * rates[min(2 * R, len(rates) - 1)]) - 1.0
+            self._gap[R] = max(1, math.ceil(max(extra, 0.0) / self.probe_budget))
+        return self._gap[R]
+
     def wants_draft(self, R: int) -> bool:
         if not self.skip_draft:
             return True
@@ -764,7 +778,7 @@ class AutoScheduler(_SPSScheduler):
         if pays is None or pays:
             self.skipped, self.interval = 0, self.probe
             return True
-        if self.skipped >= self.interval:  # probe: draft once, verifying at least one draft, to refresh the estimate
+        if self.skipped >= max(self.interval, self.min_gap(R)):  # probe: draft once, verifying at least one draft, to refresh the estimate
             self.skipped, self.interval, self.probing = 0, min(2 * self.interval, self.max_probe), True
             return True
         self.skipped += 1
