@@ -22,9 +22,20 @@ def test_step_seconds_interpolate_the_profiled_steps():
     assert COST.plain_seconds(4) == pytest.approx(0.040) and COST.plain_seconds(8) == pytest.approx(0.080)
     flat = DraftCost([1], [0.01], plain=[0.05], widths=[1, 2], drafted=[[0.03, 0.035]])
     assert flat.step_seconds(1, 1) == pytest.approx(0.05)  # never below a plain step
-    noisy = DraftCost([1], [0.01], plain=[0.04], widths=[1, 2, 4, 7], drafted=[[0.050, 0.060, 0.072, 0.068]])
-    assert noisy.step_seconds(1, 8) == pytest.approx(0.070) == noisy.step_seconds(1, 5)  # 4 and 7 pooled: 0.070
-    assert noisy.step_seconds(1, 3) == pytest.approx(0.060)  # the ordered part as measured
+    dip = DraftCost([1], [0.01], plain=[0.04], widths=[1, 2, 4, 7], drafted=[[0.050, 0.060, 0.072, 0.068]])
+    assert dip.step_seconds(1, 8) == pytest.approx(0.068)  # a wider step measured cheaper stands as measured
+    assert dip.step_seconds(1, 5) == pytest.approx(0.072) and dip.step_seconds(1, 3) == pytest.approx(0.060)
+
+
+def test_auto_verifies_the_wider_block_where_the_machine_runs_it_faster():
+    """A CPU whose kernels run 4 verified rows faster than 3 (a profile measured on one): with survivals where three
+    drafts pay only at that cheaper step, auto verifies three, not one."""
+    dip = DraftCost([1], [0.005], plain=[0.020], widths=[1, 2, 3, 4, 7],
+                    drafted=[[0.0257, 0.0304, 0.0284, 0.0335, 0.0370]])  # fmt: skip
+    s = AutoScheduler(online=False)
+    s.cost = dip
+    conf = torch.tensor([[0.5, 0.3, 0.25, 0.2, 0.1, 0.1, 0.1]])
+    assert int(s(conf)[0]) == 3
 
 
 def test_round_trip_keeps_the_steps():
