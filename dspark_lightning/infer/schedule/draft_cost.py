@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-
 def _in_batch(batches: list[int], values: list[float], R: float) -> float:
     """Linear between profiled batch sizes, proportional to R beyond the largest."""
     b, s = batches, values

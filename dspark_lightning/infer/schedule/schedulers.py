@@ -778,7 +778,8 @@ class AutoScheduler(_SPSScheduler):
         if pays is None or pays:
             self.skipped, self.interval = 0, self.probe
             return True
-        if self.skipped >= max(self.interval, self.min_gap(R)):  # probe: draft once, verifying at least one draft, to refresh the estimate
+        # probe: draft once, verifying at least one draft, to refresh the estimate
+        if self.skipped >= max(self.interval, self.min_gap(R)):
             self.skipped, self.interval, self.probing = 0, min(2 * self.interval, self.max_probe), True
             return True
         self.skipped += 1
