@@ -45,6 +45,8 @@ def main() -> None:
     ap.add_argument("--label", required=True)
     ap.add_argument("--heldout", required=True, help="the recipe's <work_dir>/responses_heldout.jsonl")
     ap.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0])
+    ap.add_argument("--acceptance", default="rejection", help="the mode the T > 0 rounds are decoded under (coupled: "
+                    "maps fitted on coupled rounds, calibration_T<T>_coupled.json)")  # fmt: skip
     ap.add_argument("--prompts_per_domain", type=int, default=32)
     ap.add_argument("--builtin_per_domain", type=int, default=8)
     ap.add_argument("--max_new_tokens", type=int, default=128)
@@ -55,8 +57,13 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "confidence.json"
     old = json.loads(path.read_text()) if path.is_file() else {}
-    rows = [r for r in old.get("rows", []) if r["drafter"] != a.label]
-    frontiers = [f for f in old.get("frontiers", []) if f["drafter"] != a.label]
+    mode = a.acceptance
+
+    def redo(r):  # this run's rows replace the same drafter's rows under the same acceptance mode
+        return r["drafter"] == a.label and r.get("acceptance", "rejection") == mode
+
+    rows = [r for r in old.get("rows", []) if not redo(r)]
+    frontiers = [f for f in old.get("frontiers", []) if not redo(f)]
     builtin = [r.turns[0] for dom in ("math", "code", "chat") for r in eval_prompts(dom, a.builtin_per_domain)]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     made = {
@@ -64,17 +71,23 @@ def main() -> None:
         "date": datetime.date.today().isoformat(),
         "cpu": cpu_model(),
         "prompts_per_domain": a.prompts_per_domain,
+        "acceptance": mode,
     }  # each row says what produced it (labels are rerun apart)
     for T in a.temperatures:
-        report_dir = out / f"{a.label}_T{T:g}"
+        if mode != "rejection" and T == 0:
+            continue  # greedy acceptance is the same in every mode
+        report_dir = out / f"{a.label}_T{T:g}" if mode == "rejection" else out / f"{a.label}_T{T:g}_{mode}"
         cal = calibrate(a.drafter, temperature=T, prompts=a.heldout, prompts_per_domain=a.prompts_per_domain,
-                        max_new_tokens=a.max_new_tokens, report_dir=report_dir, quiet=False)  # fmt: skip
+                        max_new_tokens=a.max_new_tokens, report_dir=report_dir, acceptance=mode,
+                        quiet=False)  # fmt: skip
         doc = json.loads(cal.read_text())
         for r in doc["confidence_report"]:
             rows.append({"drafter": a.label, "T": T, "pool": "recipe held-out", **{k: r[k] for k in KEYS}, **made})
-        frontiers.append({"drafter": a.label, "T": T, "pool": "recipe held-out", "points": doc["frontier"]})
+        frontiers.append({"drafter": a.label, "T": T, "pool": "recipe held-out", "acceptance": mode,
+                          "points": doc["frontier"]})  # fmt: skip
         target, (drafter,) = load_target_and_drafters(None, [a.drafter])
-        ro = rollouts(target, drafter, builtin, temperature=T, max_new_tokens=a.max_new_tokens, progress=True)
+        ro = rollouts(target, drafter, builtin, temperature=T, max_new_tokens=a.max_new_tokens, acceptance=mode,
+                      progress=True)  # fmt: skip
         scored = ro.confidence_rows(torch.ones(len(ro.m), dtype=torch.bool))
         cmap = ConfidenceMap.from_dict(doc["confidence"])
         pool = Rollouts.load(report_dir / "rollouts.pt")  # the comparators (STS, margin) fitted on the whole pool
@@ -82,11 +95,13 @@ def main() -> None:
         for r in report(scored, cmap, doc["confidence_methods"], fit=fit_rows):
             rows.append({"drafter": a.label, "T": T, "pool": "built-in eval sets", **{k: asdict(r)[k] for k in KEYS},
                          **made})  # fmt: skip
-        frontiers.append({"drafter": a.label, "T": T, "pool": "built-in eval sets", "points": frontier(scored, cmap)})
+        frontiers.append({"drafter": a.label, "T": T, "pool": "built-in eval sets", "acceptance": mode,
+                          "points": frontier(scored, cmap)})  # fmt: skip
         for r in rows[-len(doc["confidence_report"]) :]:
             print(json.dumps(r), flush=True)
     doc = {
-        "command": f"benchmarks/confidence_bench.py --drafter {a.drafter} --label {a.label} --heldout {a.heldout}",
+        "command": f"benchmarks/confidence_bench.py --drafter {a.drafter} --label {a.label} --heldout {a.heldout}"
+        + ("" if mode == "rejection" else f" --temperatures 1 --acceptance {mode}"),
         **made,
         "rows": rows,
         "frontiers": frontiers,

@@ -2,6 +2,9 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a hub lookup otherwise hangs ~25 s
 
+# Lightning's loggers get a stream handler on sys.stderr at first import: imported here, before a test's capsys
+# replaces sys.stderr, so a test that imports it first does not leave later tests a handler on a closed stream.
+import lightning.pytorch  # noqa: E402, F401
 import pytest  # noqa: E402
 import torch  # noqa: E402
 

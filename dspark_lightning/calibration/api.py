@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 
-from .. import checks, locks
+from .. import checks, locks, registry
 from ..atomic import atomic_write
 from ..checkpoint import load_drafter_checked, load_target_and_drafters, read_config
+from ..checkpoint.calibration import REJECTION
 from ..checks import UsageError
 from ..data.prompts.sources import DOMAINS
 from ..devices import check_device_args
@@ -42,10 +43,16 @@ def check_calibrate_args(
     prompts: str | Path | None = None,
     dtype: str,
     drafter_dtype: str | None,
+    acceptance: str = REJECTION,
 ) -> None:
     """Every argument of :func:`calibrate` that can be checked before a model is loaded (named as the flags)."""
     checks.drafter_config(drafter)
     SamplingParams(temperature)  # the sampling law checks its own arguments
+    if acceptance not in registry.names("acceptance"):
+        raise UsageError(f"--acceptance {acceptance!r} is not one of {', '.join(registry.names('acceptance'))}")
+    if acceptance != REJECTION and temperature == 0:
+        raise UsageError(f"--acceptance {acceptance} at --temperature 0: greedy decoding accepts the same drafts in "
+                         "every mode; calibrate T = 0 without --acceptance")  # fmt: skip
     for d in domains:
         if d not in DOMAINS:
             raise checks.UsageError(f"--domains {d!r} is not one of {', '.join(DOMAINS)}")
@@ -79,11 +86,12 @@ def calibrate(
     device: str = "auto",
     dtype: str = "auto",
     drafter_dtype: str | None = "auto",
+    acceptance: str = REJECTION,
     target: Any = None,
     quiet: bool = False,
 ) -> Path:
     """Fit STS confidence temperatures of a drafter for one serving temperature; writes ``calibration_T<T>.json``
-    beside its weights and returns that file.
+    (``calibration_T<T>_<mode>.json`` for another acceptance mode) beside its weights and returns that file.
 
     The rows are rounds of real speculative decoding with full-length verification on the STS pool's prompts
     (disjoint from training and from ``eval``); every 1/``heldout_fraction``-th prompt is kept out of the fit and
@@ -108,6 +116,9 @@ def calibrate(
         device: auto (CUDA when available) | cpu | cuda | cuda:N
         dtype: target: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
         drafter_dtype: drafter: auto (the faster of fp32/bf16 here) | bf16 | fp32
+        acceptance: the acceptance mode whose rounds the maps are fitted on (T > 0): rejection, or coupled (what
+            ``decode(..., acceptance="coupled")`` then reads, instead of mapping rejection-sampling confidences to
+            the coupling's worst case)
         target: an already loaded target (default: the one the drafter records, on ``device`` in ``dtype``)
         quiet: print neither the table nor progress
     """
@@ -115,7 +126,7 @@ def calibrate(
         drafter, temperature=temperature, domains=domains, prompts_per_domain=prompts_per_domain,
         heldout_fraction=heldout_fraction, max_new_tokens=max_new_tokens, batch_size=batch_size, min_rows=min_rows,
         min_class=min_class, report_dir=report_dir, device=device, dtype=dtype, drafter_dtype=drafter_dtype,
-        prompts=prompts,
+        prompts=prompts, acceptance=acceptance,
     )  # fmt: skip
     lock = locks.folder_lock(drafter, "calibrate") if locks.is_primary_process() else contextlib.nullcontext()
     with lock:
@@ -132,15 +143,16 @@ def calibrate(
         if ro is None:
             flat = [text for texts in pool.values() for text in texts]
             ro = rollouts(target, model, flat, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
-                          batch_size=batch_size, progress=not quiet)  # fmt: skip
-        return _fit_and_write(ro, model, drafter, temperature=temperature, pool=pool, prompts_file=prompts,
+                          batch_size=batch_size, acceptance=acceptance, progress=not quiet)  # fmt: skip
+        return _fit_and_write(ro, model, drafter, temperature=temperature, acceptance=acceptance, pool=pool,
+                              prompts_file=prompts,
                               prompts_per_domain=prompts_per_domain, heldout_fraction=heldout_fraction,
                               max_new_tokens=max_new_tokens, seed=seed, min_rows=min_rows, min_class=min_class,
                               report_dir=report_dir, save_rollouts=rollouts_file is None, quiet=quiet)  # fmt: skip
 
 
 def _fit_and_write(
-    ro: Rollouts, model: Any, drafter: str | Path, *, temperature: float, pool: dict[str, list[str]],
+    ro: Rollouts, model: Any, drafter: str | Path, *, temperature: float, acceptance: str, pool: dict[str, list[str]],
     prompts_file: str | Path | None, prompts_per_domain: int,
     heldout_fraction: float, max_new_tokens: int, seed: int, min_rows: int, min_class: int,
     report_dir: str | Path | None, save_rollouts: bool, quiet: bool,
@@ -175,13 +187,15 @@ def _fit_and_write(
         "max_new_tokens": max_new_tokens,
         "seed": seed,
     }
+    mode = {} if acceptance == REJECTION else {"acceptance": acceptance}
     sha = read_config(drafter)["weights_sha256"]
     path = save_calibration(drafter, res, temperature=temperature, dataset=dataset, weights_sha256=sha,
                             heldout=heldout, confidence=chosen, methods=picked,
-                            confidence_report=conf_report, frontier=replay)  # fmt: skip
+                            confidence_report=conf_report, frontier=replay, **mode)  # fmt: skip
     doc = json.loads(path.read_text())
     which = "held-out" if bool(held.any()) else "fit set"
-    table = report_markdown(conf_report, f"Confidence at T = {temperature:g}, {which} rounds ({len(scored.m)})")
+    under = "" if acceptance == REJECTION else f" ({acceptance} acceptance)"
+    table = report_markdown(conf_report, f"Confidence at T = {temperature:g}{under}, {which} rounds ({len(scored.m)})")
     if not quiet:
         if res is not None:
             print(calibration_markdown(doc))

@@ -25,11 +25,13 @@ def save_calibration(
     methods: list[str] | None = None,
     confidence_report: list[ConfidenceRow] | None = None,
     frontier: list[dict] | None = None,
+    acceptance: str | None = None,
 ) -> Path:
     """Write ``calibration_T<T>.json`` next to the weights: the STS fit ``res`` (None for a drafter without a head),
     ``heldout`` = its (raw, STS) reports on unseen prompts, and the chosen ``confidence`` map with the candidate each
     position took and its held-out report, and the ``frontier`` of static and threshold policies replayed on those
-    rounds (:func:`~.confidence.frontier`). The file is replaced atomically: a full disk or a kill leaves the previous
+    rounds (:func:`~.confidence.frontier`); ``acceptance``: the mode the rounds were decoded under, when not rejection
+    sampling (its own file). The file is replaced atomically: a full disk or a kill leaves the previous
     calibration whole."""
     doc = {
         "temperatures": None if res is None else res.temperatures,
@@ -38,6 +40,8 @@ def save_calibration(
         "dataset": dataset,
         "weights_sha256": weights_sha256,
     }
+    if acceptance is not None:
+        doc["acceptance"] = acceptance
     if res is not None:
         doc |= {
             "grid": {"min": min(res.grid), "max": max(res.grid), "size": len(res.grid)},

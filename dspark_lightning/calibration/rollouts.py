@@ -57,8 +57,9 @@ class Rollouts:
 
 
 def rollouts(target, drafter, prompts, *, temperature: float, max_new_tokens: int, seed: int = 0, batch_size=8,
-             progress: bool = False) -> Rollouts:  # fmt: skip
-    """Real speculative decoding with full-length verification (ℓ = γ) and raw confidences, per round."""
+             acceptance: str = "rejection", progress: bool = False) -> Rollouts:  # fmt: skip
+    """Real speculative decoding with full-length verification (ℓ = γ) and raw confidences, per round, under the
+    ``acceptance`` mode (the event the rounds record)."""
     res = decode(
         target,
         drafter,
@@ -69,6 +70,7 @@ def rollouts(target, drafter, prompts, *, temperature: float, max_new_tokens: in
         seed=seed,
         batch_size=batch_size,
         calibrated=False,
+        acceptance=acceptance,
         progress=progress,
     )
     log = res.log

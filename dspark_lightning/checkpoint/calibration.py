@@ -27,15 +27,21 @@ def check_temperatures(temps: object, where: str) -> None:
         raise UsageError(f"{where}: temperatures must be a non-empty list of finite numbers > 0, got {temps!r}")
 
 
-def calibration_file(temperature: float) -> str:
-    """One STS file per serving temperature (docs/algorithm.md §5)."""
-    return f"calibration_T{float(temperature):g}.json"
+REJECTION = "rejection"
+
+
+def calibration_file(temperature: float, acceptance: str = REJECTION) -> str:
+    """One file per serving temperature (docs/algorithm.md §5) and acceptance mode: ``calibration_T<T>.json`` for
+    rejection sampling, ``calibration_T<T>_<mode>.json`` for maps fitted on another mode's rounds."""
+    mode = "" if acceptance == REJECTION else f"_{acceptance}"
+    return f"calibration_T{float(temperature):g}{mode}.json"
 
 
 def write_calibration(drafter_dir: str | Path, doc: dict[str, Any]) -> Path:
-    """Write ``doc`` (its ``temperatures`` and ``sampling_temperature`` at least) as the drafter's calibration file
-    for that sampling temperature. Replaced atomically: a full disk or a kill leaves the previous calibration whole."""
-    path = Path(drafter_dir) / calibration_file(doc["sampling_temperature"])
+    """Write ``doc`` (its ``temperatures`` and ``sampling_temperature`` at least, its ``acceptance`` mode when not
+    rejection sampling) as the drafter's calibration file for that sampling temperature and mode. Replaced
+    atomically: a full disk or a kill leaves the previous calibration whole."""
+    path = Path(drafter_dir) / calibration_file(doc["sampling_temperature"], doc.get("acceptance", REJECTION))
     if doc.get("temperatures") is not None or "confidence" not in doc:
         check_temperatures(doc.get("temperatures"), f"refusing to write {path}")
     if "confidence" in doc:
@@ -76,8 +82,9 @@ def sts_temperatures_of(doc: dict[str, Any], f: str | Path, key: str = "sts_temp
     return out
 
 
-def _calibration_docs(drafter_dir: str | Path, weights_sha256: str) -> dict[float, dict[str, Any]]:
-    """{sampling temperature: checked calibration file} of every file whose weights hash matches."""
+def _calibration_docs(drafter_dir: str | Path, weights_sha256: str) -> dict[tuple[float, str], dict[str, Any]]:
+    """{(sampling temperature, acceptance mode): checked calibration file} of every file whose weights hash
+    matches."""
     out = {}
     for f in sorted(Path(drafter_dir).glob("calibration_T*.json")):
         doc = read_calibration_doc(f)
@@ -89,14 +96,19 @@ def _calibration_docs(drafter_dir: str | Path, weights_sha256: str) -> dict[floa
             check_temperatures(temps, f"calibration file {f}")
         if not (_number(sampling) and sampling >= 0):
             raise UsageError(f"calibration file {f}: sampling_temperature must be a finite number >= 0, got {sampling}")
-        out[float(sampling)] = {**doc, "_path": str(f)}
+        mode = doc.get("acceptance", REJECTION)
+        if not (isinstance(mode, str) and mode):
+            raise UsageError(f"calibration file {f}: acceptance must name an acceptance mode, got {mode!r}")
+        out[float(sampling), mode] = {**doc, "_path": str(f)}
     return out
 
 
 def load_calibrations(drafter_dir: str | Path, weights_sha256: str) -> dict[float, list[float]]:
-    """{sampling temperature: STS temperatures} of every calibration file whose weights hash matches."""
+    """{sampling temperature: STS temperatures} of every rejection-sampling calibration file whose weights hash
+    matches (what the serving layouts export)."""
     docs = _calibration_docs(drafter_dir, weights_sha256)
-    return {T: [float(t) for t in doc["temperatures"]] for T, doc in docs.items() if doc.get("temperatures")}
+    return {T: [float(t) for t in doc["temperatures"]] for (T, mode), doc in docs.items()
+            if mode == REJECTION and doc.get("temperatures")}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -162,33 +174,37 @@ class ConfidenceMap:
         return ConfidenceMap(self.head[:n], self.margin[:n], self.bias[:n])
 
 
-def load_confidence_maps(drafter_dir: str | Path, weights_sha256: str) -> dict[float, ConfidenceMap]:
-    """{sampling temperature: chosen confidence map} of the calibration files whose weights hash matches: the file's
-    ``confidence`` map where it has one, else its STS temperatures."""
+def load_confidence_maps(drafter_dir: str | Path, weights_sha256: str) -> dict[tuple[float, str], ConfidenceMap]:
+    """{(sampling temperature, acceptance mode): chosen confidence map} of the calibration files whose weights hash
+    matches: the file's ``confidence`` map where it has one, else its STS temperatures."""
     out = {}
-    for T, doc in _calibration_docs(drafter_dir, weights_sha256).items():
+    for key, doc in _calibration_docs(drafter_dir, weights_sha256).items():
         try:
             cmap = doc.get("confidence")
-            out[T] = ConfidenceMap.from_dict(cmap) if cmap is not None else ConfidenceMap.sts(doc["temperatures"])
+            out[key] = ConfidenceMap.from_dict(cmap) if cmap is not None else ConfidenceMap.sts(doc["temperatures"])
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"calibration file {doc['_path']}: bad confidence map ({exc}); recalibrate or remove "
                              "it") from exc  # fmt: skip
     return out
 
 
-def confidence_for(drafter: Any, sampling_temperature: float) -> ConfidenceMap | None:
-    """The confidence map for this serving temperature (first γ positions): the drafter's calibration file for it
-    (its chosen map, or the STS temperatures of a file without one), else None (raw confidences)."""
+def confidence_for(drafter: Any, sampling_temperature: float,
+                   acceptance: Any = REJECTION) -> tuple[ConfidenceMap | None, str]:  # fmt: skip
+    """The confidence map for this serving temperature (first γ positions) and the acceptance mode whose rounds it
+    was fitted on: the drafter's calibration for this temperature under ``acceptance`` (a mode's name) where one
+    exists, else its rejection-sampling calibration (its chosen map, or the STS temperatures of a file without one),
+    else (None, rejection): raw confidences."""
     maps = getattr(drafter, "confidence_maps", None) or {
-        T: ConfidenceMap.sts(temps) for T, temps in (getattr(drafter, "calibrations", None) or {}).items()
+        (T, REJECTION): ConfidenceMap.sts(temps) for T, temps in (getattr(drafter, "calibrations", None) or {}).items()
     }
     g = getattr(drafter, "block_size", None)
-    for T, cmap in maps.items():
-        if abs(T - float(sampling_temperature)) < 1e-6:
-            return cmap.first(g) if g is not None else cmap
+    modes = [acceptance, REJECTION] if isinstance(acceptance, str) and acceptance != REJECTION else [REJECTION]
+    for mode in modes:
+        for (T, m), cmap in maps.items():
+            if m == mode and abs(T - float(sampling_temperature)) < 1e-6:
+                return (cmap.first(g) if g is not None else cmap), mode
     if maps:
-        warnings.warn(
-            f"no calibration for T = {sampling_temperature:g} (have {sorted(maps)}); using raw confidences",
-            stacklevel=3,
-        )
-    return None
+        have = sorted({T for T, _ in maps})
+        warnings.warn(f"no calibration for T = {sampling_temperature:g} (have {have}); using raw confidences",
+                      stacklevel=3)  # fmt: skip
+    return None, REJECTION

@@ -22,7 +22,9 @@ def make_engine(target, drafter, params: SamplingParams, *, scheduler: Any = "st
                 calibrated: bool = True, verifier: Any = "auto", acceptance: Any = "rejection",
                 hardware: HardwareProfile | None = None) -> Engine:  # fmt: skip
     """The engine ``decode()`` drives (also driven directly by the closed-loop serving benchmark)."""
-    temps = confidence_for(drafter, params.temperature) if calibrated and drafter is not None else None
+    temps, fitted_on = (None, "rejection")
+    if calibrated and drafter is not None:
+        temps, fitted_on = confidence_for(drafter, params.temperature, acceptance)
     proposer = make_proposer(drafter, batching=batching, confidence=temps) if drafter is not None else None
     engine = Engine(
         target,
@@ -36,6 +38,7 @@ def make_engine(target, drafter, params: SamplingParams, *, scheduler: Any = "st
         verifier=verifier,
         acceptance=acceptance,
         hardware=hardware,
+        confidence_mode=fitted_on,
     )
     if (temps is None and params.temperature > 0 and getattr(drafter, "conf_head", None) is not None
             and "sps" in engine.scheduler.reads_hardware):  # fmt: skip

@@ -76,7 +76,8 @@ def _whole(lengths: torch.Tensor) -> bool:
 
 class Engine:
     """Holds the target's verifier, the drafter's proposer, the scheduler, the acceptance mode and the round logs.
-    ``batching``: ``padded`` or ``flat``."""
+    ``batching``: ``padded`` or ``flat``; ``confidence_mode``: the acceptance mode whose rounds the proposer's
+    confidences were calibrated on (a mode accepting otherwise than that maps them with its ``confidence``)."""
 
     def __init__(
         self,
@@ -92,6 +93,7 @@ class Engine:
         verifier: Any = "auto",
         acceptance: Any = "rejection",
         hardware: HardwareProfile | None = None,
+        confidence_mode: str = "rejection",
     ) -> None:
         resolve("acceptance", acceptance)  # an unknown mode or argument: one line, before anything is built
         self.target = target
@@ -113,7 +115,9 @@ class Engine:
         self.device = dev
         self.acceptance = acceptance_mode(acceptance, params, dev, proposer)
         self.acceptance_spec = acceptance  # as given (the drafting-cost profile runs the same mode)
-        self._mode_confidence = getattr(self.acceptance, "confidence", None)
+        # confidences fitted on rejection-sampling rounds, read by a mode that accepts otherwise: the mode's map
+        mapped = confidence_mode == "rejection"
+        self._mode_confidence = getattr(self.acceptance, "confidence", None) if mapped else None
         self.seed = seed
         self.requests: list[Request] = []
         self.log = RoundLog()

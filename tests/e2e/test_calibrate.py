@@ -85,6 +85,56 @@ def test_temperatures_round_trip_and_change_the_schedule(drafter_dir):
         decode(target, drafter, prompts, max_new_tokens=4, temperature=0.0)
 
 
+def test_coupled_acceptance_reads_the_map_fitted_on_coupled_rounds(drafter_dir):
+    """A map fitted on coupled rounds (``calibration_T1_coupled.json``) is what the scheduler sees under coupled
+    acceptance, as it is; without one, coupled acceptance maps the rejection-sampling map to c / (2 - c); rejection
+    sampling never reads the coupled map."""
+    from dspark_lightning.checkpoint.calibration import ConfidenceMap, write_calibration
+
+    sha = read_config(drafter_dir)["weights_sha256"]
+
+    def write(bias, acceptance=None):
+        doc = {"temperatures": None, "sampling_temperature": 1.0, "weights_sha256": sha,
+               "confidence": ConfidenceMap((0.0,) * 3, (0.0,) * 3, (bias,) * 3).to_dict()}  # fmt: skip
+        return write_calibration(drafter_dir, doc | ({"acceptance": acceptance} if acceptance else {}))
+
+    def seen(acceptance):
+        confs = []
+
+        def record(conf):
+            confs.append(conf.clone())
+            return torch.zeros(conf.shape[0], dtype=torch.long)
+
+        target = load_target("tiny-debug")
+        decode(target, load_drafter(drafter_dir, target), ["hello there"], max_new_tokens=6, temperature=1.0, seed=1,
+               scheduler=record, acceptance=acceptance)  # fmt: skip
+        return torch.cat(confs)
+
+    write(2.0)  # rejection sampling: ĉ = σ(2) ≈ 0.88
+    c = torch.sigmoid(torch.tensor(2.0))
+    torch.testing.assert_close(seen("coupled"), torch.full_like(seen("coupled"), float(c / (2 - c))))
+    assert write(-2.0, "coupled").name == "calibration_T1_coupled.json"
+    torch.testing.assert_close(seen("coupled"), torch.full_like(seen("coupled"), float(1 - c)))  # σ(-2) as it is
+    torch.testing.assert_close(seen("rejection"), torch.full_like(seen("rejection"), float(c)))
+    drafter = load_drafter(drafter_dir, load_target("tiny-debug"))
+    assert sorted(drafter.confidence_maps) == [(1.0, "coupled"), (1.0, "rejection")]
+    assert drafter.calibrations == {}  # exports carry STS temperatures of rejection sampling only
+
+
+def test_calibrate_under_coupled_acceptance_writes_its_own_file(drafter_dir, capsys):
+    args = ["calibrate", "--drafter", str(drafter_dir), "--prompts_per_domain", "2", "--max_new_tokens", "12",
+            "--min_rows", "10", "--min_class", "1"]  # fmt: skip
+    code, out, err = run_main(args + ["--acceptance", "coupled"], capsys)
+    assert code == 0, err[-2000:]
+    doc = json.loads((drafter_dir / "calibration_T1_coupled.json").read_text())
+    assert doc["acceptance"] == "coupled" and doc["dataset"]["rounds"] > 0
+    assert "coupled acceptance" in out and not (drafter_dir / calibration_file(1.0)).exists()
+    code, out, err = run_main(args + ["--acceptance", "coupled", "--temperature", "0"], capsys)
+    assert code == 2 and "greedy decoding accepts the same drafts" in err
+    code, out, err = run_main(args + ["--acceptance", "nope"], capsys)
+    assert code == 2 and "--acceptance 'nope' is not one of" in err
+
+
 def test_a_calibration_for_other_weights_is_ignored(drafter_dir):
     _save(drafter_dir, [0.5, 0.5, 0.5], sha="0" * 64)
     with pytest.warns(UserWarning, match="other weights"):

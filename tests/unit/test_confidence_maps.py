@@ -75,7 +75,7 @@ def test_map_file_round_trip_and_refusals(tmp_path):
     doc = {"temperatures": [2.0, 1.0], "sampling_temperature": 0.0, "weights_sha256": "abc",
            "confidence": cmap.to_dict()}  # fmt: skip
     write_calibration(tmp_path, doc)
-    assert load_confidence_maps(tmp_path, "abc") == {0.0: cmap}
+    assert load_confidence_maps(tmp_path, "abc") == {(0.0, "rejection"): cmap}
     assert ConfidenceMap.sts([2.0, 4.0]) == ConfidenceMap((0.5, 0.25), (0.0, 0.0), (0.0, 0.0))
     with pytest.raises(ValueError, match="equal-length"):
         write_calibration(tmp_path, {**doc, "confidence": {"head": [1.0], "margin": [0.0, 0.0], "bias": [0.0]}})
