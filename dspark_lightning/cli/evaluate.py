@@ -28,37 +28,41 @@ from .signature import REPEATED, run
 Domain = Literal[DOMAINS]  # the built-in held-out sets
 
 
-@dataclass(frozen=True)
-class Shared:
-    """The options every evaluation command takes: the drafters (``name=path`` or ``path``), the target, the
-    built-in prompt sets, the output directory and the devices."""
+@dataclass(frozen=True, kw_only=True)
+class Common:
+    """The options every evaluation command takes, checked when given (before any model is loaded).
 
-    drafter: Sequence[str]
-    target: str | None
-    domains: Sequence[Domain]
-    prompts_per_domain: int
-    max_new_tokens: int
+    Args:
+        out: output directory
+        drafter: exported drafter directory, optionally named: name=path (repeatable)
+        target: default: the first drafter's target
+        domains: built-in held-out sets
+        prompts_per_domain: prompts of each set
+        max_new_tokens: most tokens generated per prompt
+        seed: random seed of the sampling
+        device: auto (CUDA when available) | cpu | cuda | cuda:N
+        dtype: target: auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
+        drafter_dtype: drafter: auto (the faster of fp32/bf16 here) | bf16 | fp32
+    """
+
     out: str
-    device: str
-    dtype: str
-    drafter_dtype: str
+    drafter: Annotated[Sequence[str], REPEATED] = ()
+    target: str | None = None
+    domains: Sequence[Domain] = DOMAINS
+    prompts_per_domain: int = 8
+    max_new_tokens: int = 64
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "auto"
+    drafter_dtype: str = "auto"
 
-    def check(self, schedulers: Sequence[str] | None = None, sps: str | None = None) -> list[dict]:
-        """These options and the schedulers a command runs (None: it chooses them itself), checked before any model
-        is loaded: sizes, domains, the files read and the output. Returns the schedulers' specs."""
+    def __post_init__(self) -> None:
         checks.at_least("--prompts_per_domain", self.prompts_per_domain, 1)
         checks.at_least("--max_new_tokens", self.max_new_tokens, 1)
         for spec in self.drafter:
             checks.drafter_config(spec.rpartition("=")[2])
-        specs = [scheduler_arg(text, sps) for text in schedulers or ()]
-        labels = [scheduler_label(spec) for spec in specs]
-        if len(set(labels)) != len(labels):
-            raise checks.UsageError(f"--scheduler names a scheduler twice: {' '.join(labels)}")
-        if schedulers is None and sps:
-            check_sps_file(sps)
         checks.output_dir("--out", self.out)
         devices.check_device_args(self.device, self.dtype, self.drafter_dtype)
-        return specs
 
     def load(self):
         """(target, {name: drafter}): a drafter is named by ``name=`` or after its registered kind; the target is
@@ -77,6 +81,30 @@ class Shared:
         # refused here, not after the first domain's decode
         checks.fits_positions(target, self.max_new_tokens + 1, "--max_new_tokens with a one-token prompt")
         return target, dict(zip(names, models, strict=True))
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalCommon(Common):
+    """``eval``'s: long answers, the paper's seed."""
+
+    max_new_tokens: int = 256
+    seed: int = 980406
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchCommon(Common):
+    """``bench``'s: few prompts, every cell timed."""
+
+    prompts_per_domain: int = 3
+
+
+def scheduler_specs(schedulers: Sequence[str], sps: str | None, flag: str = "--scheduler") -> list[dict]:
+    """The schedulers a command runs, each checked, none twice."""
+    specs = [scheduler_arg(text, sps, flag) for text in schedulers]
+    labels = [scheduler_label(spec) for spec in specs]
+    if len(set(labels)) != len(labels):
+        raise checks.UsageError(f"{flag} names a scheduler twice: {' '.join(labels)}")
+    return specs
 
 
 def check_dataset_spec(spec: str) -> None:
@@ -98,31 +126,19 @@ def show(paths: dict[str, Path], table: str, command: str) -> None:
 
 
 def evaluate(
+    common: EvalCommon,
     *,
-    drafter: Annotated[Sequence[str], REPEATED] = (),
-    target: str | None = None,
-    domains: Sequence[Domain] = DOMAINS,
-    prompts_per_domain: int = 8,
-    max_new_tokens: int = 256,
-    seed: int = 980406,
     scheduler: str = "static",
     sps: str | None = None,
-    out: str,
     dataset: Annotated[Sequence[str], REPEATED] = (),
     prompts: str | None = None,
     temperature: float = 1.0,
     batch_size: int = 8,
-    device: str = "auto",
-    dtype: str = "auto",
-    drafter_dtype: str = "auto",
 ) -> None:
     """τ table, position-wise acceptance and speed.
 
     Args:
-        drafter: exported drafter directory, optionally named: name=path (repeatable)
-        target: default: the first drafter's target
-        prompts_per_domain: prompts of each set
-        max_new_tokens: most tokens generated per prompt
+        common: the options every evaluation command takes
         scheduler: scheduler for every drafter: a name or {class_path: NAME, init_args: {...}} (default static:
             full blocks, as the paper's Table 1; {class_path: static, init_args: {gamma: 4}} verifies 4 drafts a round)
         sps: SPS table JSON for the schedulers that take one
@@ -135,10 +151,9 @@ def evaluate(
     from ..eval.runner import builtin_datasets, jsonl_dataset, responses_datasets, write_eval
     from ..eval.runner import evaluate as run_evaluation
 
-    if not drafter:
+    if not common.drafter:
         raise UsageError("give at least one --drafter [name=]path")
-    shared = Shared(drafter, target, domains, prompts_per_domain, max_new_tokens, out, device, dtype, drafter_dtype)
-    (spec,) = shared.check([scheduler], sps)
+    (spec,) = scheduler_specs([scheduler], sps)
     SamplingParams(temperature)  # the sampling law checks its own arguments, before any model loads
     checks.at_least("--batch_size", batch_size, 1)
     for text in dataset:
@@ -146,57 +161,45 @@ def evaluate(
     if prompts is not None:
         checks.input_file("--prompts", prompts)
         try:
-            datasets = responses_datasets(prompts, prompts_per_domain)
+            datasets = responses_datasets(prompts, common.prompts_per_domain)
         except (OSError, ValueError) as exc:
             raise checks.UsageError(f"--prompts {prompts}: {exc}") from None
     else:
-        datasets = builtin_datasets(domains, prompts_per_domain)
-    datasets += [jsonl_dataset(s, prompts_per_domain) for s in dataset]  # read before any model loads
+        datasets = builtin_datasets(common.domains, common.prompts_per_domain)
+    datasets += [jsonl_dataset(s, common.prompts_per_domain) for s in dataset]  # read before any model loads
     names = [d.name for d in datasets]
     if len(set(names)) != len(names):
         raise checks.UsageError(f"two prompt sets share a name ({', '.join(names)}): rename the --dataset")
-    tgt, drafters = shared.load()
+    tgt, drafters = common.load()
     doc = run_evaluation(
         tgt,
         drafters,
         datasets,
         temperature=temperature,
-        max_new_tokens=max_new_tokens,
+        max_new_tokens=common.max_new_tokens,
         batch_size=batch_size,
         scheduler=spec,
-        seed=seed,
+        seed=common.seed,
     )
-    show(write_eval(doc, out), "tau_table.md", "eval")
+    show(write_eval(doc, common.out), "tau_table.md", "eval")
 
 
 def bench(
+    common: BenchCommon,
     *,
-    drafter: Annotated[Sequence[str], REPEATED] = (),
-    target: str | None = None,
-    domains: Sequence[Domain] = DOMAINS,
-    prompts_per_domain: int = 3,
-    max_new_tokens: int = 64,
-    seed: int = 0,
     scheduler: Sequence[str] = ("auto",),
     sps: str | None = None,
-    out: str,
     temperatures: Sequence[float] = (0.0, 1.0),
     batches: Sequence[int] = (1, 8),
     repeats: int = 2,
     prompt_lookup_tokens: int = 10,
     acceptance: Sequence[str] = ("rejection",),
     batching: Sequence[Batching] = ("padded",),
-    device: str = "auto",
-    dtype: str = "auto",
-    drafter_dtype: str = "auto",
 ) -> None:
     """Side-by-side throughput on the same target.
 
     Args:
-        drafter: exported drafter directory, optionally named: name=path (repeatable)
-        target: default: the first drafter's target
-        prompts_per_domain: prompts of each set
-        max_new_tokens: most tokens generated per prompt
+        common: the options every evaluation command takes
         scheduler: scheduler(s) for every drafter, each a name or {class_path: NAME, init_args: {...}}; several: one
             row per drafter and scheduler
         sps: SPS table JSON for the schedulers that take one
@@ -211,8 +214,7 @@ def bench(
     from ..eval.bench import write_bench
     from ..eval.runner import builtin_datasets
 
-    shared = Shared(drafter, target, domains, prompts_per_domain, max_new_tokens, out, device, dtype, drafter_dtype)
-    specs = shared.check(scheduler, sps)
+    specs = scheduler_specs(scheduler, sps)
     for t in temperatures:
         SamplingParams(t)
     for b in batches:
@@ -223,23 +225,23 @@ def bench(
         component_arg("--acceptance", "acceptance", x)
     if len(set(batching)) != len(batching):
         raise checks.UsageError(f"--batching names a mode twice: {' '.join(batching)}")
-    tgt, drafters = shared.load()
-    sets = {d.domain: d.prompts for d in builtin_datasets(domains, prompts_per_domain)}
+    tgt, drafters = common.load()
+    sets = {d.domain: d.prompts for d in builtin_datasets(common.domains, common.prompts_per_domain)}
     doc = run_bench(
         tgt,
         drafters,
         sets,
         temperatures=tuple(temperatures),
         batches=tuple(batches),
-        max_new_tokens=max_new_tokens,
+        max_new_tokens=common.max_new_tokens,
         repeats=repeats,
         schedulers={scheduler_label(spec): spec for spec in specs},
-        seed=seed,
+        seed=common.seed,
         prompt_lookup_tokens=prompt_lookup_tokens,
         acceptance=tuple(acceptance),
         batching=tuple(batching),
     )
-    show(write_bench(doc, out), "bench.md", "bench")
+    show(write_bench(doc, common.out), "bench.md", "bench")
 
 
 def run_calibrate(argv: list[str]) -> None:
@@ -252,30 +254,18 @@ def run_calibrate(argv: list[str]) -> None:
 
 
 def threshold_sweep(
+    common: Common,
     *,
-    drafter: Annotated[Sequence[str], REPEATED] = (),
-    target: str | None = None,
-    domains: Sequence[Domain] = DOMAINS,
-    prompts_per_domain: int = 8,
-    max_new_tokens: int = 64,
-    seed: int = 0,
-    out: str,
     thresholds: Sequence[float] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
     mode: Literal["cumulative", "raw"] = "cumulative",
     temperature: float = 1.0,
     batch_size: int = 8,
     raw_confidences: bool = False,
-    device: str = "auto",
-    dtype: str = "auto",
-    drafter_dtype: str = "auto",
 ) -> None:
-    """Confidence-threshold sweep (Figure 5).
+    """Confidence-threshold sweep (Figure 5) of one drafter.
 
     Args:
-        drafter: the exported drafter directory, optionally named: name=path (exactly one)
-        target: default: the drafter's target
-        prompts_per_domain: prompts of each set
-        max_new_tokens: most tokens generated per prompt
+        common: the options every evaluation command takes (exactly one --drafter)
         thresholds: the confidence thresholds swept
         mode: cumulative (calibrated survival a_k) or raw
         temperature: sampling temperature
@@ -286,57 +276,44 @@ def threshold_sweep(
     from ..eval.sweep import threshold_sweep as run_sweep
     from ..eval.sweep import write_threshold_sweep
 
-    if len(drafter) != 1:
+    if len(common.drafter) != 1:
         raise UsageError("give exactly one --drafter")
-    shared = Shared(drafter, target, domains, prompts_per_domain, max_new_tokens, out, device, dtype, drafter_dtype)
-    shared.check()
     for t in thresholds:
         checks.probability("--thresholds", t)
     SamplingParams(temperature)  # the sampling law checks its own arguments, before any model loads
     checks.at_least("--batch_size", batch_size, 1)
-    tgt, drafters = shared.load()
+    tgt, drafters = common.load()
     doc = run_sweep(
         tgt,
         next(iter(drafters.values())),
-        builtin_datasets(domains, prompts_per_domain),
+        builtin_datasets(common.domains, common.prompts_per_domain),
         thresholds=list(thresholds),
         mode=mode,
         temperature=temperature,
-        max_new_tokens=max_new_tokens,
+        max_new_tokens=common.max_new_tokens,
         batch_size=batch_size,
         calibrated=not raw_confidences,
-        seed=seed,
+        seed=common.seed,
     )
-    show(write_threshold_sweep(doc, out), "threshold_sweep.md", "threshold-sweep")
+    show(write_threshold_sweep(doc, common.out), "threshold_sweep.md", "threshold-sweep")
 
 
 def serve_bench(
+    common: Common,
     *,
-    drafter: Annotated[Sequence[str], REPEATED] = (),
-    target: str | None = None,
-    domains: Sequence[Domain] = DOMAINS,
-    prompts_per_domain: int = 8,
-    max_new_tokens: int = 64,
-    seed: int = 0,
     sps: str | None = None,
-    out: str,
     concurrency: Sequence[int] = (1, 2, 4, 8, 16, 32),
     methods: Sequence[str] = tuple(method_text(m) for m in DEFAULT_METHODS),
     window_s: float = 20.0,
     repeats: int = 1,
     batching: Batching = "padded",
     temperature: float = 1.0,
-    device: str = "auto",
-    dtype: str = "auto",
-    drafter_dtype: str = "auto",
 ) -> None:
-    """Closed-loop concurrency study (Figures 7-8).
+    """Closed-loop concurrency study (Figures 7-8) of one drafter's schedulers (none: plain decoding only); the
+    domains' prompts interleaved.
 
     Args:
-        drafter: the exported drafter directory, optionally named: name=path (one; none: plain decoding only)
-        target: default: the drafter's target
-        prompts_per_domain: prompts of each set (the domains interleaved)
-        max_new_tokens: most tokens generated per request
+        common: the options every evaluation command takes (at most one --drafter)
         sps: SPS table JSON for hardware_aware schedulers
         concurrency: concurrent clients (a cell each)
         methods: plain, or a scheduler as --scheduler takes it: a name or {class_path: NAME, init_args: {...}}
@@ -349,10 +326,10 @@ def serve_bench(
     from ..eval.serve_bench import serve_bench as run_serve_bench
     from ..eval.serve_bench import write_serve_bench
 
-    if len(drafter) > 1:
+    if len(common.drafter) > 1:
         raise UsageError("give one --drafter (the methods compare its schedulers)")
-    shared = Shared(drafter, target, domains, prompts_per_domain, max_new_tokens, out, device, dtype, drafter_dtype)
-    shared.check(sps=sps)
+    if sps:
+        check_sps_file(sps)
     for c in concurrency:
         checks.at_least("--concurrency", c, 1)
     for m in methods:  # plain, or a scheduler as --scheduler takes it
@@ -361,13 +338,13 @@ def serve_bench(
     checks.in_range("--window_s", window_s, 0.0, open_low=True)
     checks.at_least("--repeats", repeats, 1)
     SamplingParams(temperature)  # the sampling law checks its own arguments, before any model loads
-    tgt, drafters = shared.load()
+    tgt, drafters = common.load()
     table = None
     if sps:
         from ..infer import SPSTable
 
         table = SPSTable.load(sps)
-    datasets = builtin_datasets(domains, prompts_per_domain)
+    datasets = builtin_datasets(common.domains, common.prompts_per_domain)
     prompts = [p for group in zip(*(d.prompts for d in datasets), strict=True) for p in group]  # domains interleaved
     doc = run_serve_bench(
         tgt,
@@ -377,10 +354,10 @@ def serve_bench(
         methods=list(methods),
         sps=table,
         temperature=temperature,
-        max_new_tokens=max_new_tokens,
+        max_new_tokens=common.max_new_tokens,
         window_s=window_s,
         repeats=repeats,
-        seed=seed,
+        seed=common.seed,
         batching=batching,
     )
-    show(write_serve_bench(doc, out), "serve_bench.md", "serve-bench")
+    show(write_serve_bench(doc, common.out), "serve_bench.md", "serve-bench")

@@ -18,12 +18,15 @@ parameter's entry in the docstring's ``Args:`` section (else its entry in :data:
 same in every command), and the docstring's summary is the command's description.
 A sequence (``Sequence[str]``, ``list[int]``) takes one or more values (``--domains math code``); annotated as
 ``Annotated[Sequence[str], REPEATED]`` it is given once per value instead (``--prompt a --prompt b``). A ``bool`` is
-a switch: ``--overwrite`` alone, or ``--overwrite true|false``.
+a switch: ``--overwrite`` alone, or ``--overwrite true|false``. A parameter typed by a (keyword-only) dataclass is a
+group of options several commands share: its fields are flags of their own (``--out``, not ``--common.out``),
+documented in its docstring, and the function receives the dataclass built from them (its constructor checks them).
 """
 
 from __future__ import annotations
 
 import collections.abc
+import dataclasses
 import inspect
 import typing
 from collections.abc import Callable, Collection, Mapping
@@ -45,9 +48,12 @@ SEQUENCES = (list, tuple, collections.abc.Sequence)
 
 
 def arg_help(func: Callable) -> dict[str, str]:
-    """Parameter name -> its ``Args:`` entry in ``func``'s docstring on one line, else its :data:`COMMON_HELP`."""
-    doc = docstring_parser.parse(inspect.getdoc(func) or "")
-    own = {p.arg_name: " ".join(p.description.split()) for p in doc.params if p.description}
+    """Parameter name -> its ``Args:`` entry in ``func``'s docstring on one line (a class's: also its bases'), else
+    its :data:`COMMON_HELP`."""
+    own = {}
+    for owner in reversed(func.__mro__) if isinstance(func, type) else (func,):
+        doc = docstring_parser.parse(inspect.getdoc(owner) or "")
+        own |= {p.arg_name: " ".join(p.description.split()) for p in doc.params if p.description}
     params = inspect.signature(func).parameters
     return {**{k: v for k, v in COMMON_HELP.items() if k in params}, **own}
 
@@ -86,13 +92,23 @@ def flag_parameters(func: Callable, skip: Collection[str] = ()) -> list[inspect.
     return [p for p in params if p.name not in skip and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
 
+def group_type(func: Callable, param: inspect.Parameter) -> type | None:
+    """The dataclass a parameter of ``func`` is typed by (a group of shared options), else None."""
+    hint = typing.get_type_hints(func).get(param.name)
+    return hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
+
+
 def add_function_flags(
     parser: ArgumentParser, func: Callable, skip: Collection[str] = (), flags: Mapping[str, str] | None = None
 ) -> None:
-    """Add a flag for each parameter of ``func`` but those in ``skip``; ``flags``: parameter -> another flag name.
-    A parameter without help in the docstring or :data:`COMMON_HELP` is a TypeError (every flag is documented)."""
+    """Add a flag for each parameter of ``func`` but those in ``skip`` (for a dataclass-typed one, a flag per field);
+    ``flags``: parameter -> another flag name. A parameter without help in the docstring or :data:`COMMON_HELP` is
+    a TypeError (every flag is documented)."""
     helps, hints = arg_help(func), typing.get_type_hints(func, include_extras=True)
     for param in flag_parameters(func, skip):
+        if (group := group_type(func, param)) is not None:
+            add_function_flags(parser, group)
+            continue
         if param.name not in helps:
             raise TypeError(f"{func.__qualname__}: parameter {param.name!r} has no entry in the docstring's Args:")
         flag = (flags or {}).get(param.name, param.name)
@@ -111,8 +127,13 @@ def command_parser(
 def function_kwargs(
     cfg: Any, func: Callable, skip: Collection[str] = (), flags: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
-    """The keyword arguments of ``func`` from a namespace parsed by a parser :func:`add_function_flags` built."""
-    return {p.name: cfg[(flags or {}).get(p.name, p.name)] for p in flag_parameters(func, skip)}
+    """The keyword arguments of ``func`` from a namespace parsed by a parser :func:`add_function_flags` built (a
+    dataclass-typed parameter built from its fields' flags)."""
+    out = {}
+    for p in flag_parameters(func, skip):
+        group = group_type(func, p)
+        out[p.name] = group(**function_kwargs(cfg, group)) if group else cfg[(flags or {}).get(p.name, p.name)]
+    return out
 
 
 def run(

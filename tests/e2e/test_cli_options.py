@@ -154,6 +154,28 @@ def test_bench_rejects_bad_scheduler_and_batching_lists(drafter, tmp_path, capsy
     assert code == 2 and word in err
 
 
+def test_the_evaluation_commands_share_one_checked_group(drafter, tmp_path, capsys):
+    """Every evaluation command takes the same options (flat flags, its own defaults), received as one dataclass that
+    checks them in its constructor, from the command line and from Python alike."""
+    from dspark_lightning.checks import UsageError
+    from dspark_lightning.cli.evaluate import BenchCommon, Common, EvalCommon
+    from dspark_lightning.cli.signature import command_parser
+
+    assert (EvalCommon(out="o").max_new_tokens, BenchCommon(out="o").prompts_per_domain, Common(out="o").seed) == (
+        256, 3, 0)  # fmt: skip
+    with pytest.raises(UsageError, match="--prompts_per_domain"):
+        Common(out=str(tmp_path), prompts_per_domain=0)
+    with pytest.raises(UsageError, match="tpu"):
+        Common(out=str(tmp_path), device="tpu")
+    for cmd in ("eval", "bench", "threshold-sweep", "serve-bench"):
+        code, _, err = run_main([cmd, "--drafter", drafter, "--max_new_tokens", "0", "--out", str(tmp_path)], capsys)
+        assert code == 2 and "--max_new_tokens" in err, (cmd, err)
+    from dspark_lightning.cli.evaluate import threshold_sweep
+
+    helps = command_parser(threshold_sweep, "t").format_help()
+    assert "--drafter" in helps and "--out" in helps and "--common" not in helps
+
+
 # plots: a grid of at most 4 columns, whole-number positions
 
 
