@@ -187,11 +187,11 @@ def _fit_and_write(
         "max_new_tokens": max_new_tokens,
         "seed": seed,
     }
-    mode = {} if acceptance == REJECTION else {"acceptance": acceptance}
     sha = read_config(drafter)["weights_sha256"]
     path = save_calibration(drafter, res, temperature=temperature, dataset=dataset, weights_sha256=sha,
                             heldout=heldout, confidence=chosen, methods=picked,
-                            confidence_report=conf_report, frontier=replay, **mode)  # fmt: skip
+                            confidence_report=conf_report, frontier=replay,
+                            acceptance=None if acceptance == REJECTION else acceptance)  # fmt: skip
     doc = json.loads(path.read_text())
     which = "held-out" if bool(held.any()) else "fit set"
     under = "" if acceptance == REJECTION else f" ({acceptance} acceptance)"

@@ -92,9 +92,8 @@ def flag_parameters(func: Callable, skip: Collection[str] = ()) -> list[inspect.
     return [p for p in params if p.name not in skip and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
 
 
-def group_type(func: Callable, param: inspect.Parameter) -> type | None:
-    """The dataclass a parameter of ``func`` is typed by (a group of shared options), else None."""
-    hint = typing.get_type_hints(func).get(param.name)
+def group_type(hint: Any) -> type | None:
+    """The dataclass a parameter annotated ``hint`` is typed by (a group of shared options), else None."""
     return hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
 
 
@@ -106,7 +105,7 @@ def add_function_flags(
     a TypeError (every flag is documented)."""
     helps, hints = arg_help(func), typing.get_type_hints(func, include_extras=True)
     for param in flag_parameters(func, skip):
-        if (group := group_type(func, param)) is not None:
+        if (group := group_type(hints[param.name])) is not None:
             add_function_flags(parser, group)
             continue
         if param.name not in helps:
@@ -129,9 +128,9 @@ def function_kwargs(
 ) -> dict[str, Any]:
     """The keyword arguments of ``func`` from a namespace parsed by a parser :func:`add_function_flags` built (a
     dataclass-typed parameter built from its fields' flags)."""
-    out = {}
+    out, hints = {}, typing.get_type_hints(func)
     for p in flag_parameters(func, skip):
-        group = group_type(func, p)
+        group = group_type(hints.get(p.name))
         out[p.name] = group(**function_kwargs(cfg, group)) if group else cfg[(flags or {}).get(p.name, p.name)]
     return out
 
