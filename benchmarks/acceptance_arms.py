@@ -5,7 +5,9 @@ conversations for the same epochs and decoded on the same held-out prompts (data
 
 An arm is a YAML file ``benchmarks/acceptance_arms/<name>.yaml`` merged over ``--config`` (``make run``'s recipe by
 default; ``baseline.yaml`` is empty). Every arm is trained by ``data-curve``'s runner (``fit`` in a subprocess,
-``--samples`` conversations x ``--epochs``; no wall budget) and decoded at T = 0, static γ = 7, batch 1, 96 new
+``--samples`` conversations x ``--epochs``; no wall budget unless ``--minutes``: then each arm trains for that wall
+budget, as ``make run`` does, or the epochs if they end first, and its steps are those it trained; run those alone)
+and decoded at T = 0, static γ = 7, batch 1, 96 new
 tokens on ``--per_set`` held-out prompts per set of the base recipe's split. A finished arm is a JSON file in
 ``--out``/arms (rerun to resume); ``arms.md`` is the table: steps, fit wall time, τ and A_1 per set with the 95 %
 bootstrap interval over prompts, and the difference to the baseline. An arm that changes the data (answer length,
@@ -64,6 +66,7 @@ def main() -> None:
     ap.add_argument("--config", default=str(ROOT / "recipes/smollm2_dspark.yaml"))
     ap.add_argument("--samples", type=int, default=1150)
     ap.add_argument("--epochs", type=float, default=3.0)
+    ap.add_argument("--minutes", type=float, default=None, help="a wall budget per arm's training (alone only)")
     ap.add_argument("--per_set", type=int, default=30)
     ap.add_argument("--out", default=str(ROOT / "benchmarks/results/data/acceptance_arms"))
     ap.add_argument("--work_dir", default="outputs/acceptance_arms")
@@ -91,7 +94,7 @@ def main() -> None:
             _run([sys.executable, "-m", "dspark_lightning.cli", "prepare", "--config", str(path)],
                  work / "prepare.log", f"prepare of arm {name}")  # fmt: skip
         check_samples(data_dir, a.samples)
-        res = run_arm(recipe, arm, work, prompts, 7, 96)
+        res = run_arm(recipe, arm, work, prompts, 7, 96, a.minutes)
         res.info["change"] = change
         atomic_write(dest, json.dumps(res.to_json(), indent=1) + "\n")
         print(f"[arms] {name}: " + ", ".join(f"τ {s} {res.metric('tau', s):.3f}" for s in SETS), flush=True)
@@ -100,7 +103,8 @@ def main() -> None:
     for name in finished:
         results[name] = dc.ArmResult.from_json(json.loads((out / "arms" / f"{name}.json").read_text()))
     done = list(results.values())
-    title = (f"{Path(a.config).name} + one change per arm, {a.samples:,} conversations x {a.epochs:g} epochs; "
+    budget = f" or {a.minutes:g} wall minutes of training" if a.minutes else ""
+    title = (f"{Path(a.config).name} + one change per arm, {a.samples:,} conversations x {a.epochs:g} epochs{budget}; "
              f"T = 0, static γ = 7, batch 1, 96 new tokens, {a.per_set} held-out prompts per set; "
              f"CPU {', '.join(sorted({r.info.get('cpu', '?') for r in done}))}; "
              f"{', '.join(sorted({str(r.info.get('date')) for r in done}))}")  # fmt: skip

@@ -46,18 +46,20 @@ def subset(recipe: dict, samples: int) -> dict:
     return {"class_path": "cached", "init_args": {**(mode.get("init_args") or {}), "train_samples": samples}}
 
 
-def arm_recipe(recipe: dict, arm: dc.Arm, run_dir: Path) -> tuple[dict, int]:
-    """The recipe trained on the arm's samples for its epochs (optimizer steps; no wall budget, no validation, no
-    server exports), logging to a CSV in ``run_dir``; and its step count."""
+def arm_recipe(recipe: dict, arm: dc.Arm, run_dir: Path, minutes: float | None = None) -> tuple[dict, int]:
+    """The recipe trained on the arm's samples for its epochs (optimizer steps; no validation, no server exports),
+    logging to a CSV in ``run_dir``; and its step count. No wall budget, unless ``minutes``: then training stops at
+    that budget (the learning-rate schedule spans it) or after the epochs, whichever comes first."""
     batch = int(recipe.get("data", {}).get("batch_size", 4))
     steps = arm.steps(batch)
     r = _merged(recipe, {"data": {"features": subset(recipe, arm.samples)}, "export": {"servers": []}})
     trainer = r.setdefault("trainer", {})
-    trainer.update(max_steps=steps, max_time=None, default_root_dir=str(run_dir), limit_val_batches=0,
+    budget = None if minutes is None else {"minutes": minutes}
+    trainer.update(max_steps=steps, max_time=budget, default_root_dir=str(run_dir), limit_val_batches=0,
                    logger=[{"class_path": "lightning.pytorch.loggers.CSVLogger",
                             "init_args": {"save_dir": str(run_dir), "name": "csv"}}])  # fmt: skip
     trainer["callbacks"] = [c for c in trainer.get("callbacks") or [] if "ModelCheckpoint" not in str(c)]
-    r.setdefault("model", {}).setdefault("optim", {})["time_budget_s"] = None
+    r.setdefault("model", {}).setdefault("optim", {})["time_budget_s"] = None if minutes is None else 60 * minutes
     return r, steps
 
 
@@ -73,8 +75,9 @@ def _run(cmd: list[str], log: Path, what: str) -> float:
 
 
 def run_arm(recipe: dict, arm: dc.Arm, work: Path, prompts: dict[str, list[str]], gamma: int,
-            max_new_tokens: int) -> dc.ArmResult:  # fmt: skip
-    """Train (unless a finished drafter is there) and decode one arm."""
+            max_new_tokens: int, minutes: float | None = None) -> dc.ArmResult:  # fmt: skip
+    """Train (unless a finished drafter is there) and decode one arm; ``minutes``: a wall budget for its training
+    (:func:`arm_recipe`), its steps then those it trained."""
     import yaml
     from tqdm.auto import tqdm
 
@@ -83,7 +86,7 @@ def run_arm(recipe: dict, arm: dc.Arm, work: Path, prompts: dict[str, list[str]]
 
     run_dir = work / arm.name
     run_dir.mkdir(parents=True, exist_ok=True)
-    r, steps = arm_recipe(recipe, arm, run_dir)
+    r, steps = arm_recipe(recipe, arm, run_dir, minutes)
     drafter, done = run_dir / "drafter", run_dir / "fit_done.json"
     if not done.is_file():
         path = run_dir / "recipe.yaml"
@@ -92,8 +95,11 @@ def run_arm(recipe: dict, arm: dc.Arm, work: Path, prompts: dict[str, list[str]]
         cmd = [sys.executable, "-m", "dspark_lightning.cli", "fit", "--config", str(path),
                "--validate_before_fit", "false", "--export.dir", str(drafter)]  # fmt: skip
         wall = _run(cmd, run_dir / "fit.log", f"fit of arm {arm.name}")
-        done.write_text(json.dumps({"fit_wall_s": round(wall, 1), "cpu": cpu_model()}) + "\n")
+        stats = sorted(run_dir.glob("csv/version_*/fit_stats.json"), key=lambda p: p.stat().st_mtime)
+        trained = json.loads(stats[-1].read_text())["steps"] if stats else steps
+        done.write_text(json.dumps({"fit_wall_s": round(wall, 1), "cpu": cpu_model(), "steps": trained}) + "\n")
     fit = json.loads(done.read_text())
+    steps = fit.get("steps", steps)
     target, (model,) = load_target_and_drafters(None, [drafter])
     bar = tqdm(total=sum(map(len, prompts.values())), desc=f"decode {arm.name}", unit="prompt")
     t0 = time.perf_counter()
