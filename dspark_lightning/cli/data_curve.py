@@ -54,7 +54,7 @@ def arm_recipe(recipe: dict, arm: dc.Arm, run_dir: Path, minutes: float | None =
     steps = arm.steps(batch)
     r = _merged(recipe, {"data": {"features": subset(recipe, arm.samples)}, "export": {"servers": []}})
     trainer = r.setdefault("trainer", {})
-    budget = None if minutes is None else {"minutes": minutes}
+    budget = None if minutes is None else {"seconds": round(60 * minutes)}
     trainer.update(max_steps=steps, max_time=budget, default_root_dir=str(run_dir), limit_val_batches=0,
                    logger=[{"class_path": "lightning.pytorch.loggers.CSVLogger",
                             "init_args": {"save_dir": str(run_dir), "name": "csv"}}])  # fmt: skip
