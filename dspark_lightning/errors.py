@@ -39,16 +39,31 @@ _NESTED = re.compile(r'(?:Parser key|Key) "([\w.]+)":\s*' + _GOT, re.M)
 _PLAIN = re.compile(r'^Parser key "([\w.]+)"((?: element \d+)?):\s*' + _GOT, re.M)
 
 
+_MEMBERS = re.compile(r"Subtypes: \[(.*?)\]\s+Errors:.*Given value: (.*?)\s*$", re.S)
+
+
+def _type_name(member: str) -> str:
+    """``<class 'datetime.timedelta'>`` -> ``timedelta``, ``<class 'NoneType'>`` -> ``null`` (as YAML writes it)."""
+    name = re.sub(r"<class '(?:[\w]+\.)*(\w+)'>", r"\1", member.strip())
+    return "null" if name == "NoneType" else name
+
+
 def _union_error(text: str) -> str | None:
-    """``--model.seq_head.rank: expected an int, got '16x'`` for jsonargparse's whole union dump, when one of the
-    members it tried names a nested key of a plain type (None when it does not)."""
+    """One line for jsonargparse's whole union dump: ``--model.seq_head.rank: expected an int, got '16x'`` when one
+    of the members it tried names a nested key of a plain type, else the members and the value
+    (``--trainer.max_time: expected str | timedelta | dict[str, int] | null, got {'minutes': 5.5}``); None for
+    another error."""
     outer = _UNION.search(text)
     if outer is None:
         return None
     for key, typ, got in _NESTED.findall(text[outer.end() :]):
         if typ in _TYPE_NAMES:
             return f"--{outer.group(1)}.{key}: expected {_TYPE_NAMES[typ]}, got {got.strip()!r}"
-    return None
+    members = _MEMBERS.search(text, outer.end())
+    if members is None or "Literal[" in members.group(1):  # an optional choice: said as a choice below
+        return None
+    kinds = re.split(r",\s*(?![^\[]*\])", members.group(1))  # commas outside a member's own brackets
+    return f"--{outer.group(1)}: expected {' | '.join(map(_type_name, kinds))}, got {members.group(2)}"
 
 
 def user_error_within(exc: BaseException) -> BaseException | None:

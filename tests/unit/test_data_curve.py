@@ -84,3 +84,15 @@ def test_an_arm_trains_on_a_subset_of_the_recipes_cached_mode_keeping_its_settin
         subset({"data": {"features": "streamed"}}, 300)
     with pytest.raises(UsageError, match="train_samples must be an integer >= 1"):
         build("features", subset({"data": {}}, 0))
+
+
+def test_an_arm_trains_for_its_steps_or_within_a_wall_budget(tmp_path):
+    from dspark_lightning.cli.data_curve import arm_recipe
+
+    recipe = {"trainer": {"max_time": {"minutes": 5}}, "model": {"optim": {"time_budget_s": 300}}, "data": {}}
+    by_steps, steps = arm_recipe(recipe, dc.Arm(1150, 3), tmp_path)
+    assert steps == 863 and by_steps["trainer"]["max_steps"] == 863
+    assert by_steps["trainer"]["max_time"] is None and by_steps["model"]["optim"]["time_budget_s"] is None
+    budget, _ = arm_recipe(recipe, dc.Arm(1150, 20), tmp_path, minutes=2.5)
+    assert budget["trainer"]["max_time"] == {"seconds": 150} and budget["model"]["optim"]["time_budget_s"] == 150
+    assert budget["trainer"]["max_steps"] == 5750  # the epochs bound it when the budget does not

@@ -161,6 +161,20 @@ def test_a_recipe_value_of_the_wrong_type_names_the_key_not_the_union(tmp_path, 
     assert lines[0] == "dspark-lightning fit: error: --model.seq_head.rank: expected an int, got '16x'"
 
 
+def test_a_recipe_value_no_member_of_a_union_takes_is_one_line_naming_the_members(tmp_path, monkeypatch, capsys):
+    from dspark_lightning.cli import main
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(TINY.read_text().replace("trainer:\n", "trainer:\n  max_time: {minutes: 5.5}\n", 1))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["fit", "--config", str(recipe)])
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert e.value.code == 2 and len(lines) == 1, lines
+    want = "--trainer.max_time: expected str | timedelta | dict[str, int] | null, got {'minutes': 5.5}"
+    assert lines[0] == f"dspark-lightning fit: error: {want}"
+
+
 # --- a bug inside a loader keeps its type -------------------------------------------------------------------------
 def test_an_internal_type_error_inside_a_loader_is_not_rewritten(tiny_target, tmp_path, monkeypatch):
     from dspark_lightning.checkpoint import native
