@@ -54,12 +54,13 @@ def arm_recipe(recipe: dict, arm: dc.Arm, run_dir: Path, minutes: float | None =
     steps = arm.steps(batch)
     r = _merged(recipe, {"data": {"features": subset(recipe, arm.samples)}, "export": {"servers": []}})
     trainer = r.setdefault("trainer", {})
-    budget = None if minutes is None else {"seconds": round(60 * minutes)}
-    trainer.update(max_steps=steps, max_time=budget, default_root_dir=str(run_dir), limit_val_batches=0,
+    seconds = None if minutes is None else round(60 * minutes)
+    trainer.update(max_steps=steps, max_time=None if seconds is None else {"seconds": seconds},
+                   default_root_dir=str(run_dir), limit_val_batches=0,
                    logger=[{"class_path": "lightning.pytorch.loggers.CSVLogger",
                             "init_args": {"save_dir": str(run_dir), "name": "csv"}}])  # fmt: skip
     trainer["callbacks"] = [c for c in trainer.get("callbacks") or [] if "ModelCheckpoint" not in str(c)]
-    r.setdefault("model", {}).setdefault("optim", {})["time_budget_s"] = None if minutes is None else 60 * minutes
+    r.setdefault("model", {}).setdefault("optim", {})["time_budget_s"] = seconds
     return r, steps
 
 
@@ -97,7 +98,7 @@ def run_arm(recipe: dict, arm: dc.Arm, work: Path, prompts: dict[str, list[str]]
         wall = _run(cmd, run_dir / "fit.log", f"fit of arm {arm.name}")
         stats = sorted(run_dir.glob("csv/version_*/fit_stats.json"), key=lambda p: p.stat().st_mtime)
         trained = json.loads(stats[-1].read_text())["steps"] if stats else steps
-        done.write_text(json.dumps({"fit_wall_s": round(wall, 1), "cpu": cpu_model(), "steps": trained}) + "\n")
+        atomic_write(done, json.dumps({"fit_wall_s": round(wall, 1), "cpu": cpu_model(), "steps": trained}) + "\n")
     fit = json.loads(done.read_text())
     steps = fit.get("steps", steps)
     target, (model,) = load_target_and_drafters(None, [drafter])
