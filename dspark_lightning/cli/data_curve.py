@@ -47,12 +47,14 @@ def subset(recipe: dict, samples: int) -> dict:
 
 
 def arm_recipe(recipe: dict, arm: dc.Arm, run_dir: Path, minutes: float | None = None) -> tuple[dict, int]:
-    """The recipe trained on the arm's samples for its epochs (optimizer steps; no validation, no server exports),
-    logging to a CSV in ``run_dir``; and its step count. No wall budget, unless ``minutes``: then training stops at
-    that budget (the learning-rate schedule spans it) or after the epochs, whichever comes first."""
+    """The recipe trained on the arm's samples for its epochs (optimizer steps; no validation, no server exports, no
+    calibration), logging to a CSV in ``run_dir``; and its step count. No wall budget, unless ``minutes``: then
+    training stops at that budget (the learning-rate schedule spans it) or after the epochs, whichever comes first."""
     batch = int(recipe.get("data", {}).get("batch_size", 4))
     steps = arm.steps(batch)
-    r = _merged(recipe, {"data": {"features": subset(recipe, arm.samples)}, "export": {"servers": []}})
+    r = _merged(
+        recipe, {"data": {"features": subset(recipe, arm.samples)}, "export": {"servers": [], "calibrate": None}}
+    )
     trainer = r.setdefault("trainer", {})
     seconds = None if minutes is None else round(60 * minutes)
     trainer.update(max_steps=steps, max_time=None if seconds is None else {"seconds": seconds},

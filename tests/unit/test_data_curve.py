@@ -89,8 +89,10 @@ def test_an_arm_trains_on_a_subset_of_the_recipes_cached_mode_keeping_its_settin
 def test_an_arm_trains_for_its_steps_or_within_a_wall_budget(tmp_path):
     from dspark_lightning.cli.data_curve import arm_recipe
 
-    recipe = {"trainer": {"max_time": {"minutes": 5}}, "model": {"optim": {"time_budget_s": 300}}, "data": {}}
+    recipe = {"trainer": {"max_time": {"minutes": 5}}, "model": {"optim": {"time_budget_s": 300}}, "data": {},
+              "export": {"servers": ["vllm"], "calibrate": {"temperatures": [0.0, 1.0]}, "dtype": "fp32"}}  # fmt: skip
     by_steps, steps = arm_recipe(recipe, dc.Arm(1150, 3), tmp_path)
+    assert by_steps["export"] == {"servers": [], "calibrate": None, "dtype": "fp32"}  # an arm is decoded, not served
     assert steps == 863 and by_steps["trainer"]["max_steps"] == 863
     assert by_steps["trainer"]["max_time"] is None and by_steps["model"]["optim"]["time_budget_s"] is None
     budget, _ = arm_recipe(recipe, dc.Arm(1150, 20), tmp_path, minutes=2.5)
