@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> None:
         for g in a.gammas:
             run = out / "runs" / f"T{T:g}_g{g}"
             args = ["eval", "--drafter", f"probe={a.drafter}", *(["--target", a.target] if a.target else []),
-                    "--scheduler", f"static:{g}", "--temperature", str(T), "--batch_size", "1", "--seed", "0",
+                    "--scheduler", f"{{class_path: static, init_args: {{gamma: {g}}}}}", "--temperature", str(T),
+                    "--batch_size", "1", "--seed", "0",
                     "--prompts_per_domain", str(a.prompts_per_domain), "--max_new_tokens", str(a.max_new_tokens),
                     "--out", str(run)]  # fmt: skip
             cli([*args, *(["--prompts", a.prompts] if a.prompts else [])])

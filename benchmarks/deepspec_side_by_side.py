@@ -627,8 +627,17 @@ def evaluate(drafters: dict[str, str], out: Path, *, gamma: int, prompts: int, m
     from dspark_lightning.cli import main as cli
 
     run = out / "eval_T0"
-    args = ["eval", *[x for arm, path in drafters.items() for x in ("--drafter", f"{arm}={path}")]]
-    args += ["--scheduler", f"static:{gamma}", "--temperature", "0", "--batch_size", "1", "--seed", "0"]
+    args = ["eval", *[x for arm, path in drafters.items() for x in ("--drafter+", f"{arm}={path}")]]
+    args += [
+        "--scheduler",
+        f"{{class_path: static, init_args: {{gamma: {gamma}}}}}",
+        "--temperature",
+        "0",
+        "--batch_size",
+        "1",
+        "--seed",
+        "0",
+    ]
     args += ["--prompts_per_domain", str(prompts), "--max_new_tokens", str(max_new_tokens), "--out", str(run)]
     cli(args)
     return [{"arm": arm, **r} for arm in drafters for r in rows_of(run, arm, 0.0, gamma)]

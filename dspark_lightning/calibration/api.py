@@ -23,7 +23,8 @@ from ..infer.acceptance.sampling import SamplingParams
 from .confidence import choose, frontier, report, report_markdown
 from .files import load_rollouts, save_calibration
 from .report import calibration_markdown, plot_reliability
-from .rollouts import Rollouts, calibration_prompts, heldout_prompts, rollouts
+from .rollouts import Rollouts, calibration_prompts, heldout_prompts
+from .rollouts import rollouts as rollouts_of
 from .sts import MIN_CLASS, MIN_ROWS, fit_sts, position_reports
 
 
@@ -81,7 +82,7 @@ def calibrate(
     min_rows: int = MIN_ROWS,
     min_class: int = MIN_CLASS,
     report_dir: str | Path | None = None,
-    rollouts_file: str | Path | None = None,
+    rollouts: str | Path | None = None,
     prompts: str | Path | None = None,
     device: str = "auto",
     dtype: str = "auto",
@@ -110,7 +111,7 @@ def calibrate(
         min_rows: fewer rounds at a position: copy the previous T
         min_class: fewer surviving or failing rounds: copy the previous T
         report_dir: also write report JSON, PNGs and rollouts.pt
-        rollouts_file: refit from a saved rollouts.pt (no decoding)
+        rollouts: refit from a saved rollouts.pt (no decoding)
         prompts: a responses JSONL to draw the pool from (a recipe's <work_dir>/responses_heldout.jsonl: the prompts
             the drafter will serve); default: the built-in STS pool
         device: auto (CUDA when available) | cpu | cuda | cuda:N
@@ -130,7 +131,7 @@ def calibrate(
     )  # fmt: skip
     lock = locks.folder_lock(drafter, "calibrate") if locks.is_primary_process() else contextlib.nullcontext()
     with lock:
-        ro = load_rollouts(rollouts_file) if rollouts_file else None
+        ro = load_rollouts(rollouts) if rollouts else None
         if target is None:
             target, (model,) = load_target_and_drafters(None, [drafter], dtype=dtype, device=device,
                                                         drafter_dtype=drafter_dtype)  # fmt: skip
@@ -142,13 +143,13 @@ def calibrate(
             raise checks.UsageError(f"--prompts {prompts} holds no prompt of the domains {', '.join(domains)}")
         if ro is None:
             flat = [text for texts in pool.values() for text in texts]
-            ro = rollouts(target, model, flat, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
-                          batch_size=batch_size, acceptance=acceptance, progress=not quiet)  # fmt: skip
+            ro = rollouts_of(target, model, flat, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+                             batch_size=batch_size, acceptance=acceptance, progress=not quiet)  # fmt: skip
         return _fit_and_write(ro, model, drafter, temperature=temperature, acceptance=acceptance, pool=pool,
                               prompts_file=prompts,
                               prompts_per_domain=prompts_per_domain, heldout_fraction=heldout_fraction,
                               max_new_tokens=max_new_tokens, seed=seed, min_rows=min_rows, min_class=min_class,
-                              report_dir=report_dir, save_rollouts=rollouts_file is None, quiet=quiet)  # fmt: skip
+                              report_dir=report_dir, save_rollouts=rollouts is None, quiet=quiet)  # fmt: skip
 
 
 def _fit_and_write(

@@ -1,8 +1,9 @@
 """``dspark-lightning data-curve``: how many samples and epochs a wanted τ needs, for the recipe's own target.
 
-    dspark-lightning data-curve --config recipes/smollm2_dspark.yaml --samples 250 500 1000 --epochs 3 \\
+    dspark-lightning data-curve --recipe recipes/smollm2_dspark.yaml --samples [250,500,1000] --epochs 3 \\
         --want_tau 2.0 --out outputs/data_curve
-    dspark-lightning data-curve --config R.yaml --samples 300 600 1200 2400 --epochs 3 10 --fit_upto 1200 --out DIR
+    dspark-lightning data-curve --recipe [R.yaml,more.yaml] --samples [300,600,1200,2400] --epochs [3,10] \\
+        --fit_upto 1200 --out DIR
 
 The recipe's data is prepared once (``prepare``; reused when done); each arm is a ``fit`` of the recipe on the first
 ``samples`` prepared conversations (``train_samples`` of ``data.features: cached``) for ``epochs`` passes, counted in
@@ -26,6 +27,7 @@ from typing import Any
 from .. import checks
 from ..atomic import atomic_write
 from ..eval import data_curve as dc
+from .decode import several
 
 
 def _merged(base: dict, over: dict) -> dict:
@@ -162,10 +164,10 @@ def report(results: list[dc.ArmResult], out: Path, want_tau: float, batch_size: 
 
 
 def data_curve(
-    config: list[str],
+    recipe: str | list[str],
     out: str,
-    samples: list[int] = (250, 500, 1000),
-    epochs: list[float] = (3.0,),
+    samples: int | list[int] = (250, 500, 1000),
+    epochs: float | list[float] = (3.0,),
     prompts_per_set: int = 30,
     max_new_tokens: int = 96,
     gamma: int = 7,
@@ -178,8 +180,8 @@ def data_curve(
     a saturating curve fitted per set, inverted.
 
     Args:
-        config: the recipe (its target, sources and training settings); more files are merged over it in order
-            (a dict merges key by key, anything else is replaced)
+        recipe: the recipe (its target, sources and training settings); a list: the later files are merged over the
+            first in order (a dict merges key by key, anything else is replaced)
         out: where each finished arm (arms/<arm>.json), curve.md, curve.json and curve.png go; rerun to resume
         samples: training conversations per arm (nested subsets of one preparation)
         epochs: passes over an arm's conversations (each arm trains samples x epochs / batch size steps)
@@ -193,9 +195,10 @@ def data_curve(
     """
     import yaml
 
-    recipe: dict = {}
-    for c in config:
-        recipe = _merged(recipe, yaml.safe_load(Path(checks.input_file("--config", c)).read_text()) or {})
+    files, samples, epochs = several(recipe), several(samples), several(epochs)
+    recipe = {}
+    for c in files:
+        recipe = _merged(recipe, yaml.safe_load(Path(checks.input_file("--recipe", c)).read_text()) or {})
     for flag, values in (("--samples", samples), ("--epochs", epochs)):
         if not values or any(v <= 0 for v in values):
             raise checks.UsageError(f"{flag} takes positive numbers, got {list(values)}")
@@ -235,7 +238,7 @@ def data_curve(
     target = recipe.get("data", {}).get("target", "?")
     cpus = sorted({r.info.get("cpu", "?") for r in results})
     dates = sorted({r.info.get("date", "?") for r in results})
-    names = " + ".join(Path(c).name for c in config)
+    names = " + ".join(Path(c).name for c in files)
     title = (f"{names} ({target}): T = 0, static γ = {gamma}, batch 1, {prompts_per_set} held-out prompts per set; "
              f"trained on {', '.join(cpus)}, {dates[0]}..{dates[-1]}")  # fmt: skip
     print(report(results, out_dir, want_tau, batch, fit_upto, title))

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from .. import checks, devices
 from ..atomic import atomic_write
@@ -18,9 +17,13 @@ from ..checkpoint import load_target_and_drafters
 from ..checks import UsageError
 from ..infer.acceptance.sampling import GREEDY_EPS
 from ..targets import load_target_checked
-from .signature import REPEATED
 
 Batching = Literal["padded", "flat"]
+
+
+def several(value: Any) -> list:
+    """A flag that takes one value or a list of them (``--domains code``, ``--domains [math,code]``) as a list."""
+    return list(value) if isinstance(value, list | tuple) else [value]
 
 
 def check_choice(name: str, value: str, choices) -> None:
@@ -28,7 +31,7 @@ def check_choice(name: str, value: str, choices) -> None:
         raise checks.UsageError(f"{name} {value!r} is not one of {', '.join(choices)}")
 
 
-def scheduler_arg(text: str, sps: str | None = None, flag: str = "--scheduler") -> Any:
+def scheduler_arg(text: str | dict, sps: str | None = None, flag: str = "--scheduler") -> Any:
     """A command's scheduler value as its spec (:func:`~dspark_lightning.infer.schedule.schedulers.scheduler_spec`),
     the ``--sps`` file checked first: both before any model is loaded."""
     from ..infer.schedule.schedulers import scheduler_spec
@@ -97,14 +100,14 @@ class _Streamer:
 def decode(
     target: str = "smollm2-135m-instruct",
     drafter: str | None = None,
-    prompt: Annotated[Sequence[str], REPEATED] = (),
+    prompt: str | None = None,
     prompts: str | None = None,
     limit: int | None = None,
     max_new_tokens: int = 256,
     temperature: float = 0.0,
     top_k: int | None = None,
     top_p: float | None = None,
-    scheduler: str = "auto",
+    scheduler: str | dict = "auto",
     sps: str | None = None,
     seed: int = 0,
     batch_size: int | None = None,
@@ -112,7 +115,7 @@ def decode(
     verifier: str = "auto",
     acceptance: str = "rejection",
     no_chat: bool = False,
-    stop: Annotated[Sequence[str], REPEATED] = (),
+    stop: str | list[str] = (),
     json_out: str | None = None,
     device: str = "auto",
     dtype: str = "auto",
@@ -123,7 +126,7 @@ def decode(
     Args:
         target: embedded name or HF model directory
         drafter: exported drafter directory (none: plain)
-        prompt: a prompt (repeatable)
+        prompt: a prompt (several: --prompts)
         prompts: JSONL file, one {"turns": [...]} per line
         limit: use the first N prompts of --prompts
         max_new_tokens: most tokens generated per prompt
@@ -139,7 +142,7 @@ def decode(
         acceptance: rejection | coupled (T > 0: plain coupled decoding's tokens, any drafter) | a plugin's, by name
             or {class_path: NAME, init_args: {...}}
         no_chat: do not apply the chat template
-        stop: stop string (repeatable)
+        stop: stop string(s): "###" or ["###", "\n\n"]
         json_out: write texts, token ids and stats here
     """
     from ..infer.decode import check_decode_args
@@ -151,12 +154,13 @@ def decode(
     verifier = component_arg("--verifier", "verifier", verifier, "auto")
     acceptance = component_arg("--acceptance", "acceptance", acceptance)
     devices.check_device_args(device, dtype, drafter_dtype)
+    stop = several(stop)
     if any(not s for s in stop):
         raise checks.UsageError("--stop must not be empty (an empty stop string would cut every output to nothing)")
     checks.output_file("--json_out", json_out)
     if drafter is not None:
         checks.drafter_config(drafter)
-    texts = list(prompt) + (read_prompts(prompts, limit) if prompts else [])
+    texts = ([prompt] if prompt is not None else []) + (read_prompts(prompts, limit) if prompts else [])
     if not texts:
         raise UsageError("give --prompt TEXT or --prompts FILE.jsonl")
     tgt, models = load_target_and_drafters(target, [drafter] if drafter else [], dtype=dtype, device=device,

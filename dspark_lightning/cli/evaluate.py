@@ -1,8 +1,8 @@
 """``dspark-lightning eval``, ``bench``, ``calibrate``, ``threshold-sweep`` and ``serve-bench`` (no Lightning import).
 
-dspark-lightning eval --drafter dspark=outputs/compare/dspark/tb/version_0/drafter --drafter dflash=... --out DIR
+dspark-lightning eval --drafter [dspark=outputs/compare/dspark/tb/version_0/drafter,dflash=...] --out DIR
 dspark-lightning bench --drafter dspark=... --out outputs/bench
-dspark-lightning bench --drafter DIR --scheduler static hardware_aware --batching padded flat --out DIR
+dspark-lightning bench --drafter DIR --scheduler [static,hardware_aware] --batching [padded,flat] --out DIR
 dspark-lightning eval --drafter DIR --scheduler '{class_path: static, init_args: {gamma: 7}}' --temperature 0 --out DIR
 dspark-lightning calibrate --drafter outputs/compare/dspark/tb/version_0/drafter --temperature 1.0
 """
@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 from .. import checks, devices
 from ..checkpoint import load_target_and_drafters
@@ -22,21 +22,22 @@ from ..data.prompts.sources import DOMAINS
 from ..eval.runner import scheduler_label
 from ..eval.serve_bench import DEFAULT_METHODS, method_text
 from ..infer.acceptance.sampling import SamplingParams
-from .decode import Batching, check_choice, check_sps_file, component_arg, scheduler_arg
-from .signature import REPEATED, run
+from .decode import Batching, check_choice, check_sps_file, component_arg, scheduler_arg, several
 
 Domain = Literal[DOMAINS]  # the built-in held-out sets
+METHODS = tuple(method_text(m) for m in DEFAULT_METHODS)  # serve-bench's default
 
 
 @dataclass(frozen=True, kw_only=True)
 class Common:
-    """The options every evaluation command takes, checked when given (before any model is loaded).
+    """The options every evaluation command takes (flags of its own in each: ``**common``), checked when given
+    (before any model is loaded).
 
     Args:
         out: output directory
-        drafter: exported drafter directory, optionally named: name=path (repeatable)
+        drafter: exported drafter directory, optionally named: name=path; several: [a=DIR,b=DIR]
         target: default: the first drafter's target
-        domains: built-in held-out sets
+        domains: built-in held-out sets: one, or a list [math,code]
         prompts_per_domain: prompts of each set
         max_new_tokens: most tokens generated per prompt
         seed: random seed of the sampling
@@ -46,9 +47,9 @@ class Common:
     """
 
     out: str
-    drafter: Annotated[Sequence[str], REPEATED] = ()
+    drafter: str | list[str] = ()
     target: str | None = None
-    domains: Sequence[Domain] = DOMAINS
+    domains: Domain | list[Domain] = DOMAINS
     prompts_per_domain: int = 8
     max_new_tokens: int = 64
     seed: int = 0
@@ -57,6 +58,8 @@ class Common:
     drafter_dtype: str = "auto"
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "drafter", several(self.drafter))
+        object.__setattr__(self, "domains", several(self.domains))
         checks.at_least("--prompts_per_domain", self.prompts_per_domain, 1)
         checks.at_least("--max_new_tokens", self.max_new_tokens, 1)
         for spec in self.drafter:
@@ -98,7 +101,7 @@ class BenchCommon(Common):
     prompts_per_domain: int = 3
 
 
-def scheduler_specs(schedulers: Sequence[str], sps: str | None, flag: str = "--scheduler") -> list[dict]:
+def scheduler_specs(schedulers: Sequence[str | dict], sps: str | None, flag: str = "--scheduler") -> list[dict]:
     """The schedulers a command runs, each checked, none twice."""
     specs = [scheduler_arg(text, sps, flag) for text in schedulers]
     labels = [scheduler_label(spec) for spec in specs]
@@ -126,23 +129,23 @@ def show(paths: dict[str, Path], table: str, command: str) -> None:
 
 
 def evaluate(
-    common: EvalCommon,
     *,
-    scheduler: str = "static",
+    scheduler: str | dict = "static",
     sps: str | None = None,
-    dataset: Annotated[Sequence[str], REPEATED] = (),
+    dataset: str | list[str] = (),
     prompts: str | None = None,
     temperature: float = 1.0,
     batch_size: int = 8,
+    **common,
 ) -> None:
     """τ table, position-wise acceptance and speed.
 
     Args:
-        common: the options every evaluation command takes
+        common: the options every evaluation command takes (:class:`EvalCommon`)
         scheduler: scheduler for every drafter: a name or {class_path: NAME, init_args: {...}} (default static:
             full blocks, as the paper's Table 1; {class_path: static, init_args: {gamma: 4}} verifies 4 drafts a round)
         sps: SPS table JSON for the schedulers that take one
-        dataset: extra {"turns": [...]} JSONL: name=path.jsonl[:domain] (repeatable)
+        dataset: extra {"turns": [...]} JSONL: name=path.jsonl[:domain], or a list of them
         prompts: a responses JSONL (e.g. a recipe's <work_dir>/responses_heldout.jsonl) instead of the built-in
             sets: one set per source (python_stdlib/complete apart), its first --prompts_per_domain first user turns
         temperature: sampling temperature (paper: 1.0; 0 = greedy)
@@ -151,7 +154,9 @@ def evaluate(
     from ..eval.runner import builtin_datasets, jsonl_dataset, responses_datasets, write_eval
     from ..eval.runner import evaluate as run_evaluation
 
-    if not common.drafter:
+    opts = EvalCommon(**common)
+    dataset = several(dataset)
+    if not opts.drafter:
         raise UsageError("give at least one --drafter [name=]path")
     (spec,) = scheduler_specs([scheduler], sps)
     SamplingParams(temperature)  # the sampling law checks its own arguments, before any model loads
@@ -161,45 +166,45 @@ def evaluate(
     if prompts is not None:
         checks.input_file("--prompts", prompts)
         try:
-            datasets = responses_datasets(prompts, common.prompts_per_domain)
+            datasets = responses_datasets(prompts, opts.prompts_per_domain)
         except (OSError, ValueError) as exc:
             raise checks.UsageError(f"--prompts {prompts}: {exc}") from None
     else:
-        datasets = builtin_datasets(common.domains, common.prompts_per_domain)
-    datasets += [jsonl_dataset(s, common.prompts_per_domain) for s in dataset]  # read before any model loads
+        datasets = builtin_datasets(opts.domains, opts.prompts_per_domain)
+    datasets += [jsonl_dataset(s, opts.prompts_per_domain) for s in dataset]  # read before any model loads
     names = [d.name for d in datasets]
     if len(set(names)) != len(names):
         raise checks.UsageError(f"two prompt sets share a name ({', '.join(names)}): rename the --dataset")
-    tgt, drafters = common.load()
+    tgt, drafters = opts.load()
     doc = run_evaluation(
         tgt,
         drafters,
         datasets,
         temperature=temperature,
-        max_new_tokens=common.max_new_tokens,
+        max_new_tokens=opts.max_new_tokens,
         batch_size=batch_size,
         scheduler=spec,
-        seed=common.seed,
+        seed=opts.seed,
     )
-    show(write_eval(doc, common.out), "tau_table.md", "eval")
+    show(write_eval(doc, opts.out), "tau_table.md", "eval")
 
 
 def bench(
-    common: BenchCommon,
     *,
-    scheduler: Sequence[str] = ("auto",),
+    scheduler: str | dict | list[str | dict] = "auto",
     sps: str | None = None,
-    temperatures: Sequence[float] = (0.0, 1.0),
-    batches: Sequence[int] = (1, 8),
+    temperatures: float | list[float] = (0.0, 1.0),
+    batches: int | list[int] = (1, 8),
     repeats: int = 2,
     prompt_lookup_tokens: int = 10,
-    acceptance: Sequence[str] = ("rejection",),
-    batching: Sequence[Batching] = ("padded",),
+    acceptance: str | list[str] = "rejection",
+    batching: Batching | list[Batching] = "padded",
+    **common,
 ) -> None:
     """Side-by-side throughput on the same target.
 
     Args:
-        common: the options every evaluation command takes
+        common: the options every evaluation command takes (:class:`BenchCommon`)
         scheduler: scheduler(s) for every drafter, each a name or {class_path: NAME, init_args: {...}}; several: one
             row per drafter and scheduler
         sps: SPS table JSON for the schedulers that take one
@@ -214,6 +219,9 @@ def bench(
     from ..eval.bench import write_bench
     from ..eval.runner import builtin_datasets
 
+    opts = BenchCommon(**common)
+    scheduler, temperatures, batches = several(scheduler), several(temperatures), several(batches)
+    acceptance, batching = several(acceptance), several(batching)
     specs = scheduler_specs(scheduler, sps)
     for t in temperatures:
         SamplingParams(t)
@@ -225,47 +233,50 @@ def bench(
         component_arg("--acceptance", "acceptance", x)
     if len(set(batching)) != len(batching):
         raise checks.UsageError(f"--batching names a mode twice: {' '.join(batching)}")
-    tgt, drafters = common.load()
-    sets = {d.domain: d.prompts for d in builtin_datasets(common.domains, common.prompts_per_domain)}
+    tgt, drafters = opts.load()
+    sets = {d.domain: d.prompts for d in builtin_datasets(opts.domains, opts.prompts_per_domain)}
     doc = run_bench(
         tgt,
         drafters,
         sets,
         temperatures=tuple(temperatures),
         batches=tuple(batches),
-        max_new_tokens=common.max_new_tokens,
+        max_new_tokens=opts.max_new_tokens,
         repeats=repeats,
         schedulers={scheduler_label(spec): spec for spec in specs},
-        seed=common.seed,
+        seed=opts.seed,
         prompt_lookup_tokens=prompt_lookup_tokens,
         acceptance=tuple(acceptance),
         batching=tuple(batching),
     )
-    show(write_bench(doc, common.out), "bench.md", "bench")
+    show(write_bench(doc, opts.out), "bench.md", "bench")
 
 
-def run_calibrate(argv: list[str]) -> None:
-    """``dspark-lightning calibrate``: its parser is generated from :func:`dspark_lightning.calibration.calibrate`
-    itself (all its parameters but an already loaded ``target`` and ``quiet``; ``rollouts_file`` is
-    ``--rollouts``), so the command and the Python API take the same arguments."""
-    from ..calibration import calibrate
+def calibrate(drafter: str, **kwargs) -> None:
+    """Fit STS confidence temperatures of a drafter for one serving temperature (the flags are the arguments of
+    :func:`dspark_lightning.calibration.calibrate`, so the command and the Python API take the same ones).
 
-    run(calibrate, argv, "dspark-lightning calibrate", skip=("target", "quiet"), flags={"rollouts_file": "rollouts"})
+    Args:
+        drafter: exported drafter directory (the file is saved there)
+    """
+    from dspark_lightning.calibration import calibrate as fit_sts  # absolute: jsonargparse reads its parameters
+
+    fit_sts(drafter, target=None, quiet=False, **kwargs)
 
 
 def threshold_sweep(
-    common: Common,
     *,
-    thresholds: Sequence[float] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
+    thresholds: float | list[float] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
     mode: Literal["cumulative", "raw"] = "cumulative",
     temperature: float = 1.0,
     batch_size: int = 8,
     raw_confidences: bool = False,
+    **common,
 ) -> None:
     """Confidence-threshold sweep (Figure 5) of one drafter.
 
     Args:
-        common: the options every evaluation command takes (exactly one --drafter)
+        common: the options every evaluation command takes (:class:`Common`; exactly one --drafter)
         thresholds: the confidence thresholds swept
         mode: cumulative (calibrated survival a_k) or raw
         temperature: sampling temperature
@@ -276,44 +287,45 @@ def threshold_sweep(
     from ..eval.sweep import threshold_sweep as run_sweep
     from ..eval.sweep import write_threshold_sweep
 
-    if len(common.drafter) != 1:
+    opts, thresholds = Common(**common), several(thresholds)
+    if len(opts.drafter) != 1:
         raise UsageError("give exactly one --drafter")
     for t in thresholds:
         checks.probability("--thresholds", t)
     SamplingParams(temperature)  # the sampling law checks its own arguments, before any model loads
     checks.at_least("--batch_size", batch_size, 1)
-    tgt, drafters = common.load()
+    tgt, drafters = opts.load()
     doc = run_sweep(
         tgt,
         next(iter(drafters.values())),
-        builtin_datasets(common.domains, common.prompts_per_domain),
+        builtin_datasets(opts.domains, opts.prompts_per_domain),
         thresholds=list(thresholds),
         mode=mode,
         temperature=temperature,
-        max_new_tokens=common.max_new_tokens,
+        max_new_tokens=opts.max_new_tokens,
         batch_size=batch_size,
         calibrated=not raw_confidences,
-        seed=common.seed,
+        seed=opts.seed,
     )
-    show(write_threshold_sweep(doc, common.out), "threshold_sweep.md", "threshold-sweep")
+    show(write_threshold_sweep(doc, opts.out), "threshold_sweep.md", "threshold-sweep")
 
 
 def serve_bench(
-    common: Common,
     *,
     sps: str | None = None,
-    concurrency: Sequence[int] = (1, 2, 4, 8, 16, 32),
-    methods: Sequence[str] = tuple(method_text(m) for m in DEFAULT_METHODS),
+    concurrency: int | list[int] = (1, 2, 4, 8, 16, 32),
+    methods: str | dict | list[str | dict] = METHODS,
     window_s: float = 20.0,
     repeats: int = 1,
     batching: Batching = "padded",
     temperature: float = 1.0,
+    **common,
 ) -> None:
     """Closed-loop concurrency study (Figures 7-8) of one drafter's schedulers (none: plain decoding only); the
     domains' prompts interleaved.
 
     Args:
-        common: the options every evaluation command takes (at most one --drafter)
+        common: the options every evaluation command takes (:class:`Common`; at most one --drafter)
         sps: SPS table JSON for hardware_aware schedulers
         concurrency: concurrent clients (a cell each)
         methods: plain, or a scheduler as --scheduler takes it: a name or {class_path: NAME, init_args: {...}}
@@ -326,7 +338,8 @@ def serve_bench(
     from ..eval.serve_bench import serve_bench as run_serve_bench
     from ..eval.serve_bench import write_serve_bench
 
-    if len(common.drafter) > 1:
+    opts, concurrency, methods = Common(**common), several(concurrency), several(methods)
+    if len(opts.drafter) > 1:
         raise UsageError("give one --drafter (the methods compare its schedulers)")
     if sps:
         check_sps_file(sps)
@@ -338,13 +351,13 @@ def serve_bench(
     checks.in_range("--window_s", window_s, 0.0, open_low=True)
     checks.at_least("--repeats", repeats, 1)
     SamplingParams(temperature)  # the sampling law checks its own arguments, before any model loads
-    tgt, drafters = common.load()
+    tgt, drafters = opts.load()
     table = None
     if sps:
         from ..infer import SPSTable
 
         table = SPSTable.load(sps)
-    datasets = builtin_datasets(common.domains, common.prompts_per_domain)
+    datasets = builtin_datasets(opts.domains, opts.prompts_per_domain)
     prompts = [p for group in zip(*(d.prompts for d in datasets), strict=True) for p in group]  # domains interleaved
     doc = run_serve_bench(
         tgt,
@@ -354,10 +367,10 @@ def serve_bench(
         methods=list(methods),
         sps=table,
         temperature=temperature,
-        max_new_tokens=common.max_new_tokens,
+        max_new_tokens=opts.max_new_tokens,
         window_s=window_s,
         repeats=repeats,
-        seed=common.seed,
+        seed=opts.seed,
         batching=batching,
     )
-    show(write_serve_bench(doc, common.out), "serve_bench.md", "serve-bench")
+    show(write_serve_bench(doc, opts.out), "serve_bench.md", "serve-bench")

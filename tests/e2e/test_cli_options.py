@@ -124,7 +124,7 @@ def test_eval_prompts_rejects_a_file_of_other_records(drafter, tmp_path, capsys)
 
 def test_bench_several_schedulers_and_batching_modes(drafter, tmp_path, capsys):
     out = tmp_path / "bench"
-    args = ["bench", "--drafter", f"d={drafter}", "--scheduler", "static", "threshold", "--batching", "padded", "flat"]
+    args = ["bench", "--drafter", f"d={drafter}", "--scheduler", "[static,threshold]", "--batching", "[padded,flat]"]
     args += ["--temperatures", "0", "--batches", "1", "--domains", "math", "--prompts_per_domain", "1"]
     code, _, err = run_main(args + ["--max_new_tokens", "4", "--repeats", "2", "--out", str(out)], capsys)
     assert code == 0, err[-2000:]
@@ -146,7 +146,7 @@ def test_bench_several_schedulers_and_batching_modes(drafter, tmp_path, capsys):
 @pytest.mark.parametrize(
     "extra, word",
     [(["--batching", "ragged"], "--batching"), (["--layouts", "ragged"], "--layouts"),
-     (["--scheduler", "static", "static"], "--scheduler"),
+     (["--scheduler", "[static,static]"], "--scheduler"),
      (["--scheduler", "warp"], "--scheduler"), (["--scheduler", "threshold:gamma=2"], "--scheduler")],
 )  # fmt: skip
 def test_bench_rejects_bad_scheduler_and_batching_lists(drafter, tmp_path, capsys, extra, word):
@@ -159,7 +159,6 @@ def test_the_evaluation_commands_share_one_checked_group(drafter, tmp_path, caps
     checks them in its constructor, from the command line and from Python alike."""
     from dspark_lightning.checks import UsageError
     from dspark_lightning.cli.evaluate import BenchCommon, Common, EvalCommon
-    from dspark_lightning.cli.signature import command_parser
 
     assert (EvalCommon(out="o").max_new_tokens, BenchCommon(out="o").prompts_per_domain, Common(out="o").seed) == (
         256, 3, 0)  # fmt: skip
@@ -170,9 +169,13 @@ def test_the_evaluation_commands_share_one_checked_group(drafter, tmp_path, caps
     for cmd in ("eval", "bench", "threshold-sweep", "serve-bench"):
         code, _, err = run_main([cmd, "--drafter", drafter, "--max_new_tokens", "0", "--out", str(tmp_path)], capsys)
         assert code == 2 and "--max_new_tokens" in err, (cmd, err)
+    from jsonargparse import ArgumentParser
+
     from dspark_lightning.cli.evaluate import threshold_sweep
 
-    helps = command_parser(threshold_sweep, "t").format_help()
+    parser = ArgumentParser()
+    parser.add_function_arguments(threshold_sweep)
+    helps = parser.format_help()
     assert "--drafter" in helps and "--out" in helps and "--common" not in helps
 
 

@@ -30,7 +30,7 @@ def test_eval_writes_every_file(drafters, tmp_path, capsys):
     extra = tmp_path / "mine.jsonl"
     extra.write_text('{"turns": ["Name three colours."]}\n{"turns": ["Count to five.", "Now backwards."]}\n')
     out = tmp_path / "eval"
-    args = ["eval", "--drafter", f"dspark={drafters['dspark']}", "--drafter", str(drafters["mtp1"])]
+    args = ["eval", "--drafter", f"dspark={drafters['dspark']}", "--drafter+", str(drafters["mtp1"])]
     args += ["--prompts_per_domain", "2", "--max_new_tokens", "6", "--dataset", f"mine={extra}:chat"]
     code, stdout, err = run_main(args + ["--out", str(out)], capsys)
     assert code == 0, err[-2000:]
@@ -63,8 +63,8 @@ def test_eval_rejects_an_empty_dataset(drafters, tmp_path, capsys):
 
 def test_bench_writes_every_file(drafters, tmp_path, capsys):
     out = tmp_path / "bench"
-    args = ["bench", "--drafter", f"dspark={drafters['dspark']}", "--drafter", f"mtp1={drafters['mtp1']}"]
-    args += ["--prompts_per_domain", "2", "--max_new_tokens", "4", "--batches", "1", "2", "--repeats", "2"]
+    args = ["bench", "--drafter", f"[dspark={drafters['dspark']},mtp1={drafters['mtp1']}]"]
+    args += ["--prompts_per_domain", "2", "--max_new_tokens", "4", "--batches", "[1,2]", "--repeats", "2"]
     code, _, err = run_main(args + ["--scheduler", "static", "--out", str(out)], capsys)
     assert code == 0, err[-2000:]
     assert sorted(p.name for p in out.iterdir()) == sorted(BENCH_FILES)
@@ -97,7 +97,7 @@ def test_bench_writes_every_file(drafters, tmp_path, capsys):
 def test_bench_adds_coupled_rows_at_t_above_zero(drafters, tmp_path, capsys):
     out = tmp_path / "bench"
     args = ["bench", "--drafter", f"dspark={drafters['dspark']}", "--prompts_per_domain", "1", "--domains", "math"]
-    args += ["--max_new_tokens", "4", "--batches", "1", "--repeats", "1", "--acceptance", "rejection", "coupled"]
+    args += ["--max_new_tokens", "4", "--batches", "1", "--repeats", "1", "--acceptance", "[rejection,coupled]"]
     code, _, err = run_main(args + ["--scheduler", "static", "--out", str(out)], capsys)
     assert code == 0, err[-2000:]
     rows = json.loads((out / "bench.json").read_text())["rows"]

@@ -36,8 +36,8 @@ def sps_file(tmp_path_factory):
 
 def test_serve_bench_writes_every_file(drafter_dir, sps_file, tmp_path, capsys):
     out = tmp_path / "serve"
-    args = ["serve-bench", "--drafter", str(drafter_dir), "--sps", str(sps_file), "--domains", "math", "chat"]
-    args += ["--prompts_per_domain", "1", "--concurrency", "1", "4", "--window_s", "0.3", "--max_new_tokens", "8"]
+    args = ["serve-bench", "--drafter", str(drafter_dir), "--sps", str(sps_file), "--domains", "[math,chat]"]
+    args += ["--prompts_per_domain", "1", "--concurrency", "[1,4]", "--window_s", "0.3", "--max_new_tokens", "8"]
     args += ["--repeats", "2"]
     code, stdout, err = run_main(args + ["--out", str(out)], capsys)
     assert code == 0, err[-2000:]
@@ -79,7 +79,7 @@ def test_serve_bench_writes_every_file(drafter_dir, sps_file, tmp_path, capsys):
 
 
 def test_serve_bench_rejects_an_unknown_method(drafter_dir, tmp_path, capsys):
-    args = ["serve-bench", "--drafter", str(drafter_dir), "--methods", "plain", "speculative:9"]
+    args = ["serve-bench", "--drafter", str(drafter_dir), "--methods", "[plain,speculative:9]"]
     code, _, err = run_main(args + ["--out", str(tmp_path / "o"), "--prompts_per_domain", "1"], capsys)
     head = "dspark-lightning serve-bench: error: --methods unknown scheduler 'speculative'"
     assert code == 2 and err.startswith(head)
@@ -106,9 +106,9 @@ def test_a_registered_scheduler_is_a_method(monkeypatch):
 
 def test_threshold_sweep_writes_every_file(drafter_dir, tmp_path, capsys):
     out = tmp_path / "sweep"
-    args = ["threshold-sweep", "--drafter", str(drafter_dir), "--domains", "math", "code", "--prompts_per_domain", "2"]
+    args = ["threshold-sweep", "--drafter", str(drafter_dir), "--domains", "[math,code]", "--prompts_per_domain", "2"]
     code, stdout, err = run_main(
-        args + ["--thresholds", "0", "0.5", "1", "--max_new_tokens", "8", "--out", str(out)], capsys
+        args + ["--thresholds", "[0,0.5,1]", "--max_new_tokens", "8", "--out", str(out)], capsys
     )
     assert code == 0, err[-2000:]
     assert sorted(p.name for p in out.iterdir()) == sorted(SWEEP_FILES)

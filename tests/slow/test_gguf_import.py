@@ -106,7 +106,7 @@ def test_a_second_writer_is_refused_and_a_failed_import_keeps_the_previous(tiny_
 
     monkeypatch.setattr(gguf_import, "write_sentencepiece", broken)
     with pytest.raises(SystemExit):
-        main(["target", "import", "--gguf", str(tiny_gguf[1]), "--out", str(out), "--overwrite"])
+        main(["target", "import", "--gguf", str(tiny_gguf[1]), "--out", str(out), "--overwrite", "true"])
     err = capsys.readouterr().err.strip().splitlines()
     errors = [ln for ln in err if "error:" in ln]  # transformers' progress bars come first
     assert (
