@@ -235,7 +235,7 @@ def data_curve(
     results = [dc.ArmResult.from_json(json.loads(p.read_text())) for p in sorted((out_dir / "arms").glob("*.json"))]
     if not results:
         raise checks.UsageError(f"{out_dir / 'arms'} holds no finished arm yet")
-    target = recipe.get("data", {}).get("target", "?")
+    target = (recipe.get("target") or {}).get("name", "?")
     cpus = sorted({r.info.get("cpu", "?") for r in results})
     dates = sorted({r.info.get("date", "?") for r in results})
     names = " + ".join(Path(c).name for c in files)
