@@ -25,6 +25,7 @@ traceback of an OS error or Ctrl-C instead of their line.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import stat
 import sys
@@ -52,6 +53,7 @@ traceback); any other failure is a bug and prints its traceback."""
 RECIPE_COMMANDS = ("fit", "validate", "test", "prepare", "check-cache")  # --config RECIPE: Lightning's parser
 
 
+@functools.cache
 def commands() -> dict[str, Any]:
     """The commands jsonargparse serves: subcommand -> the function it calls (a group -> its subcommands). None of
     these modules imports Lightning."""
@@ -205,7 +207,7 @@ def _dispatch(argv: list[str], args: list[str] | None, command: str) -> None:
     argv = argv or ["--help"]
     utf8_args(argv)
     config_args(argv)  # every --config file (a recipe, a command's settings) is checked before a parser reads it
-    if command in RECIPE_COMMANDS[:3]:
+    if command in ("fit", "validate", "test"):
         from .fit import main as lightning_main
 
         lightning_main(args)  # None: LightningCLI reads sys.argv itself (passing both makes it warn)
@@ -237,8 +239,8 @@ def _dispatch(argv: list[str], args: list[str] | None, command: str) -> None:
 # Flags whose values name files or folders (the last part of a dotted recipe flag: --data.work_dir). A POSIX path is
 # bytes, so these take any name the file system does (os.fsdecode round-trips it); every other value is text.
 PATH_FLAGS = frozenset({
-    "breakdown", "cache", "ckpt_path", "config", "data", "dataset", "default_root_dir", "dir", "drafter", "gguf",
-    "json_out", "out", "plot", "prompts", "sps", "target", "target_gguf", "work_dir",
+    "cache", "ckpt_path", "config", "data", "dataset", "default_root_dir", "dir", "drafter", "gguf", "json_out",
+    "out", "plot", "prompts", "recipe", "report_dir", "rollouts", "sps", "target", "work_dir",
 })  # fmt: skip
 
 
