@@ -216,6 +216,7 @@ def profile(
         repeats: timed forwards per B (the median is kept)
         verifier: the verifier timed: auto | lean | hf
     """
+    from ..infer.profiling.busy import too_busy
     from ..infer.profiling.measure_sps import default_path, profile_sps
 
     checks.at_least("--max_tokens", max_tokens, 1)
@@ -229,8 +230,8 @@ def profile(
     checks.fits_positions(tgt, context_len + (max_tokens or 256), "--context_len + --max_tokens")
     table = profile_sps(tgt, max_tokens=max_tokens, context_len=context_len, repeats=repeats, verifier=verifier)
     roof = roofline_of(table, tgt, context_len)
-    path = table.save(out or default_path(tgt, context_len))
-    print(f"[dspark-lightning] SPS table -> {path}")
+    if out or not too_busy(table.meta, "the SPS table"):  # a table asked for by name is written all the same
+        print(f"[dspark-lightning] SPS table -> {table.save(out or default_path(tgt, context_len))}")
     for b, raw, s in zip(table.tokens, table.raw_sps, table.sps, strict=True):
         print(f"  B={b:4d}  {1000 / raw:8.2f} ms  SPS {raw:8.2f} (smoothed {s:8.2f})")
     print(roof)

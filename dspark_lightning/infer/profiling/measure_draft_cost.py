@@ -21,6 +21,7 @@ from ...atomic import atomic_write
 from ..acceptance.sampling import SamplingParams
 from ..build import make_engine
 from ..schedule.draft_cost import DraftCost
+from .busy import OtherLoad, too_busy
 from .measure_sps import default_path
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -141,9 +142,12 @@ def profile_draft_cost(target, drafter, max_batch: int, progress: bool = False, 
 
         sizes = tqdm(sizes, desc="profiling the drafter's cost per round", unit="batch size")
     params = SamplingParams(0.0 if kind == "greedy" else 1.0)
-    rows = [_profile_batch(target, drafter, prompt, R, ROUNDS, params, acceptance) for R in sizes][1:]  # R = 1: warm-up
+    with OtherLoad() as load:
+        rows = [_profile_batch(target, drafter, prompt, R, ROUNDS, params, acceptance) for R in sizes][
+            1:
+        ]  # R = 1: warm
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "threads": torch.get_num_threads(), "rounds": ROUNDS,
-            "sampling": kind}  # fmt: skip
+            "sampling": kind, "others_cpu_share": load.share}  # fmt: skip
     return DraftCost(batches=batches, seconds=[r[0] for r in rows], meta=meta, plain=[r[1] for r in rows],
                      widths=[w for w in WIDTHS if w <= drafter.block_size], drafted=[r[2] for r in rows])  # fmt: skip
 
@@ -153,14 +157,17 @@ def load_or_profile_draft_cost(target, drafter, max_batch: int, progress: bool =
                                acceptance: Any = "rejection") -> DraftCost:  # fmt: skip
     """The cached cost of this exported drafter on this machine for the sampling ``params`` and ``acceptance`` a call
     serves (greedy when None; profiled on first use; re-profiled when a larger batch is needed); in-memory drafters
-    are profiled once per process."""
+    are profiled once per process. A profile measured while other processes kept the CPUs busy is not kept."""
     kind = sampling_kind(params or SamplingParams(0.0), acceptance)
     key = drafter_key(drafter)
     if key is None:
         memo = (id(drafter), id(target), kind)
-        if memo not in _MEMO or _MEMO[memo].batches[-1] < max_batch:
-            _MEMO[memo] = profile_draft_cost(target, drafter, max_batch, kind=kind, acceptance=acceptance)
-        return _MEMO[memo]
+        if memo in _MEMO and _MEMO[memo].batches[-1] >= max_batch:
+            return _MEMO[memo]
+        cost = profile_draft_cost(target, drafter, max_batch, kind=kind, acceptance=acceptance)
+        if not too_busy(cost.meta, "the drafter's cost", progress):
+            _MEMO[memo] = cost
+        return cost
     path = cost_path(target, key, kind)
     try:  # a missing or damaged cache file is measured again
         d = json.loads(path.read_text())
@@ -172,6 +179,7 @@ def load_or_profile_draft_cost(target, drafter, max_batch: int, progress: bool =
     if progress:
         print(f"[dspark-lightning] profiling the drafter's cost per round (once, before decoding; cached in {path})")
     cost = profile_draft_cost(target, drafter, max_batch, progress=progress, kind=kind, acceptance=acceptance)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps(cost.to_dict(), indent=1) + "\n")  # fsynced, replaced whole: a reader never sees half
+    if not too_busy(cost.meta, "the drafter's cost", progress):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps(cost.to_dict(), indent=1) + "\n")  # fsynced, replaced whole
     return cost

@@ -14,6 +14,7 @@ import torch
 from ...checks import UsageError
 from ...devices import device_tag
 from ..schedule.sps import DEFAULT_GRID, SPSTable, nonincreasing
+from .busy import OtherLoad, too_busy
 
 
 def default_path(target, context_len: int) -> Path:
@@ -55,19 +56,20 @@ def profile_sps(
     v = build_verifier(verifier, target, batching="padded")  # one request: padded == flat
     v.prefill([0], [torch.randint(0, V, (context_len,), generator=gen).tolist()])
     times: list[float] = []
-    for B in _bar(points, progress, f"profiling SPS of {target.name}"):
-        samples = []
-        for i in range(warmup + repeats):
-            toks = torch.randint(0, V, (1, B), generator=gen).to(dev)
-            _sync(dev)
-            t0 = time.perf_counter()
-            out = v.forward([0], toks, torch.tensor([B], device=dev), torch.tensor([context_len], device=dev))
-            v.logits(out.hidden).float().softmax(-1)
-            _sync(dev)
-            if i >= warmup:
-                samples.append(time.perf_counter() - t0)
-            v.commit(one, torch.tensor([context_len - 1], device=dev))  # roll back, as after a full rejection
-        times.append(sorted(samples)[len(samples) // 2])
+    with OtherLoad() as load:
+        for B in _bar(points, progress, f"profiling SPS of {target.name}"):
+            samples = []
+            for i in range(warmup + repeats):
+                toks = torch.randint(0, V, (1, B), generator=gen).to(dev)
+                _sync(dev)
+                t0 = time.perf_counter()
+                out = v.forward([0], toks, torch.tensor([B], device=dev), torch.tensor([context_len], device=dev))
+                v.logits(out.hidden).float().softmax(-1)
+                _sync(dev)
+                if i >= warmup:
+                    samples.append(time.perf_counter() - t0)
+                v.commit(one, torch.tensor([context_len - 1], device=dev))  # roll back, as after a full rejection
+            times.append(sorted(samples)[len(samples) // 2])
     raw = [1.0 / t for t in times]
     meta = {
         "target": str(target.name),
@@ -78,6 +80,7 @@ def profile_sps(
         "context_len": context_len,
         "repeats": repeats,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "others_cpu_share": load.share,
     }
     return SPSTable(tokens=points, sps=nonincreasing(raw), raw_sps=raw, meta=meta)
 
@@ -87,7 +90,7 @@ _PROFILING = threading.Lock()  # one profile at a time: threads decoding togethe
 
 def load_or_profile(target, context_len: int = 512, max_tokens: int | None = None, progress: bool = True) -> SPSTable:
     """The cached table for this target and device, profiling it on first use (a thread arriving meanwhile waits,
-    then reads the table just saved)."""
+    then reads the table just saved; one measured while other processes kept the CPUs busy is not saved)."""
     path = default_path(target, context_len)
     with _PROFILING:
         if path.is_file():
@@ -95,7 +98,8 @@ def load_or_profile(target, context_len: int = 512, max_tokens: int | None = Non
             if max_tokens is None or table.max_tokens >= max_tokens:
                 return table
         table = profile_sps(target, max_tokens=max_tokens, context_len=context_len, progress=progress)
-        table.save(path)
+        if not too_busy(table.meta, "the SPS table", progress):
+            table.save(path)
     return table
 
 

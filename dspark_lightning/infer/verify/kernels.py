@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ...atomic import atomic_write
+from ..profiling.busy import OtherLoad, too_busy
 
 ROWS = (*range(1, 17), 24, 32, 64, 128)  # rows timed: one request's verification blocks, then prefill chunk sizes
 SLOWER = 4.0  # a path this many times slower than the best on its first timed pass is timed no further
@@ -262,13 +263,16 @@ def for_weights(
             if progress:
                 print(f"[dspark-lightning] choosing this CPU's matrix kernels for {len(missing)} weight shapes "
                       f"(once; cached in {path})", flush=True)  # fmt: skip
-            new = measure(missing, progress=progress)
+            with OtherLoad() as load:
+                new = measure(missing, progress=progress)
             table.choices.update(new.choices)
             table.ms.update(new.ms)
             table.meta = {**new.meta, "device": path.stem, "threads": torch.get_num_threads(),
-                          "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}  # fmt: skip
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(path, json.dumps(table.to_dict(), indent=1) + "\n")
+                          "torch": torch.__version__, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                          "others_cpu_share": load.share}  # fmt: skip
+            if not too_busy(table.meta, "the matrix-kernel choice", progress):  # else kept for this process only
+                path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write(path, json.dumps(table.to_dict(), indent=1) + "\n")
         _MEMO[path] = table
     return table
 
