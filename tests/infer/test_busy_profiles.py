@@ -8,8 +8,10 @@ import time
 import pytest
 from infer_helpers import make_drafter
 
+from dspark_lightning import load_drafter
+from dspark_lightning.checkpoint import save_drafter
 from dspark_lightning.infer import load_or_profile
-from dspark_lightning.infer.profiling import busy
+from dspark_lightning.infer.profiling import busy, measure_draft_cost, measure_sps
 from dspark_lightning.infer.profiling.measure_draft_cost import load_or_profile_draft_cost
 
 pytestmark = pytest.mark.skipif(not busy._STAT.is_file(), reason="reads Linux's /proc/stat")
@@ -37,23 +39,31 @@ def test_other_processes_cpu_time_is_measured_and_ours_is_not():
     assert own.share is not None and own.share < others.share
 
 
-def test_a_busy_profile_serves_its_call_and_is_not_kept(tiny_target, varied_target, tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("DSPARK_CACHE", str(tmp_path))
+def test_a_busy_profile_serves_its_process_and_is_not_cached(tiny_target, varied_target, tmp_path, monkeypatch,
+                                                             capsys):  # fmt: skip
+    monkeypatch.setenv("DSPARK_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(busy, "BUSY_SHARE", 0.0)  # any share counts as busy
-    table = load_or_profile(tiny_target, context_len=16, max_tokens=2, progress=True)
-    assert table.meta["others_cpu_share"] is not None and not list((tmp_path / "sps").rglob("*.json"))
-    drafter = make_drafter(varied_target, "dspark", block_size=3)
-    first = load_or_profile_draft_cost(varied_target, drafter, max_batch=1, progress=True)
-    again = load_or_profile_draft_cost(varied_target, drafter, max_batch=1, progress=True)
-    assert again is not first  # measured again
-    out = capsys.readouterr().out
-    assert "the SPS table was measured: it serves this call and is not cached" in out
-    assert "the matrix-kernel choice was measured" in out and not list((tmp_path / "kernels").glob("*"))
-    assert out.count("the drafter's cost was measured") == 2
+    for module in (measure_sps, measure_draft_cost):
+        monkeypatch.setattr(module, "_BUSY", {})
+    save_drafter(make_drafter(varied_target, "dspark", block_size=3), tmp_path / "d", varied_target)
+    drafter = load_drafter(tmp_path / "d", varied_target)
 
-    monkeypatch.setattr(busy, "BUSY_SHARE", 1.01)  # a quiet machine
+    table = load_or_profile(tiny_target, context_len=16, max_tokens=2, progress=True)
+    cost = load_or_profile_draft_cost(varied_target, drafter, max_batch=1, progress=True)
+    assert table.meta["others_cpu_share"] is not None and cost.meta["others_cpu_share"] is not None
+    assert not list((tmp_path / "cache").rglob("*.json"))  # nothing cached: not the SPS table, cost, kernel choice
+    out = capsys.readouterr().out
+    for what in ("the SPS table", "the drafter's cost", "the matrix-kernel choice"):
+        assert f"{what} was measured: it serves this process and is not cached" in out
+    assert load_or_profile(tiny_target, context_len=16, max_tokens=2, progress=True) is table  # kept in the process
+    assert load_or_profile_draft_cost(varied_target, drafter, max_batch=1, progress=True) is cost
+    assert "was measured" not in capsys.readouterr().out
+
+    monkeypatch.setattr(busy, "BUSY_SHARE", 1.01)  # a quiet machine, a new process
+    for module in (measure_sps, measure_draft_cost):
+        monkeypatch.setattr(module, "_BUSY", {})
     kept = load_or_profile(tiny_target, context_len=16, max_tokens=2, progress=False)
-    assert len(list((tmp_path / "sps").glob("*.json"))) == 1
-    assert load_or_profile(tiny_target, context_len=16, max_tokens=2, progress=False).raw_sps == kept.raw_sps
-    third = load_or_profile_draft_cost(varied_target, drafter, max_batch=1, progress=False)
-    assert load_or_profile_draft_cost(varied_target, drafter, max_batch=1, progress=False) is third
+    assert kept is not table and len(list((tmp_path / "cache" / "sps").glob("*.json"))) == 1
+    kept_cost = load_or_profile_draft_cost(varied_target, drafter, max_batch=1, progress=False)
+    assert len(list((tmp_path / "cache" / "sps" / "draft_cost").glob("*.json"))) == 1
+    assert load_or_profile_draft_cost(varied_target, drafter, max_batch=1, progress=False).seconds == kept_cost.seconds

@@ -2,8 +2,8 @@
 (Linux's ``/proc/stat`` less this process's own CPU time; None where ``/proc/stat`` is missing).
 
 A profile timed while another job ran describes that moment, not the machine: the SPS table and the drafter's cost
-are cached only when others used less than :data:`BUSY_SHARE` of the CPUs, else they serve the call that measured them
-and are measured again next time.
+are cached only when others used less than :data:`BUSY_SHARE` of the CPUs, else they serve the process that measured
+them and the next process measures them again.
 """
 
 from __future__ import annotations
@@ -54,5 +54,5 @@ def too_busy(meta: dict, what: str, progress: bool = True) -> bool:
         return False
     if progress:
         print(f"[dspark-lightning] other processes used {share:.0%} of the CPUs while {what} was measured: it serves "
-              "this call and is not cached (measured again next time; profile on a quiet machine)")  # fmt: skip
+              "this process and is not cached (measured again by the next; profile on a quiet machine)")  # fmt: skip
     return True

@@ -60,6 +60,7 @@ def cost_path(target, key: str, kind: str = "greedy") -> Path:
 
 
 _MEMO: dict[tuple, DraftCost] = {}  # in-memory drafters: profiled once per process
+_BUSY: dict[Path, DraftCost] = {}  # exported drafters' costs measured on a busy machine: this process's, never saved
 
 
 WIDTHS = (1, 2, 3, 4, 7)  # drafts verified per request in the profiled drafted steps (up to the block size)
@@ -157,18 +158,20 @@ def load_or_profile_draft_cost(target, drafter, max_batch: int, progress: bool =
                                acceptance: Any = "rejection") -> DraftCost:  # fmt: skip
     """The cached cost of this exported drafter on this machine for the sampling ``params`` and ``acceptance`` a call
     serves (greedy when None; profiled on first use; re-profiled when a larger batch is needed); in-memory drafters
-    are profiled once per process. A profile measured while other processes kept the CPUs busy is not kept."""
+    are profiled once per process. A profile measured while other processes kept the CPUs busy serves this process
+    only."""
     kind = sampling_kind(params or SamplingParams(0.0), acceptance)
     key = drafter_key(drafter)
     if key is None:
         memo = (id(drafter), id(target), kind)
         if memo in _MEMO and _MEMO[memo].batches[-1] >= max_batch:
             return _MEMO[memo]
-        cost = profile_draft_cost(target, drafter, max_batch, kind=kind, acceptance=acceptance)
-        if not too_busy(cost.meta, "the drafter's cost", progress):
-            _MEMO[memo] = cost
-        return cost
+        _MEMO[memo] = profile_draft_cost(target, drafter, max_batch, kind=kind, acceptance=acceptance)
+        too_busy(_MEMO[memo].meta, "the drafter's cost", progress)
+        return _MEMO[memo]
     path = cost_path(target, key, kind)
+    if path in _BUSY and _BUSY[path].batches[-1] >= min(max_batch, BATCHES[-1]):
+        return _BUSY[path]
     try:  # a missing or damaged cache file is measured again
         d = json.loads(path.read_text())
         if d["batches"][-1] >= min(max_batch, BATCHES[-1]):
@@ -179,7 +182,9 @@ def load_or_profile_draft_cost(target, drafter, max_batch: int, progress: bool =
     if progress:
         print(f"[dspark-lightning] profiling the drafter's cost per round (once, before decoding; cached in {path})")
     cost = profile_draft_cost(target, drafter, max_batch, progress=progress, kind=kind, acceptance=acceptance)
-    if not too_busy(cost.meta, "the drafter's cost", progress):
+    if too_busy(cost.meta, "the drafter's cost", progress):
+        _BUSY[path] = cost
+    else:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, json.dumps(cost.to_dict(), indent=1) + "\n")  # fsynced, replaced whole
     return cost

@@ -86,19 +86,21 @@ def profile_sps(
 
 
 _PROFILING = threading.Lock()  # one profile at a time: threads decoding together would time each other's work
+_BUSY: dict[Path, SPSTable] = {}  # tables measured on a busy machine: this process's, never saved
 
 
 def load_or_profile(target, context_len: int = 512, max_tokens: int | None = None, progress: bool = True) -> SPSTable:
     """The cached table for this target and device, profiling it on first use (a thread arriving meanwhile waits,
-    then reads the table just saved; one measured while other processes kept the CPUs busy is not saved)."""
+    then reads the table just saved; one measured while other processes kept the CPUs busy serves this process only)."""
     path = default_path(target, context_len)
     with _PROFILING:
-        if path.is_file():
-            table = SPSTable.load(path)
-            if max_tokens is None or table.max_tokens >= max_tokens:
+        for table in (_BUSY.get(path), SPSTable.load(path) if path.is_file() else None):
+            if table is not None and (max_tokens is None or table.max_tokens >= max_tokens):
                 return table
         table = profile_sps(target, max_tokens=max_tokens, context_len=context_len, progress=progress)
-        if not too_busy(table.meta, "the SPS table", progress):
+        if too_busy(table.meta, "the SPS table", progress):
+            _BUSY[path] = table
+        else:
             table.save(path)
     return table
 
