@@ -180,7 +180,7 @@ def load_or_profile_draft_cost(target, drafter, max_batch: int, progress: bool =
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         pass
     if progress:
-        print(f"[dspark-lightning] profiling the drafter's cost per round (once, before decoding; cached in {path})")
+        print(f"[dspark-lightning] profiling the drafter's cost per round (before decoding; cached in {path})")
     cost = profile_draft_cost(target, drafter, max_batch, progress=progress, kind=kind, acceptance=acceptance)
     if too_busy(cost.meta, "the drafter's cost", progress):
         _BUSY[path] = cost

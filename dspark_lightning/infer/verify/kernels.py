@@ -262,7 +262,7 @@ def for_weights(
             missing = {k: v for k, v in weights().items() if k not in table.choices}
             if progress:
                 print(f"[dspark-lightning] choosing this CPU's matrix kernels for {len(missing)} weight shapes "
-                      f"(once; cached in {path})", flush=True)  # fmt: skip
+                      f"(cached in {path})", flush=True)  # fmt: skip
             with OtherLoad() as load:
                 new = measure(missing, progress=progress)
             table.choices.update(new.choices)
