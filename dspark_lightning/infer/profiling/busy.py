@@ -1,5 +1,5 @@
-"""How busy the machine was while a profile was measured: the share of all CPUs' time that other processes used
-(Linux's ``/proc/stat`` less this process's own CPU time; None where ``/proc/stat`` is missing).
+"""How busy the machine was while a profile was measured: the share of the time of the CPUs this process may run on
+that other processes used (Linux's ``/proc/stat`` less this process's own CPU time; None where it cannot be read).
 
 A profile timed while another job ran describes that moment, not the machine: the SPS table and the drafter's cost
 are cached only when others used less than :data:`BUSY_SHARE` of the CPUs, else they serve the process that measured
@@ -12,24 +12,29 @@ import os
 import time
 from pathlib import Path
 
-BUSY_SHARE = 0.25  # others' share of all CPUs' time above which a measurement is not kept
+BUSY_SHARE = 0.25  # others' share of the CPUs' time above which a measurement is not kept
 _STAT = Path("/proc/stat")
 
 
 def _snapshot() -> tuple[float, float, float] | None:
-    """(busy CPU seconds of all processes, elapsed CPU seconds of all CPUs, this process's CPU seconds)."""
+    """(busy seconds, elapsed seconds) summed over the CPUs this process may run on, and its own CPU seconds."""
     try:
-        fields = [int(x) for x in _STAT.read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
+        mine = {f"cpu{i}" for i in os.sched_getaffinity(0)}
+        rows = [
+            line.split()
+            for line in _STAT.read_text().splitlines()
+            if line.startswith("cpu") and line.split(maxsplit=1)[0] in mine
+        ]
+        fields = [sum(int(row[k]) for row in rows) for k in range(1, 9)]  # user .. steal (guest is inside user)
+    except (OSError, ValueError, IndexError, AttributeError):  # AttributeError: no sched_getaffinity (macOS)
         return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
-    total = sum(fields[:8])  # guest time is already inside user time
     tick = os.sysconf("SC_CLK_TCK")
-    return (total - idle) / tick, total / tick, time.process_time()
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields) - idle) / tick, sum(fields) / tick, time.process_time()
 
 
 class OtherLoad:
-    """``with OtherLoad() as load: ...`` then ``load.share``: others' share of all CPUs' time during the block (0-1,
+    """``with OtherLoad() as load: ...`` then ``load.share``: others' share of the CPUs' time during the block (0-1,
     None where it cannot be read)."""
 
     share: float | None = None
