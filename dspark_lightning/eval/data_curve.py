@@ -19,6 +19,7 @@ training seeds.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -273,6 +274,6 @@ def plot_curves(curves: Sequence[Curve], path: str | Path, title: str = "", want
             ax.grid(alpha=0.3)
             if col == 0:
                 ax.legend(fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
+    if title:  # wrapped to the figure's width (about 13 characters an inch at this size)
+        fig.suptitle(textwrap.fill(title, int(13 * fig.get_figwidth())), fontsize=10)
     return save_plot(fig, path, dpi=110)
