@@ -39,16 +39,12 @@ def measures(root: Path) -> dict:
                 ):
                     docs.update(range(first.lineno, first.end_lineno + 1))
         for i, line in enumerate(src.splitlines(), 1):
-            kind = (
-                "docstring"
-                if i in docs
-                else "comment"
-                if line.lstrip().startswith("#")
-                else "code"
-                if line.strip()
-                else "blank"
-            )
-            kinds[kind] += 1
+            if i in docs:
+                kinds["docstring"] += 1
+            elif line.lstrip().startswith("#"):
+                kinds["comment"] += 1
+            else:
+                kinds["code" if line.strip() else "blank"] += 1
     return {"package_lines": lines, "lines_by_kind": kinds, "functions_over_80": long_functions,
             "check_choice_calls": choice_calls, "argparse_parsers": parsers}  # fmt: skip
 

@@ -1,4 +1,4 @@
-"""Profiles measured while other processes keep the CPUs busy serve their call but are not cached."""
+"""Profiles measured while other processes keep the CPUs busy serve their process but are not cached."""
 
 import os
 import subprocess

@@ -1,9 +1,9 @@
 """How busy the machine was while a profile was measured: the share of the time of the CPUs this process may run on
 that other processes used (Linux's ``/proc/stat`` less this process's own CPU time; None where it cannot be read).
 
-A profile timed while another job ran describes that moment, not the machine: the SPS table and the drafter's cost
-are cached only when others used less than :data:`BUSY_SHARE` of the CPUs, else they serve the process that measured
-them and the next process measures them again.
+A profile timed while another job ran describes that moment, not the machine: the SPS table, the drafter's cost and
+the matrix-kernel choice are cached only when others used less than :data:`BUSY_SHARE` of the CPUs, else they serve
+the process that measured them and the next process measures them again.
 """
 
 from __future__ import annotations

@@ -144,9 +144,8 @@ def profile_draft_cost(target, drafter, max_batch: int, progress: bool = False, 
         sizes = tqdm(sizes, desc="profiling the drafter's cost per round", unit="batch size")
     params = SamplingParams(0.0 if kind == "greedy" else 1.0)
     with OtherLoad() as load:
-        rows = [_profile_batch(target, drafter, prompt, R, ROUNDS, params, acceptance) for R in sizes][
-            1:
-        ]  # R = 1: warm
+        rows = [_profile_batch(target, drafter, prompt, R, ROUNDS, params, acceptance) for R in sizes]
+    rows = rows[1:]  # the first R = 1 is the warm-up
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "threads": torch.get_num_threads(), "rounds": ROUNDS,
             "sampling": kind, "others_cpu_share": load.share}  # fmt: skip
     return DraftCost(batches=batches, seconds=[r[0] for r in rows], meta=meta, plain=[r[1] for r in rows],
